@@ -1,0 +1,94 @@
+"""PowerSGD's compression-rate rule and byte accounting, as pure functions over shapes.
+
+The rule is PyTorch's (``powerSGD_hook``): a gradient is viewed as an n x m matrix
+(``shape[0]`` x the product of the rest), r = min(n, m, rank), and it is compressed only when
+``(n + m) * r * min_compression_rate < n * m``.  Vectors (biases, norms) are never compressed.
+Compressed, it costs (n + m) * r elements on the wire (P and Q); uncompressed, n * m.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class LayerDecision:
+    name: str
+    shape: tuple[int, ...]
+    n: int
+    m: int
+    r: int
+    lhs: float  # (n + m) * r * min_compression_rate
+    rhs: int  # n * m
+    compressed: bool
+    numel_before: int
+    numel_after: int
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+
+def matrix_view(shape: Sequence[int]) -> tuple[int, int]:
+    """The n x m matrix PowerSGD sees for a tensor of this shape."""
+    if len(shape) == 0:
+        return 1, 1
+    n = int(shape[0])
+    m = math.prod(int(s) for s in shape[1:]) if len(shape) > 1 else 1
+    return n, m
+
+
+def decide(name: str, shape: Sequence[int], matrix_approximation_rank: int,
+           min_compression_rate: float) -> LayerDecision:
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape) if shape else 1
+    n, m = matrix_view(shape)
+    r = min(n, m, matrix_approximation_rank)
+    lhs = (n + m) * r * min_compression_rate
+    rhs = n * m
+    # PyTorch sends every tensor with fewer than two dimensions uncompressed, whatever its size.
+    compressed = len(shape) > 1 and lhs < rhs
+    after = (n + m) * r if compressed else numel
+    return LayerDecision(name, shape, n, m, r, lhs, rhs, compressed, numel, after)
+
+
+@dataclass(frozen=True)
+class RuleSummary:
+    layers: list[LayerDecision]
+    numel_before: int
+    numel_after: int
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.numel_before / self.numel_after if self.numel_after else math.inf
+
+    @property
+    def compressed_count(self) -> int:
+        return sum(d.compressed for d in self.layers)
+
+    def as_dict(self) -> dict:
+        return {
+            "compression_ratio": self.compression_ratio,
+            "numel_before": self.numel_before,
+            "numel_after": self.numel_after,
+            "layers": [d.as_dict() for d in self.layers],
+        }
+
+
+def apply_rule(named_shapes: Iterable[tuple[str, Sequence[int]]], matrix_approximation_rank: int,
+               min_compression_rate: float) -> RuleSummary:
+    layers = [decide(name, shape, matrix_approximation_rank, min_compression_rate)
+              for name, shape in named_shapes]
+    return RuleSummary(layers, sum(d.numel_before for d in layers), sum(d.numel_after for d in layers))
+
+
+def ring_wire_bytes(payload_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends in a ring allreduce of a payload: 2(N-1)/N of it."""
+    return 2 * (world_size - 1) / world_size * payload_bytes if world_size > 1 else 0.0
+
+
+def named_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
+    """Shapes of a model's trainable parameters, in registration order (works on meta tensors)."""
+    return [(name, tuple(p.shape)) for name, p in model.named_parameters() if p.requires_grad]

@@ -1,0 +1,268 @@
+"""Built-in workloads (no downloads) and the loader for a user's ``module:function``.
+
+The contract for a user's workload: a function callable with no required arguments that returns
+``(model, batches)``, where ``model`` is a ``torch.nn.Module`` and ``batches`` is a callable
+returning an iterator of ``(inputs, targets)`` for this rank.  Integer targets train with
+cross-entropy, float targets with mean squared error.  If the function accepts any of the keyword
+arguments ``rank``, ``world_size``, ``batch_size`` or ``seed``, the lab passes them.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import math
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONTRACT = ("a workload function must return (model, batches): model a torch.nn.Module, batches a "
+            "callable that yields (inputs, targets) tensors for this rank (integer targets: "
+            "cross-entropy; float targets: mean squared error)")
+
+
+@dataclass
+class Workload:
+    model: nn.Module
+    batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    if targets.is_floating_point():
+        return F.mse_loss(output, targets)
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------------------- charlm
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.fc = nn.Linear(n_embd, 4 * n_embd)
+        self.fc_out = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
+
+
+class CharLM(nn.Module):
+    """A small GPT; sized up on the meta device it gives the shapes of real language models."""
+
+    def __init__(self, vocab: int = 256, block_size: int = 64, n_layer: int = 2, n_head: int = 4,
+                 n_embd: int = 128):
+        super().__init__()
+        self.block_size = block_size
+        self.tok = nn.Embedding(vocab, n_embd)
+        self.pos = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(n_embd, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def stdlib_text(max_bytes: int = 1 << 20) -> bytes:
+    """Source text that ships with every Python: its standard library, read in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = bytearray()
+    for path in sorted(root.glob("*.py")):
+        out += path.read_bytes()
+        if len(out) >= max_bytes:
+            break
+    return bytes(out[:max_bytes])
+
+
+def charlm(rank: int = 0, world_size: int = 1, batch_size: int = 16, seed: int = 0,
+           block_size: int = 64) -> Workload:
+    data = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8).long()
+    model = CharLM(block_size=block_size)
+
+    def batches():
+        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        while True:
+            ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=g)
+            x = torch.stack([data[i:i + block_size] for i in ix])
+            y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+            yield x, y
+
+    return Workload(model, batches)
+
+
+# ---------------------------------------------------------------------------- mlp
+def mlp_model(d_in: int = 64, classes: int = 10) -> nn.Module:
+    return nn.Sequential(nn.Linear(d_in, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, classes))
+
+
+def mlp(rank: int = 0, world_size: int = 1, batch_size: int = 64, seed: int = 0) -> Workload:
+    d_in, classes = 64, 10
+    teacher = torch.randn(d_in, classes, generator=torch.Generator().manual_seed(seed))
+    model = mlp_model(d_in, classes)
+
+    def batches():
+        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        while True:
+            x = torch.randn(batch_size, d_in, generator=g)
+            yield x, (x @ teacher).argmax(dim=1)
+
+    return Workload(model, batches)
+
+
+# ---------------------------------------------------------------------------- cnn
+def shape_images(n: int, g: torch.Generator, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noisy pictures of four shapes: horizontal bar, vertical bar, square outline, disc."""
+    labels = torch.randint(4, (n,), generator=g)
+    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    imgs = 0.3 * torch.randn(n, 1, size, size, generator=g)
+    centers = torch.randint(4, size - 4, (n, 2), generator=g)
+    for i in range(n):
+        cy, cx = centers[i].tolist()
+        kind = int(labels[i])
+        if kind == 0:
+            mask = (yy - cy).abs() <= 1
+        elif kind == 1:
+            mask = (xx - cx).abs() <= 1
+        elif kind == 2:
+            mask = torch.maximum((yy - cy).abs(), (xx - cx).abs()) == 3
+        else:
+            mask = (yy - cy) ** 2 + (xx - cx) ** 2 <= 9
+        imgs[i, 0][mask] += 1.0
+    return imgs, labels
+
+
+def cnn_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def cnn(rank: int = 0, world_size: int = 1, batch_size: int = 32, seed: int = 0) -> Workload:
+    model = cnn_model()
+
+    def batches():
+        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        while True:
+            yield shape_images(batch_size, g)
+
+    return Workload(model, batches)
+
+
+# ---------------------------------------------------------------------------- wide
+def wide_model(width: int = 1024, depth: int = 4) -> nn.Module:
+    return nn.Sequential(*itertools.chain.from_iterable(
+        (nn.Linear(width, width), nn.Tanh()) for _ in range(depth)))[:-1]
+
+
+def wide(rank: int = 0, world_size: int = 1, batch_size: int = 8, seed: int = 0,
+         width: int = 1024, depth: int = 4) -> Workload:
+    """Large square weight matrices and a small batch: communication dominates the step."""
+    teacher = torch.randn(width, width, generator=torch.Generator().manual_seed(seed)) / math.sqrt(width)
+    model = wide_model(width, depth)
+
+    def batches():
+        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        while True:
+            x = torch.randn(batch_size, width, generator=g)
+            yield x, torch.tanh(x @ teacher)
+
+    return Workload(model, batches)
+
+
+MODELS = {"charlm": CharLM, "mlp": mlp_model, "cnn": cnn_model, "wide": wide_model}
+BUILTIN = {"charlm": charlm, "mlp": mlp, "cnn": cnn, "wide": wide}
+DESCRIPTIONS = {
+    "charlm": "character-level transformer language model on Python's standard library source",
+    "mlp": "multilayer perceptron classifying synthetic data from a random linear teacher",
+    "cnn": "small convnet classifying procedurally generated pictures of four shapes",
+    "wide": "four 1024x1024 linear layers, small batch: communication dominates the step",
+}
+
+
+# ---------------------------------------------------------------------------- loading
+def resolve(spec: str) -> Callable[..., object]:
+    """The workload function for a built-in name or ``module:function``; raises ValueError."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    if ":" not in spec:
+        raise ValueError(f"unknown workload {spec!r}; use a built-in ({', '.join(BUILTIN)}) or "
+                         "module:function for your own")
+    module_name, _, fn_name = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a user's module usually sits where they started the lab
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # the user's module may raise anything while importing
+        raise ValueError(f"module {module_name!r} does not import: {type(e).__name__}: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"module {module_name!r} has no function {fn_name!r}; {CONTRACT}")
+    return fn
+
+
+def load(spec: str, rank: int = 0, world_size: int = 1, batch_size: int | None = None,
+         seed: int = 0) -> Workload:
+    fn = resolve(spec)
+    offered = {"rank": rank, "world_size": world_size, "batch_size": batch_size, "seed": seed}
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in offered.items() if v is not None and (takes_any or k in params)}
+    try:
+        out = fn(**kwargs)
+    except Exception as e:
+        raise ValueError(f"workload {spec!r} raised {type(e).__name__}: {e}") from None
+    if isinstance(out, Workload):
+        return out
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], nn.Module)
+            and callable(out[1])):
+        raise ValueError(f"workload {spec!r} returned {type(out).__name__}; {CONTRACT}")
+    return Workload(*out)
+
+
+def workload_error(spec: str) -> str | None:
+    """Why this workload cannot run, or None. A user's function is called once and one batch drawn."""
+    if spec in BUILTIN:
+        return None
+    try:
+        w = load(spec)
+        batch = next(iter(w.batches()))
+    except StopIteration:
+        return f"workload {spec!r}: batches() yielded nothing; {CONTRACT}"
+    except ValueError as e:
+        return str(e)
+    except Exception as e:
+        return f"workload {spec!r}: drawing a batch raised {type(e).__name__}: {e}"
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        return f"workload {spec!r}: a batch must be an (inputs, targets) pair of tensors; {CONTRACT}"
+    return None
+
+
+def model_shapes(spec: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Parameter names and shapes; built-in models are built on the meta device (no memory)."""
+    from .rule import named_shapes
+
+    if spec in BUILTIN:
+        with torch.device("meta"):
+            return named_shapes(MODELS[spec]())
+    return named_shapes(load(spec).model)
