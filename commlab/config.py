@@ -69,6 +69,10 @@ class RunConfig:
     emulate_latency_us: float = 0.0
     runs_dir: str = field(default_factory=default_runs_dir)
 
+    def __post_init__(self):
+        if isinstance(self.save_grads_at, (list, tuple)):
+            self.save_grads_at = sorted(set(self.save_grads_at))
+
     # ------------------------------------------------------------------ validation
     def errors(self, gpu_count: int | None = None) -> dict[str, str]:
         """Every problem with these settings, by field name; empty when the run may start."""

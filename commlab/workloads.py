@@ -224,7 +224,10 @@ def load(spec: str, rank: int = 0, world_size: int = 1, batch_size: int | None =
          seed: int = 0) -> Workload:
     fn = resolve(spec)
     offered = {"rank": rank, "world_size": world_size, "batch_size": batch_size, "seed": seed}
-    params = inspect.signature(fn).parameters
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins may have no signature: offer them nothing
+        params = {}
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in offered.items() if v is not None and (takes_any or k in params)}
     try:
@@ -256,13 +259,3 @@ def workload_error(spec: str) -> str | None:
             and all(isinstance(t, torch.Tensor) for t in batch)):
         return f"workload {spec!r}: a batch must be an (inputs, targets) pair of tensors; {CONTRACT}"
     return None
-
-
-def model_shapes(spec: str) -> list[tuple[str, tuple[int, ...]]]:
-    """Parameter names and shapes; built-in models are built on the meta device (no memory)."""
-    from .rule import named_shapes
-
-    if spec in BUILTIN:
-        with torch.device("meta"):
-            return named_shapes(MODELS[spec]())
-    return named_shapes(load(spec).model)

@@ -1,0 +1,675 @@
+"""Allreduce for the classroom: real collectives on real processes, and a ring allreduce on paper.
+
+Three things live here:
+
+* ``run_collectives`` / ``allreduce`` / ``broadcast``: start N real Gloo processes, have each
+  call ``dist.all_reduce`` or ``dist.broadcast`` on its own tensor, and report what every rank
+  held before and after, and when each rank finished.
+* ``ring_trace`` / ``naive_trace``: what a ring allreduce (reduce-scatter, then all-gather) and a
+  naive gather-to-rank-0-then-broadcast move at every step.  Pure functions over numbers, so a
+  slider can replay them and a test can hold them against the real ``all_reduce``.
+* ``grad_averaging``: two (or more) ranks train the same model three ways -- DDP, gradients
+  averaged by hand with ``dist.all_reduce`` between ``backward()`` and ``optimizer.step()``, and
+  no allreduce at all -- so one can see that the first two agree and the third drifts apart.
+
+How ranks start (``run_ranks``): the caller's process owns the rendezvous store, listening on
+127.0.0.1 only.  One launcher process is started as a fresh interpreter (safe from any threaded
+parent such as Streamlit or Jupyter); it imports torch once and *forks* the ranks, so N ranks cost
+one torch import instead of N.  Ranks send their reports straight to the caller through a pipe.
+Whatever happens -- success, an exception in a rank, a timeout, an interrupt -- every process
+started is ended through ``commlab.procs`` before ``run_ranks`` returns.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import procs
+from .config import ConfigError
+
+OPS = ("sum", "avg", "max", "min", "product")
+MAX_WORLD_SIZE = 8
+ITEMSIZE = 4  # the demonstrations use float32 tensors, as torch.tensor([float(rank)]) does
+DEFAULT_TIMEOUT_S = 120.0  # starting torch in a fresh process takes seconds on a busy 2-core box
+
+ARRIVAL_NOTE = (
+    "Ranks finish at different moments, and the order changes from run to run: each rank is its "
+    "own operating-system process, and when it is scheduled onto a core, when its socket wakes "
+    "it, and when it gets to report is up to the OS scheduler.  The arithmetic is the same on "
+    "every rank and every run; only the timing differs.")
+
+
+# ============================================================================ validation
+def check_world_size(world_size: Any) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
+        raise ConfigError({"world_size": f"must be a whole number of ranks, got {world_size!r}"})
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ConfigError({"world_size": f"must be 1 to {MAX_WORLD_SIZE} ranks, got {world_size}"})
+    return int(world_size)
+
+
+def check_op(op: Any) -> str:
+    name = str(op).lower()
+    if name not in OPS:
+        raise ConfigError({"op": f"unknown op {op!r}; valid ops are: {', '.join(OPS)}"})
+    return name
+
+
+def check_src(src: Any, world_size: int) -> int:
+    if isinstance(src, bool) or not isinstance(src, (int, np.integer)) or not 0 <= src < world_size:
+        raise ConfigError({"src": f"must be a rank from 0 to {world_size - 1}, got {src!r}"})
+    return int(src)
+
+
+def default_values(world_size: int) -> list[list[float]]:
+    """Rank r holds tensor([r]), as in the textbook example."""
+    return [[float(r)] for r in range(check_world_size(world_size))]
+
+
+def parse_values(values: str | Sequence[str | Sequence[float]] | None,
+                 world_size: int) -> list[list[float]]:
+    """One tensor per rank, as lists of floats; raises ConfigError naming ``values``.
+
+    Accepts None (the default tensors), text with one rank per line or per ``;`` (numbers split
+    by commas or spaces), or a sequence with one entry per rank (text or numbers).
+    """
+    world_size = check_world_size(world_size)
+    if values is None:
+        return default_values(world_size)
+    rows = [r for r in values.replace(";", "\n").splitlines() if r.strip()] \
+        if isinstance(values, str) else list(values)
+    if len(rows) != world_size:
+        raise ConfigError({"values": f"give one tensor per rank: {world_size} rank(s), "
+                                     f"{len(rows)} tensor(s)"})
+    tensors = [_parse_row(row, rank) for rank, row in enumerate(rows)]
+    lengths = {len(t) for t in tensors}
+    if len(lengths) > 1:
+        raise ConfigError({"values": "every rank's tensor must have the same length (all_reduce "
+                                     "combines them element by element); got lengths "
+                                     f"{[len(t) for t in tensors]}"})
+    return tensors
+
+
+def _parse_row(row: str | Sequence[float], rank: int) -> list[float]:
+    items = row.replace(",", " ").split() if isinstance(row, str) else list(row)
+    if not items:
+        raise ConfigError({"values": f"rank {rank}'s tensor is empty"})
+    out = []
+    for item in items:
+        try:
+            x = float(item)
+        except (TypeError, ValueError):
+            raise ConfigError({"values": f"rank {rank}: {item!r} is not a number"}) from None
+        if not math.isfinite(x) or abs(x) > np.finfo(np.float32).max:
+            raise ConfigError({"values": f"rank {rank}: {item!r} is not a finite float32 number"})
+        out.append(x)
+    return out
+
+
+# ============================================================================ starting ranks
+def loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 ('lo' on Linux), if psutil finds it."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addrs):
+            return name
+    return None
+
+
+# The launcher is a fresh interpreter started with an argv list, not multiprocessing's spawn:
+# it needs no ``if __name__ == "__main__"`` guard in the caller's script, does not re-run the
+# caller's main module, and leaves no multiprocessing helper process (resource tracker) behind.
+_LAUNCHER_CODE = ("import pickle, sys; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']; "
+                  "from commlab.classroom import _launcher_main; _launcher_main(d['fd'], d['job'])")
+
+
+def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
+              backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
+              on_message: Callable[[Any], None] | None = None) -> list[Any]:
+    """Run ``target(rank, world_size, report, *args)`` on ``world_size`` real ranks.
+
+    ``target`` must be a module-level function (it is pickled by name).  Each rank has joined the
+    default process group before ``target`` runs; ``report(obj)`` sends ``obj`` back here.
+    Returns every report in the order received (``on_message`` sees each as it comes).  Raises
+    RuntimeError when a rank fails, TimeoutError after ``timeout_s``; either way, and on success,
+    no process started here is left running.
+    """
+    from multiprocessing.connection import Connection
+
+    read_fd, write_fd = os.pipe()
+    job = (target, world_size, backend, loopback_interface(), args, timeout_s)
+    try:
+        launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER_CODE], stdin=subprocess.PIPE,
+                                    pass_fds=(write_fd,))
+    finally:
+        os.close(write_fd)  # the launcher and ranks hold the only writers: EOF means all gone
+    started = procs.tree(launcher.pid)
+    inbox = Connection(read_fd)
+    try:
+        launcher.stdin.write(pickle.dumps({"path": sys.path, "fd": write_fd, "job": job}))
+        launcher.stdin.close()
+        return _collect(inbox, launcher, started, timeout_s, on_message)
+    finally:
+        procs.terminate(started + procs.tree(launcher.pid), grace_s=2.0)
+        launcher.wait(5)
+        inbox.close()
+
+
+def _collect(inbox, launcher, started: list, timeout_s: float,
+             on_message: Callable[[Any], None] | None) -> list[Any]:
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    received = []
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ranks did not finish within {timeout_s:g} s")
+        if not inbox.poll(0.1):
+            continue
+        try:
+            kind, payload = inbox.recv()
+        except EOFError:
+            raise RuntimeError(f"the rank launcher exited (code {launcher.poll()}) before the "
+                               "ranks finished") from None
+        if kind == "pids":  # recorded so that ranks are ended even if the launcher dies first
+            started += [psutil.Process(pid) for pid in payload if psutil.pid_exists(pid)]
+        elif kind == "error":
+            raise RuntimeError(payload)
+        elif kind == "done":
+            return received
+        else:
+            received.append(payload)
+            if on_message:
+                on_message(payload)
+
+
+def _launcher_main(fd: int, job: tuple) -> None:
+    """The launcher: fork the ranks, wait for them, say how it went."""
+    import traceback
+    from multiprocessing.connection import Connection
+
+    import torch.multiprocessing as tmp
+    from torch.multiprocessing.spawn import ProcessException
+
+    target, world_size, backend, iface, args, timeout_s = job
+    outbox = _Outbox(Connection(fd, readable=False), tmp.get_context("fork").Lock())
+    try:
+        listener = _loopback_listener()
+        # Nothing in this fresh interpreter has started a thread yet, so forking is safe here,
+        # and each rank starts with torch already imported.
+        ctx = tmp.start_processes(_rank_entry, nprocs=world_size, join=False, daemon=True,
+                                  start_method="fork",
+                                  args=(target, world_size, listener, backend, iface, outbox,
+                                        args, timeout_s))
+        listener.close()
+        outbox.send("pids", ctx.pids())
+        while not ctx.join():
+            pass
+    except Exception as e:  # a rank raised or died; its traceback is the useful part
+        outbox.send("error", str(e) if isinstance(e, ProcessException) else traceback.format_exc())
+        return
+    outbox.send("done", None)
+
+
+class _Outbox:
+    """One pipe shared by the launcher and its ranks; the lock keeps messages whole."""
+
+    def __init__(self, conn, lock):
+        self.conn, self.lock = conn, lock
+
+    def send(self, kind: str, payload: Any) -> None:
+        with self.lock:
+            self.conn.send((kind, payload))
+
+    def report(self, payload: Any) -> None:
+        self.send("report", payload)
+
+
+def _loopback_listener() -> socket.socket:
+    """The rendezvous socket, bound to 127.0.0.1 before the ranks fork so none can race for it.
+
+    Given only a port, TCPStore would listen on every interface; given this socket, it uses it.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args,
+                timeout_s) -> None:
+    import torch
+    import torch.distributed as dist
+
+    _die_with_parent()
+    if iface:  # Gloo and NCCL would otherwise pick an address from the host name
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = iface
+    torch.set_num_threads(1)  # ranks share the machine's few cores
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    port = listener.getsockname()[1]
+    if rank == 0:  # rank 0 serves the store on the socket it inherited, and owns it from now
+        store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timeout,
+                              master_listen_fd=listener.detach())
+    else:
+        listener.close()
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
+    try:
+        target(rank, world_size, outbox.report, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this rank if its launcher dies, so no rank outlives a crash."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: run_ranks still ends every rank it recorded
+
+
+# ============================================================================ real collectives
+@dataclass(frozen=True)
+class Collective:
+    """One collective for ranks 0..len(values)-1, each holding its row of ``values``."""
+
+    kind: str  # "all_reduce" or "broadcast"
+    values: tuple[tuple[float, ...], ...]
+    op: str = "sum"  # all_reduce only
+    src: int = 0  # broadcast only
+
+    @property
+    def world_size(self) -> int:
+        return len(self.values)
+
+
+def all_reduce_job(world_size: int = 3, op: str = "sum", values=None) -> Collective:
+    """A validated all_reduce; raises ConfigError naming the bad field."""
+    world_size = check_world_size(world_size)
+    rows = parse_values(values, world_size)
+    return Collective("all_reduce", tuple(map(tuple, rows)), op=check_op(op))
+
+
+def broadcast_job(world_size: int = 3, src: int = 0, values=None) -> Collective:
+    world_size = check_world_size(world_size)
+    rows = parse_values(values, world_size)
+    return Collective("broadcast", tuple(map(tuple, rows)), src=check_src(src, world_size))
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    before: list[float]
+    after: list[float]
+    finished_ms: float  # after the first rank to finish this collective
+
+
+@dataclass
+class CollectiveResult:
+    kind: str
+    op: str | None
+    src: int | None
+    world_size: int
+    ranks: list[RankOutcome]  # by rank
+    arrival_order: list[int]  # ranks by the moment each finished, first first
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_collectives(jobs: Sequence[Collective], timeout_s: float = DEFAULT_TIMEOUT_S,
+                    ) -> list[CollectiveResult]:
+    """Run every job, in order, on one set of real Gloo processes (one start-up for all).
+
+    A job for fewer ranks than the largest runs on a process group of ranks 0..n-1, which is as
+    real an n-rank collective as a world of n.
+    """
+    if not jobs:
+        return []
+    world_size = max(job.world_size for job in jobs)
+    reports = run_ranks(_collectives_rank, world_size, (list(jobs),), timeout_s=timeout_s)
+    return [_result(job, [r for r in reports if r[0] == i]) for i, job in enumerate(jobs)]
+
+
+def allreduce(world_size: int = 3, op: str = "sum", values=None,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> CollectiveResult:
+    """``dist.all_reduce`` on real processes; rank r holds tensor([r]) unless ``values`` says."""
+    return run_collectives([all_reduce_job(world_size, op, values)], timeout_s)[0]
+
+
+def broadcast(world_size: int = 3, src: int = 0, values=None,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> CollectiveResult:
+    """``dist.broadcast`` from rank ``src`` on real processes."""
+    return run_collectives([broadcast_job(world_size, src, values)], timeout_s)[0]
+
+
+def _collectives_rank(rank: int, world_size: int, report, jobs: list[Collective]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    groups: dict[int, Any] = {}
+    for i, job in enumerate(jobs):
+        group = _group_of_first(job.world_size, world_size, groups)
+        if rank >= job.world_size:
+            continue
+        tensor = torch.tensor(job.values[rank], dtype=torch.float32)
+        before = tensor.tolist()
+        if job.kind == "all_reduce":
+            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, job.op.upper()), group=group)
+        else:
+            dist.broadcast(tensor, src=job.src, group=group)
+        report((i, rank, before, tensor.tolist(), time.time()))
+
+
+def _group_of_first(n: int, world_size: int, groups: dict):
+    """The process group of ranks 0..n-1; every rank must ask, in the same order, to create it."""
+    if n == world_size:
+        return None  # the default group
+    if n not in groups:
+        import torch.distributed as dist
+
+        groups[n] = dist.new_group(list(range(n)))
+    return groups[n]
+
+
+def _result(job: Collective, reports: list[tuple]) -> CollectiveResult:
+    first = min(r[4] for r in reports)
+    by_rank = {r[1]: RankOutcome(r[1], r[2], r[3], round((r[4] - first) * 1e3, 3)) for r in reports}
+    # Times come from one clock (same machine); the sort is stable, so ties keep receipt order.
+    order = [r[1] for r in sorted(reports, key=lambda r: r[4])]
+    return CollectiveResult(job.kind, job.op if job.kind == "all_reduce" else None,
+                            job.src if job.kind == "broadcast" else None, job.world_size,
+                            [by_rank[r] for r in sorted(by_rank)], order)
+
+
+# ============================================================================ ring on paper
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    chunk: int
+    values: tuple[float, ...]
+    nbytes: int
+    action: str  # what the receiver does: "reduce" (combine with its own) or "copy"
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int  # 1-based
+    phase: str
+    transfers: tuple[Transfer, ...]
+    holdings: tuple[tuple[tuple[float, ...], ...], ...]  # [rank][chunk] values after this step
+    contributors: tuple[tuple[tuple[int, ...], ...], ...]  # [rank][chunk] ranks folded in
+
+
+@dataclass(frozen=True)
+class Trace:
+    scheme: str  # "ring" or "naive"
+    op: str
+    world_size: int
+    chunks: tuple[tuple[int, int], ...]  # [start, stop) of each chunk in the tensor
+    initial: tuple[tuple[tuple[float, ...], ...], ...]
+    steps: tuple[Step, ...]
+    itemsize: int = ITEMSIZE
+
+    @property
+    def result(self) -> list[list[float]]:
+        """Every rank's whole tensor after the last step."""
+        last = self.steps[-1].holdings if self.steps else self.initial
+        return [[x for chunk in rank for x in chunk] for rank in last]
+
+    @property
+    def bytes_sent(self) -> list[int]:
+        return self._bytes("src")
+
+    @property
+    def bytes_received(self) -> list[int]:
+        return self._bytes("dst")
+
+    def _bytes(self, side: str) -> list[int]:
+        out = [0] * self.world_size
+        for step in self.steps:
+            for t in step.transfers:
+                out[getattr(t, side)] += t.nbytes
+        return out
+
+
+_COMBINE = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum,
+            "product": np.multiply}
+
+
+def chunk_bounds(length: int, world_size: int) -> tuple[tuple[int, int], ...]:
+    """Split ``length`` elements into ``world_size`` contiguous chunks, the first ones longer."""
+    base, extra = divmod(length, world_size)
+    sizes = [base + (i < extra) for i in range(world_size)]
+    starts = np.cumsum([0] + sizes)
+    return tuple((int(starts[i]), int(starts[i + 1])) for i in range(world_size))
+
+
+class _Board:
+    """The mutable state a trace is recorded from: what each rank holds, chunk by chunk."""
+
+    def __init__(self, values: Sequence[Sequence[float]], bounds, op: str, itemsize: int):
+        self.op, self.itemsize, self.n = op, itemsize, len(values)
+        self.data = [[np.asarray(v[a:b], dtype=np.float64) for a, b in bounds] for v in values]
+        self.who = [[frozenset([r]) for _ in bounds] for r in range(self.n)]
+        self.steps: list[Step] = []
+
+    def snapshot(self):
+        return (tuple(tuple(tuple(float(x) for x in c) for c in rank) for rank in self.data),
+                tuple(tuple(tuple(sorted(w)) for w in rank) for rank in self.who))
+
+    def step(self, phase: str, moves: list[tuple[int, int, int, str]],
+             completes: Sequence[tuple[int, int]] = ()) -> None:
+        """Apply simultaneous sends (src, dst, chunk, action): all read before any write.
+
+        ``completes`` names the (rank, chunk) pairs that now hold every rank's contribution; for
+        AVG those are divided by N once, there, before anyone passes them on.
+        """
+        sent = [(s, d, c, a, self.data[s][c].copy(), self.who[s][c]) for s, d, c, a in moves]
+        for s, d, c, action, values, who in sent:
+            if action == "reduce":
+                self.data[d][c] = _COMBINE[self.op](self.data[d][c], values)
+                self.who[d][c] = self.who[d][c] | who
+            else:
+                self.data[d][c], self.who[d][c] = values, who
+        if self.op == "avg":
+            for r, c in completes:
+                self.data[r][c] = self.data[r][c] / self.n
+        transfers = tuple(Transfer(s, d, c, tuple(float(x) for x in v), v.size * self.itemsize, a)
+                          for s, d, c, a, v, _ in sent)
+        holdings, contributors = self.snapshot()
+        self.steps.append(Step(len(self.steps) + 1, phase, transfers, holdings, contributors))
+
+
+def ring_trace(values: Sequence[Sequence[float]], op: str = "sum",
+               itemsize: int = ITEMSIZE) -> Trace:
+    """Ring allreduce, step by step: N-1 reduce-scatter steps, then N-1 all-gather steps.
+
+    The tensor is cut into N chunks.  In reduce-scatter step k every rank r sends chunk (r-k) mod
+    N to rank r+1, which combines it with its own copy; afterwards rank r holds the complete
+    result for chunk (r+1) mod N.  In all-gather step k rank r passes the finished chunk
+    (r+1-k) mod N on to rank r+1, which keeps it.  Every rank sends 2(N-1) chunks of S/N.
+    """
+    op, n = check_op(op), len(values)
+    bounds = chunk_bounds(len(values[0]), n)
+    board = _Board(values, bounds, op, itemsize)
+    initial = board.snapshot()[0]
+    for k in range(n - 1):
+        done = [(r, (r + 1) % n) for r in range(n)] if k == n - 2 else ()
+        board.step("reduce-scatter", [(r, (r + 1) % n, (r - k) % n, "reduce") for r in range(n)],
+                   done)
+    for k in range(n - 1):
+        board.step("all-gather", [(r, (r + 1) % n, (r + 1 - k) % n, "copy") for r in range(n)])
+    return Trace("ring", op, n, bounds, initial, tuple(board.steps), itemsize)
+
+
+def naive_trace(values: Sequence[Sequence[float]], op: str = "sum",
+                itemsize: int = ITEMSIZE) -> Trace:
+    """Everyone sends the whole tensor to rank 0, which combines and sends the result back.
+
+    Rank 0's one link carries every message, one at a time: N-1 gather steps, N-1 broadcast
+    steps, each moving the whole tensor.
+    """
+    op, n = check_op(op), len(values)
+    bounds = ((0, len(values[0])),)
+    board = _Board(values, bounds, op, itemsize)
+    initial = board.snapshot()[0]
+    for r in range(1, n):
+        board.step("gather to rank 0", [(r, 0, 0, "reduce")], [(0, 0)] if r == n - 1 else ())
+    for r in range(1, n):
+        board.step("broadcast from rank 0", [(0, r, 0, "copy")])
+    return Trace("naive", op, n, bounds, initial, tuple(board.steps), itemsize)
+
+
+# ============================================================================ what it costs
+@dataclass(frozen=True)
+class SchemeCost:
+    """Traffic of one allreduce of ``size_bytes``, if each rank's link carries one message at a time."""
+
+    scheme: str
+    steps: int
+    message_bytes: float  # what one message carries
+    max_sent_bytes: float  # by the busiest rank
+    max_received_bytes: float
+    serial_bytes: float  # steps x message size: the time, in units of bytes over link bandwidth
+
+
+def ring_bytes_per_rank(size_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends in a ring allreduce: 2(N-1) chunks of S/N."""
+    return 2 * (world_size - 1) / world_size * size_bytes
+
+
+def scheme_costs(size_bytes: float, world_size: int) -> list[SchemeCost]:
+    """Ring against naive (gather to rank 0, broadcast back), for a tensor of ``size_bytes``.
+
+    Both take 2(N-1) steps; a ring step moves S/N on every link at once, a naive step moves all
+    of S through rank 0.  So the ring is N times faster on bandwidth, and no rank is a hot spot.
+    """
+    n, s = world_size, float(size_bytes)
+    steps = 2 * (n - 1)
+    return [SchemeCost("ring", steps, s / n, ring_bytes_per_rank(s, n), ring_bytes_per_rank(s, n),
+                       steps * s / n),
+            SchemeCost("naive", steps, s, (n - 1) * s, (n - 1) * s, steps * s)]
+
+
+# ============================================================================ gradient averaging
+@dataclass
+class GradAveraging:
+    """Per step: the largest |DDP gradient - hand-averaged gradient| on any rank, and how far
+    apart the ranks' parameters are (L2, the farthest rank from rank 0) for each way of training."""
+
+    world_size: int
+    steps: int
+    rows: list[dict]  # step, max_grad_diff, distance_{ddp,by_hand,no_allreduce}, loss_{...}
+
+    @property
+    def max_grad_diff(self) -> float:
+        return max((r["max_grad_diff"] for r in self.rows), default=0.0)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "max_grad_diff": self.max_grad_diff}
+
+
+VARIANTS = ("ddp", "by_hand", "no_allreduce")
+
+
+def average_gradients(model) -> None:
+    """What DDP does for you: after backward(), before optimizer.step(), make every rank's
+    gradient the mean over ranks.  Without it each rank would step along its own data alone."""
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= world_size
+
+
+def grad_averaging(world_size: int = 2, steps: int = 30, lr: float = 0.05, seed: int = 0,
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> GradAveraging:
+    """Train one small model on every rank three ways, each rank on its own data: with DDP,
+    with ``average_gradients`` by hand, and with no allreduce."""
+    world_size = check_world_size(world_size)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
+        raise ConfigError({"steps": f"must be a whole number from 1 to 1000, got {steps!r}"})
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ConfigError({"lr": f"must be a number above 0, got {lr!r}"})
+    reports = run_ranks(_grad_rank, world_size, (steps, float(lr), int(seed)), timeout_s=timeout_s)
+    return GradAveraging(world_size, steps, [_grad_row(step, [r for r in reports if r[0] == step])
+                                             for step in range(steps + 1)])
+
+
+def replica_distance(vectors: Sequence[Sequence[float]]) -> float:
+    """How far the farthest rank's parameters are from rank 0's (L2 norm)."""
+    v = np.asarray(vectors, dtype=np.float64)
+    return float(np.linalg.norm(v - v[0], axis=1).max())
+
+
+def _grad_row(step: int, reports: list[tuple]) -> dict:
+    reports = sorted(reports, key=lambda r: r[1])
+    row = {"step": step, "max_grad_diff": max(r[2] for r in reports)}
+    for name in VARIANTS:
+        row[f"distance_{name}"] = replica_distance([r[3][name] for r in reports])
+        row[f"loss_{name}"] = float(np.mean([r[4][name] for r in reports])) if step else None
+    return row
+
+
+def _demo_model():
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def _grad_rank(rank: int, world_size: int, report, steps: int, lr: float, seed: int) -> None:
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(seed)  # the same initial model on every rank
+    base = _demo_model()
+    models = {"ddp": DDP(copy.deepcopy(base)), "by_hand": copy.deepcopy(base),
+              "no_allreduce": copy.deepcopy(base)}
+    optimizers = {k: torch.optim.SGD(m.parameters(), lr=lr) for k, m in models.items()}
+    teacher = torch.randn(8, 1, generator=torch.Generator().manual_seed(seed))
+    data = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank sees its own data
+
+    def params():
+        return {k: torch.nn.utils.parameters_to_vector(m.parameters()).tolist()
+                for k, m in models.items()}
+
+    report((0, rank, 0.0, params(), {}))
+    for step in range(1, steps + 1):
+        x = torch.randn(32, 8, generator=data)
+        y = x @ teacher + 0.1 * torch.randn(32, 1, generator=data)
+        grads, losses = {}, {}
+        for name, model in models.items():
+            optimizers[name].zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()  # DDP averages its gradients inside backward()
+            if name == "by_hand":
+                average_gradients(model)
+            grads[name] = [p.grad.clone() for p in model.parameters()]
+            optimizers[name].step()
+            losses[name] = loss.item()
+        diff = max((a - b).abs().max().item() for a, b in zip(grads["ddp"], grads["by_hand"]))
+        report((step, rank, diff, params(), losses))

@@ -1,0 +1,43 @@
+"""``commlab rule``: PowerSGD's per-layer decisions and the compression ratio, from shapes alone."""
+from __future__ import annotations
+
+
+def _rule(args) -> int:
+    from .. import shapes
+    from ..cli import EXIT_BAD_INPUT, emit
+    from ..config import ConfigError
+    from ..rule import apply_rule
+
+    if args.matrix_approximation_rank < 1:
+        raise ConfigError({"matrix_approximation_rank": f"must be at least 1, got {args.matrix_approximation_rank}"})
+    if not args.min_compression_rate > 0:
+        raise ConfigError({"min_compression_rate": f"must be above 0, got {args.min_compression_rate}"})
+    try:
+        if args.checkpoint:
+            named = shapes.from_checkpoint(args.checkpoint)
+        else:
+            named = shapes.from_workload(args.module or args.workload)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError({"checkpoint" if args.checkpoint else "workload": str(e)}) from None
+    summary = apply_rule(named, args.matrix_approximation_rank, args.min_compression_rate)
+    lines = [f"{'layer':<40} {'shape':<18} {'n':>7} {'m':>8} {'r':>3} {'(n+m)r*c':>12} {'n*m':>12}  decision"]
+    for d in summary.layers:
+        lines.append(f"{d.name:<40} {str(list(d.shape)):<18} {d.n:>7} {d.m:>8} {d.r:>3} "
+                     f"{d.lhs:>12.0f} {d.rhs:>12}  {'compressed' if d.compressed else 'allreduced'}")
+    lines.append(f"{summary.compressed_count}/{len(summary.layers)} layers compressed; "
+                 f"{summary.numel_before} -> {summary.numel_after} elements; "
+                 f"compression ratio {summary.compression_ratio:.2f}")
+    emit(args, summary.as_dict(), "\n".join(lines))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rule", help="which layers PowerSGD compresses, from shapes alone")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="a built-in workload (built on the meta device)")
+    src.add_argument("--module", help="your module:function workload")
+    src.add_argument("--checkpoint", help="a state_dict file (memory-mapped, not loaded)")
+    p.add_argument("--matrix-approximation-rank", type=int, required=True)
+    p.add_argument("--min-compression-rate", type=float, default=2.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_rule)

@@ -1,0 +1,238 @@
+"""Instrumentation around any communication hook, stock or commlab's.
+
+Bytes are counted where they are handed over: ``torch.distributed.all_reduce`` is wrapped for
+the life of a run, so PyTorch's hooks and commlab's are measured by the same ruler (both call it
+through the module attribute).  The wrapper also records DDP's bucket layouts, the time from a
+hook's call to its future's completion, and every K steps the approximation error against the
+exact mean gradient, from one extra allreduce whose bytes are counted apart.  An emulated link,
+when set, makes each counted collective complete no earlier than latency + bytes / bandwidth
+after it started.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+HOOK, MEASURE, OTHER = "hook", "measure", "other"
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+class _EmulatedWork:
+    """A collective's Work whose completion is held back until the emulated link would finish."""
+
+    def __init__(self, work, deadline: float):
+        self._work, self._deadline = work, deadline
+
+    def wait(self, *args, **kwargs):
+        out = self._work.wait(*args, **kwargs)
+        _sleep_until(self._deadline)
+        return out
+
+    def get_future(self):
+        deadline = self._deadline
+
+        def held(fut):
+            _sleep_until(deadline)
+            return fut.value()
+
+        return self._work.get_future().then(held)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@dataclass
+class Link:
+    bandwidth_gbps: float = 0.0
+    latency_us: float = 0.0
+
+    @property
+    def on(self) -> bool:
+        return self.bandwidth_gbps > 0 or self.latency_us > 0
+
+    def seconds(self, nbytes: int, world_size: int) -> float:
+        """A ring allreduce of nbytes over this link: 2(N-1) latencies + 2(N-1)/N * S / beta."""
+        if world_size < 2:
+            return 0.0
+        hops = 2 * (world_size - 1)
+        wire = hops / world_size * nbytes
+        beta = self.bandwidth_gbps * 1e9 / 8
+        return hops * self.latency_us * 1e-6 + (wire / beta if beta > 0 else 0.0)
+
+
+class CollectiveCounter:
+    """Counts the bytes handed to ``dist.all_reduce``, by category, while installed."""
+
+    def __init__(self, link: Link | None = None, world_size: int = 1):
+        self.link = link or Link()
+        self.world_size = world_size
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._original = None
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes = {HOOK: 0, MEASURE: 0, OTHER: 0}
+            self.calls = {HOOK: 0, MEASURE: 0, OTHER: 0}
+
+    def take(self) -> tuple[dict, dict]:
+        with self._lock:
+            out = dict(self.bytes), dict(self.calls)
+        self.reset()
+        return out
+
+    @contextlib.contextmanager
+    def category(self, name: str):
+        """Attributes collectives issued from this thread to ``name`` (hooks' are HOOK by default)."""
+        prev = getattr(self._local, "category", HOOK)
+        self._local.category = name
+        try:
+            yield
+        finally:
+            self._local.category = prev
+
+    def install(self) -> "CollectiveCounter":
+        self._original = dist.all_reduce
+        original, counter = self._original, self
+
+        def all_reduce(tensor, *args, **kwargs):
+            nbytes = tensor.numel() * tensor.element_size()
+            cat = getattr(counter._local, "category", HOOK)
+            with counter._lock:
+                counter.bytes[cat] += nbytes
+                counter.calls[cat] += 1
+            if cat != HOOK or not counter.link.on:
+                return original(tensor, *args, **kwargs)
+            deadline = time.perf_counter() + counter.link.seconds(nbytes, counter.world_size)
+            work = original(tensor, *args, **kwargs)
+            if work is None:  # a blocking call: the caller waits for the link too
+                _sleep_until(deadline)
+                return None
+            return _EmulatedWork(work, deadline)
+
+        dist.all_reduce = all_reduce
+        return self
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            dist.all_reduce = self._original
+            self._original = None
+
+
+@dataclass
+class StepRecord:
+    """What the instrumented hook saw during one step (filled from several threads)."""
+
+    hook_s: float = 0.0
+    plain_bytes: int = 0  # what DDP's default allreduce would hand over: the buckets, as they are
+    layouts: list = field(default_factory=list)
+    bucket_errors: list = field(default_factory=list)
+    layer_errors: list = field(default_factory=list)
+    grads: dict = field(default_factory=dict)
+
+
+class HookInstrument:
+    """Wraps a hook; the worker tells it, step by step, what to measure."""
+
+    def __init__(self, hook: Callable, counter: CollectiveCounter, names_by_ptr: dict[int, str],
+                 compressed: set[str], world_size: int):
+        self.hook = hook
+        self.counter = counter
+        self.names_by_ptr = names_by_ptr
+        self.compressed = compressed
+        self.world_size = world_size
+        self._lock = threading.Lock()
+        self.begin_step(measure=False, save_grads=False, record_layout=False)
+
+    def begin_step(self, measure: bool, save_grads: bool, record_layout: bool) -> None:
+        self.measure, self.save_grads, self.record_layout = measure, save_grads, record_layout
+        self.record = StepRecord()
+
+    def __call__(self, state, bucket) -> torch.futures.Future:
+        t0 = time.perf_counter()
+        rec = self.record
+        buf = bucket.buffer()
+        names = [self.names_by_ptr.get(p.data_ptr(), f"param{i}")
+                 for i, p in enumerate(bucket.parameters())]
+        shapes = [tuple(g.shape) for g in bucket.gradients()]
+        with self._lock:
+            rec.plain_bytes += buf.numel() * buf.element_size()
+            if self.record_layout:
+                rec.layouts.append(_layout(bucket, names, shapes, buf))
+        exact = None
+        if self.measure or self.save_grads:
+            # Issued in the hook body, before the hook's own collectives: the same order on every
+            # rank, which Gloo needs (see DESIGN.md).
+            exact = buf.detach().clone()
+            with self.counter.category(MEASURE):
+                dist.all_reduce(exact)
+            exact.div_(self.world_size)
+        fut = self.hook(state, bucket)
+        index = bucket.index()
+
+        def finish(f):
+            result = f.value()
+            out = result[0] if isinstance(result, (list, tuple)) else result
+            if exact is not None:
+                self._compare(rec, index, names, shapes, out, exact)
+            with self._lock:
+                rec.hook_s += time.perf_counter() - t0
+            return out
+
+        return fut.then(finish)
+
+    def _compare(self, rec, index, names, shapes, out, exact) -> None:
+        out = out.detach().float()
+        offset, layer_rows, grads = 0, [], {}
+        for name, shape in zip(names, shapes):
+            n = math.prod(shape) if shape else 1
+            e = exact[offset:offset + n]
+            if self.measure and name in self.compressed:
+                layer_rows.append({"bucket": index, "layer": name,
+                                   "rel_error": _rel(out[offset:offset + n], e)})
+            if self.save_grads:
+                grads[name] = e.reshape(shape).clone()
+            offset += n
+        with self._lock:
+            if self.measure:
+                rec.bucket_errors.append({"bucket": index, "rel_error": _rel(out[:offset], exact[:offset])})
+                rec.layer_errors.extend(layer_rows)
+            rec.grads.update(grads)
+
+
+def _rel(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    denom = exact.float().norm().item()
+    diff = (approx.float() - exact.float()).norm().item()
+    return diff / denom if denom > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def _layout(bucket, names, shapes, buf) -> dict:
+    return {
+        "index": bucket.index(),
+        "is_last": bucket.is_last(),
+        "numel": buf.numel(),
+        "bytes": buf.numel() * buf.element_size(),
+        "params": [{"name": n, "shape": list(s), "numel": math.prod(s) if s else 1}
+                   for n, s in zip(names, shapes)],
+    }
+
+
+def error_feedback_norm(state) -> float | None:
+    """Norm of PowerSGD's error-feedback memory over all buckets (None for stateless hooks)."""
+    errors = getattr(state, "error_dict", None)
+    if not errors:
+        return None
+    return math.sqrt(sum(float(t.float().norm()) ** 2 for t in errors.values()))

@@ -1,0 +1,126 @@
+"""Starting and stopping runs.
+
+``torchrun_command`` is pure and tested on its own, as Accelerate builds its launch command;
+``start`` is the one place that spawns a run: it writes the run folder's first files and starts a
+detached supervisor (``commlab.supervisor``), which owns torchrun and records how the run ends.
+Because the supervisor is detached, a run outlives the app or shell that launched it, and any
+later process can stop it through the PID recorded in the folder.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import store
+from .config import RunConfig
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
+    """(backend, why) for this machine."""
+    gpus = gpu_count() if gpus is None else gpus
+    if cfg.backend != "auto":
+        return cfg.backend, f"backend {cfg.backend} was asked for"
+    if gpus >= cfg.world_size:
+        return "nccl", f"auto: {gpus} CUDA GPU(s) seen, enough for {cfg.world_size} rank(s), so NCCL"
+    if gpus:
+        return "gloo", (f"auto: {gpus} CUDA GPU(s) seen, fewer than {cfg.world_size} ranks, so Gloo "
+                        "on the CPU")
+    return "gloo", "auto: no CUDA GPU seen, so Gloo on the CPU"
+
+
+def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:
+    """The exact argv that runs the workers: standalone, rendezvous on loopback, no restarts."""
+    return [python, "-m", "torch.distributed.run",
+            "--nnodes", "1", "--nproc-per-node", str(cfg.world_size),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+            "--max-restarts", "0", "--monitor-interval", "0.5",
+            "-m", "commlab.worker", str(run_dir)]
+
+
+def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    # The package and a user's workload module must import in the workers as they do here.
+    roots = [str(Path(__file__).resolve().parent.parent), os.getcwd()]
+    env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH")] if p])
+    # Share the cores out instead of letting each rank start a thread per core.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.world_size)))
+    env["MASTER_ADDR"] = "127.0.0.1"
+    env["GLOO_SOCKET_IFNAME"] = env.get("GLOO_SOCKET_IFNAME", "lo")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
+    """Validate, then create the run folder with config.json and launch.json. Raises ConfigError."""
+    from .hooks import registry
+
+    cfg.check()
+    if request_id:
+        for run in store.list_runs(cfg.runs_dir):
+            if run.launch_info().get("request_id") == request_id:
+                return run
+    backend, why = resolve_backend(cfg)
+    impl, impl_reason = registry.plan(cfg, backend)
+    run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())
+    store.write_json(run_dir / "config.json", cfg.to_dict())
+    store.write_json(run_dir / "launch.json", {
+        "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
+        "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
+        "command": torchrun_command(cfg, run_dir.resolve()), "created_at": time.time()})
+    store.write_json(run_dir / "status.json", {"status": "running", "step": None})
+    return store.RunFolder(run_dir)
+
+
+def start(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
+    """Start a run in the background and return its folder at once.
+
+    ``request_id`` makes starting idempotent: a second call with the same id (a double click,
+    a second browser tab) returns the run the first one started.
+    """
+    folder = prepare(cfg, request_id)
+    if (folder.path / "supervisor.json").exists():
+        return folder
+    log = open(folder.file("supervisor.log"), "ab")
+    subprocess.Popen([sys.executable, "-m", "commlab.supervisor", str(folder.path.resolve())],
+                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                     env=worker_env(cfg), start_new_session=True, close_fds=True)
+    log.close()
+    _wait_for(lambda: folder.file("supervisor.json").exists(), timeout=15)
+    return folder
+
+
+def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
+    """Stop a run and every process it started; returns the status it ends with."""
+    from . import procs
+
+    sup = store.read_json(folder.file("supervisor.json"), {})
+    pid = sup.get("pid")
+    if procs.alive(pid, sup.get("create_time")):
+        everyone = procs.tree(pid)  # collected first: workers live in their own sessions
+        procs.terminate(everyone[:1], grace_s=grace_s + 5)  # the supervisor stops its own tree
+        procs.terminate([p for p in everyone[1:] if p.is_running()], grace_s=1)
+    for pid in sup.get("worker_pids", []):
+        if procs.alive(pid):
+            procs.kill_tree(pid, grace_s=1)
+    if folder.status() in ("running", "lost"):
+        store.write_json(folder.file("status.json"), {
+            **folder.status_record(), "status": "stopped", "error": "stopped by the user"})
+    return folder.status()
+
+
+def _wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

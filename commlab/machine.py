@@ -1,0 +1,16 @@
+"""What this machine would run on: backend, GPUs, torch version, runs folder."""
+from __future__ import annotations
+
+import os
+
+
+def describe() -> dict:
+    import torch
+
+    from .config import RunConfig, default_runs_dir
+    from .launch import gpu_count, resolve_backend
+
+    gpus = gpu_count()
+    backend, why = resolve_backend(RunConfig(), gpus)
+    return {"backend": backend, "backend_reason": why, "gpus": gpus, "torch": torch.__version__,
+            "cpus": os.cpu_count(), "runs_dir": os.path.abspath(default_runs_dir())}

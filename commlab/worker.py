@@ -1,0 +1,177 @@
+"""One rank's training loop: the program torchrun runs for a commlab run.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m commlab.worker RUN_DIR
+
+The launcher writes RUN_DIR/config.json and launch.json first; rank 0 alone writes the rest of
+the run folder (see ``commlab.store``).  Every rank writes its own traceback if it dies.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import store, workloads
+from .config import RunConfig
+from .hooks import registry
+from .hooks.instrument import (OTHER, CollectiveCounter, HookInstrument, Link,
+                               error_feedback_norm)
+from .rule import apply_rule, named_shapes, ring_wire_bytes
+
+
+def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
+    kinds = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    return kinds[cfg.optimizer](params, lr=cfg.lr)
+
+
+def train(run_dir: Path) -> None:
+    folder = store.RunFolder(run_dir)
+    cfg = folder.config()
+    launch = folder.launch_info()
+    backend = launch["backend"]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # Collectives time out too, so a deadlocked hook ends in an error rather than forever.
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.stall_timeout_s))
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    torch.manual_seed(cfg.seed * 1000 + rank)  # each rank its own randomness from here on
+    model = work.model.to(device)
+    shapes = named_shapes(model)
+    names_by_ptr = {p.data_ptr(): n for n, p in model.named_parameters()}
+    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
+              bucket_cap_mb=cfg.bucket_cap_mb)
+    choice = registry.choose(cfg, backend)
+    rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate)
+    counter = instrument = None
+    hook = choice.hook
+    if cfg.instrument:
+        link = Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us)
+        counter = CollectiveCounter(link, world).install()
+        compressed = {d.name for d in rule.layers if d.compressed} if cfg.hook == "powersgd" else set()
+        instrument = hook = HookInstrument(choice.hook, counter, names_by_ptr, compressed, world)
+    ddp.register_comm_hook(choice.state, hook)
+    optimizer = make_optimizer(cfg, ddp.parameters())
+
+    writer = errors_out = None
+    if rank == 0:
+        store.write_json(folder.file("meta.json"), {
+            "torch_version": torch.__version__, "python": sys.version.split()[0],
+            "backend": backend, "world_size": world, "device": str(device),
+            "hook_impl": choice.impl, "hook_name": choice.name, "hook_reason": choice.reason,
+            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "instrumented": cfg.instrument, "emulated_link": {
+                "bandwidth_gbps": cfg.emulate_bandwidth_gbps, "latency_us": cfg.emulate_latency_us}
+            if (cfg.emulate_bandwidth_gbps or cfg.emulate_latency_us) else None,
+            "started_at": time.time()})
+        store.write_json(folder.file("layers.json"), [
+            {**d.as_dict(), "applies": cfg.hook == "powersgd"} for d in rule.layers])
+        writer = store.JsonlWriter(folder.file("metrics.jsonl"))
+        errors_out = store.JsonlWriter(folder.file("errors.jsonl"))
+
+    layouts: dict[str, list] = {}
+    sent_total = plain_total = 0
+    t_start = time.perf_counter()
+    batches = work.batches()
+    save_at = set(cfg.save_grads_at)
+    for step in range(cfg.steps):
+        x, y = next(batches)
+        x, y = x.to(device), y.to(device)
+        measure = cfg.error_every > 0 and step % cfg.error_every == 0
+        if instrument:
+            # Iteration 0 shows DDP's first layout, iteration 1 the one it rebuilt after it.
+            instrument.begin_step(measure, step in save_at, record_layout=step < 2)
+        t0 = time.perf_counter()
+        loss = workloads.loss_fn(ddp(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP waits here for every bucket's hook future
+        optimizer.step()
+        # The mean loss over ranks: every rank then agrees on divergence at the same step.
+        mean_loss = loss.detach().clone()
+        if counter:
+            with counter.category(OTHER):
+                dist.all_reduce(mean_loss)
+        else:
+            dist.all_reduce(mean_loss)
+        loss_value = mean_loss.item() / world
+        step_s = time.perf_counter() - t0
+        if rank != 0:
+            if not math.isfinite(loss_value):
+                break
+            continue
+        row = {"step": step, "loss": loss_value, "step_s": step_s,
+               "t": time.perf_counter() - t_start}
+        if instrument:
+            nbytes, calls = counter.take()
+            rec = instrument.record
+            sent_total += nbytes["hook"]
+            plain_total += rec.plain_bytes
+            row.update({
+                "payload_bytes": nbytes["hook"], "wire_bytes": ring_wire_bytes(nbytes["hook"], world),
+                "plain_bytes": rec.plain_bytes, "collectives": calls["hook"],
+                "compression_ratio": plain_total / sent_total if sent_total else None,
+                "hook_s": rec.hook_s, "measure_bytes": nbytes["measure"],
+                "powersgd_iter": getattr(choice.state, "iter", None)})
+            if rec.layouts:
+                layouts["iter0" if step == 0 else "rebuilt"] = sorted(rec.layouts, key=lambda b: b["index"])
+                store.write_json(folder.file("buckets.json"), _bucket_file(layouts, cfg, ddp))
+            if measure:
+                errors_out.write({"step": step, "measure_bytes": nbytes["measure"],
+                                  "buckets": rec.bucket_errors, "layers": rec.layer_errors,
+                                  "ef_residual_norm": error_feedback_norm(choice.state)})
+            if rec.grads:
+                folder.file("grads").mkdir(exist_ok=True)
+                torch.save({k: v.cpu() for k, v in rec.grads.items()}, folder.file(f"grads/step_{step}.pt"))
+        writer.write(row)
+        if not math.isfinite(loss_value):
+            store.write_json(folder.file("status.json"), {
+                "status": "diverged", "step": step,
+                "error": f"loss became {loss_value} at step {step}; the run was stopped there"})
+            break
+    else:
+        if rank == 0:
+            store.write_json(folder.file("status.json"), {"status": "finished", "step": cfg.steps - 1})
+    if instrument and rank == 0:
+        store.write_json(folder.file("buckets.json"), _bucket_file(layouts, cfg, ddp))
+    if counter:
+        counter.uninstall()
+    dist.destroy_process_group()
+
+
+def _bucket_file(layouts: dict, cfg: RunConfig, ddp: DDP) -> dict:
+    logging = ddp._get_ddp_logging_data()
+    return {"bucket_cap_mb": cfg.bucket_cap_mb, **layouts,
+            "ddp_logging": {k: logging.get(k) for k in
+                            ("bucket_sizes", "rebuilt_bucket_sizes", "has_rebuilt_buckets",
+                             "rebuilt_per_bucket_param_indices", "prev_iteration_bucket_param_indices")
+                            if k in logging}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0])
+    try:
+        train(run_dir)
+    except BaseException as e:
+        if not isinstance(e, KeyboardInterrupt):
+            store.write_json(run_dir / f"rank{os.environ.get('RANK', '0')}.error.json", {
+                "rank": int(os.environ.get("RANK", 0)), "time": time.time(),
+                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
