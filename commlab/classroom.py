@@ -539,6 +539,20 @@ def naive_trace(values: Sequence[Sequence[float]], op: str = "sum",
     return Trace("naive", op, n, bounds, initial, tuple(board.steps), itemsize)
 
 
+
+def compare_with_real(trace: Trace, real: CollectiveResult, rtol: float = 1e-5,
+                      atol: float = 1e-6) -> tuple[bool, float]:
+    """(whether the simulation equals the real all_reduce, the largest |difference|).
+
+    Equal means to float32 rounding: the real all_reduce adds in its own order, in float32.
+    """
+    sim = np.asarray(trace.result, dtype=np.float64)
+    got = np.asarray([r.after for r in real.ranks], dtype=np.float64)
+    if sim.shape != got.shape:
+        raise ValueError(f"the simulation holds {sim.shape}, the real run {got.shape}")
+    err = float(np.abs(sim - got).max()) if sim.size else 0.0
+    return bool(np.allclose(sim, got, rtol=rtol, atol=atol)), err
+
 # ============================================================================ what it costs
 @dataclass(frozen=True)
 class SchemeCost:

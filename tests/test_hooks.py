@@ -5,6 +5,7 @@ of its checks and writes what it measured; the tests below then judge those meas
 that hangs is killed after JOB_TIMEOUT_S, and collectives time out sooner, so a deadlock fails.
 """
 import datetime
+import importlib
 import inspect
 import json
 import math
@@ -53,7 +54,12 @@ def _entry(rank, job, world_size, port, out_dir):
 
 
 def _run_job(job, world_size, out_dir) -> list[dict]:
-    """Run ``job(rank, world_size)`` on real Gloo ranks; return each rank's results; leave no process."""
+    """Run ``job(rank, world_size)`` on real Gloo ranks; return each rank's results; leave no process.
+
+    Ranks are forked, not spawned: importing torch costs each new interpreter 15 s of CPU here, and
+    DDP's constructor imports torch._dynamo (another 20 s), so both are imported once, here.
+    """
+    importlib.import_module("torch._dynamo")
     ctx = mp.start_processes(_entry, args=(job, world_size, _free_port(), str(out_dir)),
                              nprocs=world_size, join=False, start_method="fork")
     deadline = time.monotonic() + JOB_TIMEOUT_S
@@ -126,12 +132,12 @@ EQUIVALENCE = [
     dict(start_powerSGD_iter=s, use_error_feedback=ef, warm_start=ws, matrix_approximation_rank=r)
     for s in (2, 7) for ef in (True, False) for ws in (True, False) for r in (1, 4)
 ] + [
-    dict(start_powerSGD_iter=2, use_error_feedback=ef, warm_start=ws, matrix_approximation_rank=r,
+    dict(start_powerSGD_iter=2, use_error_feedback=ef, warm_start=ws, matrix_approximation_rank=4,
          batch_tensors_with_same_shape=True)
-    for ef, ws in ((True, True), (False, False)) for r in (1, 4)
+    for ef, ws in ((True, True), (False, False))
 ]
 # fp16_compress_wrapper is PyTorch's in both models: it is what the registry picks on Gloo.
-EQUIVALENCE_FP16 = [dict(start_powerSGD_iter=2, matrix_approximation_rank=r) for r in (1, 4)]
+EQUIVALENCE_FP16 = [dict(start_powerSGD_iter=2, matrix_approximation_rank=4)]
 # torch 2.13 compresses a vector of length k as a k x 1 matrix when (k + 1) * rate < k.
 EQUIVALENCE_RATE_BELOW_ONE = dict(start_powerSGD_iter=2, matrix_approximation_rank=1,
                                   min_compression_rate=0.5)

@@ -154,6 +154,8 @@ class HookInstrument:
         self.names_by_ptr = names_by_ptr
         self.compressed = compressed
         self.world_size = world_size
+        # DDP logs a hook by its name, so an instrumented hook is named after the one it wraps.
+        self.__name__ = self.__qualname__ = getattr(hook, "__name__", type(hook).__name__)
         self._lock = threading.Lock()
         self.begin_step(measure=False, save_grads=False, record_layout=False)
 
@@ -161,7 +163,7 @@ class HookInstrument:
         self.measure, self.save_grads, self.record_layout = measure, save_grads, record_layout
         self.record = StepRecord()
 
-    def __call__(self, state, bucket) -> torch.futures.Future:
+    def __call__(self, state, bucket):  # no annotations: DDP compares them to real types
         t0 = time.perf_counter()
         rec = self.record
         buf = bucket.buffer()

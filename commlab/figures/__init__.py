@@ -1,0 +1,1 @@
+"""Plotly figures for the pages and notebooks, one module per subject."""
