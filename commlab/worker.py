@@ -42,8 +42,9 @@ def train(run_dir: Path) -> None:
     device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # Collectives time out too, so a deadlocked hook ends in an error rather than forever.
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.stall_timeout_s))
+    # Collectives time out too, as a backstop behind the supervisor, which calls the run
+    # stalled first.
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=2 * cfg.stall_timeout_s + 30))
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)

@@ -27,6 +27,7 @@ from commlab import cli
 from commlab.config import HOOKS, POWERSGD_FIELDS, WRAPPERS, RunConfig
 from commlab.hooks import compress, powersgd, registry
 
+# Below pytest-timeout's 300 s per test (fixture setup included), so a hang is named here.
 JOB_TIMEOUT_S = 240
 COLLECTIVE_TIMEOUT_S = 60
 STEPS = 20
@@ -290,12 +291,17 @@ def _multi_bucket(rank: int, world_size: int) -> list[dict]:
     return results
 
 
-def two_rank_job(rank: int, world_size: int) -> dict:
+def equivalence_job(rank: int, world_size: int) -> dict:
     return {
         "equivalence": [_compare_with_stock(rank, s) for s in EQUIVALENCE],
         "equivalence_fp16": [_compare_with_stock(rank, s, default_hooks.fp16_compress_wrapper)
                              for s in EQUIVALENCE_FP16],
         "equivalence_rate_below_one": _compare_with_stock(rank, EQUIVALENCE_RATE_BELOW_ONE),
+    }
+
+
+def two_rank_job(rank: int, world_size: int) -> dict:
+    return {
         "bf16": _bf16_by_hand(rank, world_size),
         "batched": _batched_by_hand(rank, world_size),
         "multi_bucket": _multi_bucket(rank, world_size),
@@ -304,6 +310,11 @@ def two_rank_job(rank: int, world_size: int) -> dict:
 
 def three_rank_job(rank: int, world_size: int) -> dict:
     return {"multi_bucket": _multi_bucket(rank, world_size)}
+
+
+@pytest.fixture(scope="module")
+def equivalence(tmp_path_factory):
+    return _run_job(equivalence_job, 2, tmp_path_factory.mktemp("equivalence"))
 
 
 @pytest.fixture(scope="module")
@@ -321,15 +332,15 @@ def _assert_equivalent(result):
     assert result["iters"] == [STEPS, STEPS]
 
 
-def test_powersgd_matches_pytorch_on_one_bucket(two_ranks):
-    for rank_results in two_ranks:
+def test_powersgd_matches_pytorch_on_one_bucket(equivalence):
+    for rank_results in equivalence:
         assert len(rank_results["equivalence"]) == len(EQUIVALENCE)
         for result in rank_results["equivalence"]:
             _assert_equivalent(result)
 
 
-def test_fp16_wrapped_powersgd_matches_pytorch_on_one_bucket(two_ranks):
-    for rank_results in two_ranks:
+def test_fp16_wrapped_powersgd_matches_pytorch_on_one_bucket(equivalence):
+    for rank_results in equivalence:
         for result in rank_results["equivalence_fp16"]:
             _assert_equivalent(result)
 
@@ -338,8 +349,8 @@ def test_fp16_wrapped_powersgd_matches_pytorch_on_one_bucket(two_ranks):
     "commlab.rule.decide never compresses a tensor with fewer than two dimensions; torch 2.13 "
     "views a vector of length k as k x 1 and compresses it when (k + 1) * rate < k, which happens "
     "once min_compression_rate < 1 (commlab's hook follows the rule, so the stats differ)"))
-def test_powersgd_matches_pytorch_with_min_compression_rate_below_one(two_ranks):
-    for rank_results in two_ranks:
+def test_powersgd_matches_pytorch_with_min_compression_rate_below_one(equivalence):
+    for rank_results in equivalence:
         _assert_equivalent(rank_results["equivalence_rate_below_one"])
 
 

@@ -64,8 +64,8 @@ def _add_error(state: PowerSGDState, bucket_index: int, tensor: torch.Tensor) ->
 def _random_fill(state: PowerSGDState, matrices: list[torch.Tensor]) -> None:
     """Fill with N(0, 1) from one seed drawn from ``state.rng``: the same on every rank, new each time.
 
-    The global RNG is forked so training's own sampling is untouched; values are drawn on the CPU
-    and copied, as PyTorch does, so CPU and CUDA runs draw the same numbers.
+    The global RNG is forked so training's own sampling is untouched; as in PyTorch, only the CPU
+    RNG is forked (forking every CUDA device's is slow) and the values are drawn on the CPU.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(state.rng.randint(1_000_000_000))
@@ -122,6 +122,9 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
 
     uncompressed_memory = (torch.cat([t.view(-1) for t in uncompressed]) if uncompressed
                            else torch.tensor([], device=device, dtype=dtype))
+    # Launched before computing the Ps, which it overlaps; PyTorch launches it after, as its
+    # callback chain would otherwise need a second branch.
+    uncompressed_work = _launch(uncompressed_memory, group)
 
     # Later steps read P and Q through these names, never the dicts: without warm start, another
     # bucket's finish() may clear the dicts while this bucket is still working.
@@ -163,7 +166,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     for batch, q, p in zip(batches, qs, ps):
         torch.bmm(batch, q, out=p)
 
-    _launch(uncompressed_memory, group).wait()
+    uncompressed_work.wait()
     uncompressed_memory.div_(world_size)
     idx = 0
     for tensor in uncompressed:

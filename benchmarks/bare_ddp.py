@@ -1,0 +1,57 @@
+"""A bare DDP training script, the yardstick for commlab's overhead (nanoGPT's loop, no lab).
+
+    python -m torch.distributed.run --nproc-per-node 2 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:0 benchmarks/bare_ddp.py --workload charlm --steps 100 --out t.json
+
+Same model, data, optimizer, seed and hook as ``commlab run``; PyTorch's own allreduce_hook.
+Rank 0 writes the per-step times to --out.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from commlab import workloads
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", default="charlm")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(a.seed)
+    work = workloads.load(a.workload, rank, world, a.batch_size, a.seed)
+    torch.manual_seed(a.seed * 1000 + rank)
+    model = DDP(work.model, bucket_cap_mb=a.bucket_cap_mb)
+    model.register_comm_hook(None, default_hooks.allreduce_hook)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    batches = work.batches()
+    times = []
+    for _ in range(a.steps):
+        x, y = next(batches)
+        t0 = time.perf_counter()
+        loss = workloads.loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        with open(a.out, "w") as f:
+            json.dump(times, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""commlab's overhead, measured as ratios of median step times taken side by side.
+
+    python benchmarks/overhead.py [--steps 100] [--rounds 3] [--json]
+
+Per round, in alternation: a bare torchrun DDP script (benchmarks/bare_ddp.py), ``commlab run``
+with instrumentation off, and ``commlab run`` at its defaults, all on the same workload, hook
+(allreduce), seed and ranks; then commlab's PowerSGD and PyTorch's powerSGD_hook on one bucket
+(where PyTorch's works on Gloo).  Step 0 of every run is left out (DDP's first iteration builds
+its buckets).  Prints the medians and, with --json, one JSON object last:
+ratio_off, ratio_default, ratio_powersgd_vs_stock.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from commlab.api import RunConfig, run  # noqa: E402
+
+
+def median_step(times: list[float]) -> float:
+    return statistics.median(times[1:])
+
+
+def bare(cfg: RunConfig, out: Path) -> float:
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                    str(cfg.world_size), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                    str(ROOT / "benchmarks" / "bare_ddp.py"), "--workload", cfg.workload,
+                    "--steps", str(cfg.steps), "--batch-size", str(cfg.batch_size), "--lr", str(cfg.lr),
+                    "--seed", str(cfg.seed), "--bucket-cap-mb", str(cfg.bucket_cap_mb), "--out", str(out)],
+                   check=True, cwd=ROOT, capture_output=True)
+    return median_step(json.loads(out.read_text()))
+
+
+def lab(cfg: RunConfig) -> float:
+    r = run(cfg)
+    if r.status() != "finished":
+        raise RuntimeError(f"{cfg.label()} ended {r.status()}: {r.status_record().get('error')}")
+    return median_step([row["step_s"] for row in r.metrics_records()])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workload", default="charlm")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="commlab-bench-"))
+    base = RunConfig(workload=a.workload, steps=a.steps, world_size=2, runs_dir=str(tmp))
+    one_bucket = dict(hook="powersgd", bucket_cap_mb=1000.0, start_powerSGD_iter=2, instrument=False)
+    t = {k: [] for k in ("bare", "off", "default", "powersgd_commlab", "powersgd_stock")}
+    for i in range(a.rounds):
+        t["bare"].append(bare(base, tmp / f"bare{i}.json"))
+        t["off"].append(lab(base.with_overrides(instrument=False)))
+        t["default"].append(lab(base))
+        t["powersgd_commlab"].append(lab(base.with_overrides(impl="commlab", **one_bucket)))
+        t["powersgd_stock"].append(lab(base.with_overrides(impl="stock", **one_bucket)))
+        print(f"round {i + 1}/{a.rounds}: " + ", ".join(f"{k} {v[-1] * 1e3:.1f} ms" for k, v in t.items()),
+              file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    result = {
+        "workload": a.workload, "steps": a.steps, "rounds": a.rounds,
+        "median_step_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
+        "ratio_off": med["off"] / med["bare"],
+        "ratio_default": med["default"] / med["bare"],
+        "ratio_powersgd_vs_stock": med["powersgd_commlab"] / med["powersgd_stock"],
+    }
+    if not a.json:
+        print(f"median step (ms): {result['median_step_ms']}")
+        print(f"commlab, instrumentation off / bare DDP: {result['ratio_off']:.3f}  (target <= 1.03)")
+        print(f"commlab, defaults / bare DDP:            {result['ratio_default']:.3f}  (target <= 1.10)")
+        print(f"commlab PowerSGD / powerSGD_hook:        {result['ratio_powersgd_vs_stock']:.3f}  (target <= 1.00)")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""User workloads (the ``module:function`` contract) that misbehave on purpose, for engine tests."""
+import os
+import signal
+import time
+
+import torch
+
+from commlab.workloads import mlp
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def crashing(rank=0, seed=0):
+    """Rank 1 raises while drawing the batch for step 3."""
+    w = mlp(rank=rank, seed=seed)
+
+    def batches():
+        for step, batch in enumerate(w.batches()):
+            if step == 3 and rank == 1:
+                raise RuntimeError("rank 1 ran out of data on purpose")
+            yield batch
+    return w.model, batches
+
+
+def stubborn(rank=0, seed=0):
+    """Ignores SIGTERM, and draws batches slowly so the run is still going when it is stopped."""
+    if "RANK" in os.environ:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    w = mlp(rank=rank, seed=seed)
+
+    def batches():
+        for batch in w.batches():
+            time.sleep(0.2)
+            yield batch
+    return w.model, batches
+
+
+def exploding(rank=0, seed=0):
+    """Targets become infinite at step 3: the loss is not finite from there."""
+    model = torch.nn.Linear(8, 1)
+
+    def batches():
+        g = torch.Generator().manual_seed(rank)
+        step = 0
+        while True:
+            x = torch.randn(4, 8, generator=g)
+            y = torch.full((4, 1), float("inf") if step >= 3 else 0.5)
+            step += 1
+            yield x, y
+    return model, batches
+
+
+def sleepy(rank=0, seed=0):
+    """Rank 0 stops drawing batches after step 2, as a deadlocked hook would stop the step."""
+    w = mlp(rank=rank, seed=seed)
+
+    def batches():
+        for step, batch in enumerate(w.batches()):
+            if step == 3 and _rank() == 0:
+                time.sleep(3600)
+            yield batch
+    return w.model, batches

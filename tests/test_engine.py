@@ -1,0 +1,142 @@
+"""Real torchrun runs: every hook on Gloo with several buckets, and every way a run can end."""
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from commlab.api import RunConfig, launch, open_run, run
+from commlab.config import HOOKS, WRAPPERS
+from commlab.launch import torchrun_command
+
+HERE = __import__("pathlib").Path(__file__).parent
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets(tmp_path, world_size):
+    out = tmp_path / "matrix.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size),
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "0",
+         str(HERE / "hook_matrix.py"), str(out)],
+        capture_output=True, text=True, timeout=400, cwd=HERE.parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    expected = {(h, w) for h in HOOKS for w in WRAPPERS if not (h == "noop" and w != "none")}
+    assert {(r["hook"], r["wrapper"]) for r in results} == expected
+    for r in results:
+        assert r["buckets"] >= 2, r
+        assert r["finite"], r
+        if r["hook"] == "noop":
+            assert r["bytes"] == 0 and not r["replicas_equal"], r  # nothing sent: replicas drift
+        else:
+            assert r["bytes"] > 0 and r["replicas_equal"], r
+    by = {(r["hook"], r["wrapper"]): r for r in results}
+    assert by[("powersgd", "none")]["impl"] == "commlab"
+    assert by[("bf16", "none")]["impl"] == "commlab"
+    assert by[("allreduce", "none")]["impl"] == "stock"
+    # Compression is real: fp16 halves the bytes, PowerSGD sends fewer still.
+    full = by[("allreduce", "none")]["bytes"]
+    assert by[("fp16", "none")]["bytes"] == full // 2
+    assert by[("powersgd", "none")]["bytes"] < full
+
+
+def test_torchrun_command_is_loopback_and_exact(tmp_path):
+    cmd = torchrun_command(RunConfig(world_size=3), tmp_path, python="py")
+    assert cmd == ["py", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "3",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts",
+                   "0", "--monitor-interval", "0.5", "-m", "commlab.worker", str(tmp_path)]
+
+
+def test_powersgd_run_folder(powersgd_run):
+    """The session's PowerSGD run: several buckets, fewer bytes once compression starts, and
+    the approximation error recorded every K steps with the cost of measuring it."""
+    meta, cfg = powersgd_run.meta(), powersgd_run.config()
+    assert meta["hook_impl"] == "commlab" and meta["backend"] == "gloo"
+    buckets = powersgd_run.buckets()
+    assert len(buckets["rebuilt"]) >= 2
+    assert sum(b["numel"] for b in buckets["iter0"]) == sum(b["numel"] for b in buckets["rebuilt"])
+    assert sum(b["is_last"] for b in buckets["rebuilt"]) == 1
+    m = powersgd_run.metrics()
+    assert list(m["step"]) == list(range(cfg.steps))
+    before = m[m.step < cfg.start_powerSGD_iter]
+    after = m[m.step >= cfg.start_powerSGD_iter]
+    assert (before.payload_bytes == before.plain_bytes).all()
+    assert (after.payload_bytes < after.plain_bytes).all()
+    layers = powersgd_run.layers()
+    compressed = sum((4 * d["numel_after"]) for d in layers if d["compressed"])
+    plain = sum((4 * d["numel_after"]) for d in layers if not d["compressed"])
+    assert after.payload_bytes.iloc[-1] == compressed + plain  # bytes match the rule, exactly
+    assert (m.wire_bytes == m.payload_bytes).all()  # 2(N-1)/N = 1 at N = 2
+    errors = powersgd_run.error_records()
+    assert [e["step"] for e in errors] == list(range(0, cfg.steps, cfg.error_every))
+    assert all(e["measure_bytes"] > 0 for e in errors)
+    first = errors[0]["buckets"]  # before compression starts the hook is exact
+    assert max(b["rel_error"] for b in first) < 1e-6
+    late = errors[-1]
+    assert late["layers"] and all(0 < l["rel_error"] for l in late["layers"])
+    assert late["ef_residual_norm"] > 0
+    assert powersgd_run.grad_steps() == [8, 9, 10]
+    assert set(powersgd_run.grads(8)) == {d["name"] for d in layers}
+
+
+def test_cli_run_json_three_ranks_batched_bf16(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "commlab", "run", "--hook", "batched_powersgd",
+                           "--wrapper", "bf16", "--world-size", "3", "--workload", "mlp",
+                           "--steps", "8", "--start-powersgd-iter", "2", "--bucket-cap-mb", "0.05",
+                           "--runs-dir", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    payload = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, payload
+    assert set(payload) >= {"run_id", "run_dir", "status", "steps", "final_loss", "median_step_s",
+                            "bytes_per_step", "compression_ratio", "hook_impl"}
+    assert payload["status"] == "finished" and payload["steps"] == 8
+    assert payload["hook_impl"] == "commlab" and payload["compression_ratio"] > 2
+    listed = subprocess.run([sys.executable, "-m", "commlab", "runs", "--runs-dir", str(tmp_path),
+                             "--json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(listed.stdout.strip().splitlines()[-1])["runs"][0]["status"] == "finished"
+
+
+def test_a_crashing_rank_ends_the_run_and_is_named(tmp_path):
+    r = run(RunConfig(workload="tests.misbehaving_workloads:crashing", steps=50, runs_dir=str(tmp_path),
+                      world_size=2), timeout=300)
+    rec = r.status_record()
+    assert rec["status"] == "failed"
+    assert rec["failed_rank"] == 1
+    assert "ran out of data on purpose" in rec["error"]
+    assert "RuntimeError" in rec["traceback"]
+    died = json.loads((r.path / "rank1.error.json").read_text())["time"]
+    assert rec["ended_at"] - died < 10
+
+
+def test_stop_leaves_no_process_even_a_worker_ignoring_sigterm(tmp_path):
+    r = launch(RunConfig(workload="tests.misbehaving_workloads:stubborn", steps=10_000,
+                         runs_dir=str(tmp_path), world_size=2))
+    deadline = time.monotonic() + 240
+    while len(r.metrics_records()) < 2:
+        assert r.is_running() and time.monotonic() < deadline, r.status_record()
+        time.sleep(0.2)
+    sup = json.loads((r.path / "supervisor.json").read_text())
+    pids = [sup["pid"], sup["torchrun_pid"], *sup["worker_pids"]]
+    assert len(sup["worker_pids"]) >= 2
+    assert r.stop() == "stopped"
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert len(open_run(r.path).metrics_records()) >= 2  # what it measured is kept
+
+
+def test_nan_loss_stops_the_run_as_diverged(tmp_path):
+    r = run(RunConfig(workload="tests.misbehaving_workloads:exploding", steps=50, lr=0.01,
+                      runs_dir=str(tmp_path), world_size=2), timeout=300)
+    rec = r.status_record()
+    assert rec["status"] == "diverged" and rec["step"] == 3, rec
+    assert len(r.metrics_records()) == 4
+
+
+def test_no_step_for_the_stall_timeout_is_stalled(tmp_path):
+    r = run(RunConfig(workload="tests.misbehaving_workloads:sleepy", steps=50, stall_timeout_s=4,
+                      runs_dir=str(tmp_path), world_size=2, hook="powersgd"), timeout=300)
+    rec = r.status_record()
+    assert rec["status"] == "stalled", rec
+    assert "after step 2" in rec["error"] and "powersgd" in rec["error"]
