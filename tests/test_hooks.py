@@ -1,8 +1,8 @@
 """commlab.hooks on real Gloo process groups, against PyTorch's hooks and against hand arithmetic.
 
-Starting processes costs seconds here, so each world size runs one spawned job that performs all
-of its checks and writes what it measured; the tests below then judge those measurements.  A job
-that hangs is killed after JOB_TIMEOUT_S, and collectives time out sooner, so a deadlock fails.
+Starting ranks is the expensive part, so a few jobs (2 or 3 forked ranks each) perform many checks
+and write what they measured; the tests below judge those measurements.  A job that hangs is
+killed after JOB_TIMEOUT_S, and collectives time out sooner, so a deadlock fails, never blocks.
 """
 import datetime
 import importlib
@@ -57,7 +57,7 @@ def _entry(rank, job, world_size, port, out_dir):
 def _run_job(job, world_size, out_dir) -> list[dict]:
     """Run ``job(rank, world_size)`` on real Gloo ranks; return each rank's results; leave no process.
 
-    Ranks are forked, not spawned: importing torch costs each new interpreter 15 s of CPU here, and
+    Ranks are forked, not spawned: importing torch costs each new interpreter about 15 s of CPU here, and
     DDP's constructor imports torch._dynamo (another 20 s), so both are imported once, here.
     """
     importlib.import_module("torch._dynamo")

@@ -1,0 +1,100 @@
+"""Low-rank error: optimum against PowerSGD by rank, a layer's spectrum, warm start over steps,
+and the error measured during a run."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from ..lowrank import LayerError, WarmStart
+
+_COLORS = qualitative.Plotly
+
+
+def error_table(layers: list[LayerError], rank: int) -> pd.DataFrame:
+    """Each layer's relative error at one rank: the optimum, PowerSGD's, and how far apart."""
+    rows = []
+    for le in layers:
+        optimum, power = le.at(rank)
+        rows.append({"layer": le.name, "n": le.n, "m": le.m, "r": min(rank, le.ranks[-1]),
+                     "optimum (SVD)": optimum, "PowerSGD (1 power iteration)": power,
+                     "PowerSGD / optimum": power / optimum if optimum > 0 else float("nan")})
+    return pd.DataFrame(rows, columns=["layer", "n", "m", "r", "optimum (SVD)",
+                                       "PowerSGD (1 power iteration)", "PowerSGD / optimum"])
+
+
+def error_vs_rank(layers: list[LayerError], run_rank: int | None = None) -> go.Figure:
+    """Solid: the truncated SVD; dashed: one power iteration; one colour per layer."""
+    fig = go.Figure()
+    for i, le in enumerate(layers):
+        color = _COLORS[i % len(_COLORS)]
+        fig.add_scatter(x=le.ranks, y=le.optimum, name=f"{le.name} · optimum", legendgroup=le.name,
+                        mode="lines+markers", line=dict(color=color))
+        fig.add_scatter(x=le.ranks, y=le.power, name=f"{le.name} · PowerSGD", legendgroup=le.name,
+                        mode="lines+markers", line=dict(color=color, dash="dash"),
+                        marker=dict(symbol="x"))
+    if run_rank is not None:
+        fig.add_vline(x=run_rank, line_dash="dot", line_color="gray",
+                      annotation_text=f"run's rank {run_rank}")
+    fig.update_layout(title="Relative error against rank", xaxis_title="rank r",
+                      yaxis_title="‖M − approximation‖ / ‖M‖", yaxis_rangemode="tozero",
+                      height=440, margin=dict(t=40, b=10))
+    return fig
+
+
+def spectrum(le: LayerError, rank: int | None = None) -> go.Figure:
+    """Singular values (log scale), and the share of ‖M‖² the first k of them hold."""
+    sv = le.singular_values
+    k = list(range(1, len(sv) + 1))
+    total = sum(s * s for s in sv) or 1.0
+    captured, acc = [], 0.0
+    for s in sv:
+        acc += s * s
+        captured.append(acc / total)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=k, y=sv, name="singular value σₖ", mode="lines+markers", secondary_y=False)
+    fig.add_scatter(x=k, y=captured, name="share of ‖M‖² in σ₁…σₖ", mode="lines",
+                    line=dict(dash="dot"), secondary_y=True)
+    if rank is not None:
+        fig.add_vline(x=rank, line_dash="dot", line_color="gray", annotation_text=f"rank {rank}")
+    fig.update_layout(title=f"Singular values of {le.name} ({le.n}×{le.m})", xaxis_title="k",
+                      height=380, margin=dict(t=40, b=10))
+    fig.update_yaxes(type="log", title="σₖ", secondary_y=False)
+    fig.update_yaxes(title="share", range=[0, 1.02], secondary_y=True)
+    return fig
+
+
+def warm_start_figure(ws: WarmStart) -> go.Figure:
+    fig = go.Figure([
+        go.Scatter(x=ws.steps, y=ws.optimum, name="optimum (SVD)", mode="lines+markers"),
+        go.Scatter(x=ws.steps, y=ws.cold, name="PowerSGD, new Q each step", mode="lines+markers",
+                   line=dict(dash="dash")),
+        go.Scatter(x=ws.steps, y=ws.warm, name="PowerSGD, warm start", mode="lines+markers")])
+    fig.update_layout(title=f"{ws.name} at rank {ws.rank}, consecutive saved steps",
+                      xaxis_title="step", yaxis_title="relative error", yaxis_rangemode="tozero",
+                      height=380, margin=dict(t=40, b=10))
+    fig.update_xaxes(tickvals=ws.steps)
+    return fig
+
+
+def measured_figure(rows: list[dict], ef_norms: list[tuple[int, float]] | None = None) -> go.Figure:
+    """Error of the hook's output against the exact mean gradient, as the run measured it
+    (error feedback included), per compressed layer and per bucket; error feedback's residual
+    norm on the right axis."""
+    frame = pd.DataFrame(rows, columns=["step", "scope", "name", "bucket", "rel_error"])
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for (scope, name), part in frame.groupby(["scope", "name"], sort=False):
+        fig.add_scatter(x=part["step"], y=part["rel_error"], name=name, mode="lines+markers",
+                        line=dict(dash="solid" if scope == "layer" else "dash"),
+                        secondary_y=False)
+    if ef_norms:
+        fig.add_scatter(x=[s for s, _ in ef_norms], y=[v for _, v in ef_norms],
+                        name="error-feedback residual ‖e‖", mode="lines", line=dict(color="gray",
+                                                                                  dash="dot"),
+                        secondary_y=True)
+    fig.update_layout(title="Approximation error measured during the run", xaxis_title="step",
+                      height=420, margin=dict(t=40, b=10))
+    fig.update_yaxes(title="relative error", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title="‖e‖", rangemode="tozero", secondary_y=True, showgrid=False)
+    return fig

@@ -1,0 +1,87 @@
+"""PowerSGD's compression rule on any model's shapes: which layers it compresses and what a step
+sends.  Thin: widgets in, commlab.shapes and commlab.rule, commlab.figures.rule out."""
+import os
+import tempfile
+
+import streamlit as st
+
+from commlab import shapes
+from commlab.figures import rule as figs
+from commlab.rule import apply_rule
+from commlab.workloads import CONTRACT, DESCRIPTIONS, MODELS
+
+SOURCES = ("Built-in workload", "Reference model", "Your module:function", "Uploaded checkpoint")
+
+
+@st.cache_data(show_spinner="Building the model on the meta device…")
+def workload_shapes(spec: str) -> list:
+    return shapes.from_workload(spec)
+
+
+@st.cache_data(show_spinner="Building the reference model on the meta device…")
+def reference_shapes(name: str) -> list:
+    return shapes.from_reference(name)
+
+
+@st.cache_data(show_spinner="Reading the checkpoint's shapes…", max_entries=4)
+def checkpoint_shapes(file_id: str, _upload) -> list:
+    # torch.load memory-maps only real files: the upload goes to disk first.
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, _upload.name or "checkpoint.pt")
+        with open(path, "wb") as f:
+            f.write(_upload.getbuffer())
+        return shapes.from_checkpoint(path)
+
+
+def chosen_shapes() -> list:
+    """The shapes of whatever the person picked; stops the page with a message when there are none."""
+    source = st.radio("Shapes from", SOURCES, horizontal=True)
+    if source == SOURCES[0]:
+        spec = st.selectbox("Workload", list(MODELS), format_func=lambda k: f"{k} — {DESCRIPTIONS[k]}")
+        return workload_shapes(spec)
+    if source == SOURCES[1]:
+        return reference_shapes(st.selectbox("Reference model", list(shapes.REFERENCE_MODELS)))
+    if source == SOURCES[2]:
+        spec = st.text_input("module:function", placeholder="mypackage.train:workload", help=CONTRACT)
+        if not spec.strip():
+            st.info("Name a function in an importable module (the folder the lab started in is on "
+                    "the path). Its model is built once, for its shapes.")
+            st.stop()
+        return workload_shapes(spec.strip())
+    upload = st.file_uploader("A state_dict checkpoint", type=["pt", "pth", "bin", "ckpt"])
+    if upload is None:
+        st.info("Upload a checkpoint saved with torch.save(model.state_dict(), path); only its "
+                "tensors' shapes are read.")
+        st.stop()
+    return checkpoint_shapes(upload.file_id, upload)
+
+
+st.title("Compression rule")
+st.markdown(
+    "PowerSGD views each gradient as an n×m matrix (`shape[0]` × the rest), takes "
+    "r = min(n, m, rank), and compresses it only when **(n + m)·r·min_compression_rate < n·m**; "
+    "vectors are always allreduced as they are. A compressed layer sends P and Q, (n + m)·r elements.")
+
+try:
+    named = chosen_shapes()
+except ValueError as e:
+    st.error(str(e))
+    st.stop()
+
+c1, c2 = st.columns(2)
+rank = c1.slider("matrix_approximation_rank", 1, 64, 1)
+rate = c2.slider("min_compression_rate", 0.1, 10.0, 2.0, 0.1)
+summary = apply_rule(named, rank, rate)
+sent = figs.step_bytes(summary)
+
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Compression ratio", f"{summary.compression_ratio:.2f}×")
+m2.metric("Layers compressed", f"{summary.compressed_count} / {len(summary.layers)}")
+m3.metric("PowerSGD sends per step", figs.human_bytes(sent["powersgd"]))
+m4.metric("Plain allreduce sends", figs.human_bytes(sent["allreduce"]))
+st.caption(f"Per rank and step, in fp32: {summary.numel_after:,} elements × {figs.FP32_BYTES} B = "
+           f"{sent['powersgd']:,} bytes with PowerSGD, against {summary.numel_before:,} elements × "
+           f"{figs.FP32_BYTES} B = {sent['allreduce']:,} bytes with plain allreduce.")
+
+st.plotly_chart(figs.savings_figure(summary))
+st.dataframe(figs.rule_frame(summary), hide_index=True)
