@@ -115,6 +115,8 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
     if backend not in BACKENDS:
         raise ConfigError({"backend": f"unknown backend {backend!r}; valid backends are: "
                                       f"{', '.join(BACKENDS)}"})
+    if backend == "gloo":
+        return backend
     if gpus is None:
         from .launch import gpu_count
 
@@ -122,9 +124,7 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
     if backend == "nccl" and gpus < world_size:
         raise ConfigError({"backend": f"NCCL runs one rank per GPU: {world_size} rank(s) need "
                                       f"{world_size} GPU(s), this machine has {gpus}"})
-    if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
-    return backend
+    return "nccl" if gpus >= world_size else "gloo"
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,10 @@ from .config import ConfigError
 OPS = ("sum", "avg", "max", "min", "product")
 MAX_WORLD_SIZE = 8
 ITEMSIZE = 4  # the demonstrations use float32 tensors, as torch.tensor([float(rank)]) does
-DEFAULT_TIMEOUT_S = 120.0  # starting torch in a fresh process takes seconds on a busy 2-core box
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# A guard against hangs, not an expected duration: importing torch in a fresh process takes
+# seconds, and on a shared 2-core machine under load it has taken over a minute.
+DEFAULT_TIMEOUT_S = 300.0
 
 ARRIVAL_NOTE = (
     "Ranks finish at different moments, and the order changes from run to run: each rank is its "
@@ -110,7 +113,7 @@ def _parse_row(row: str | Sequence[float], rank: int) -> list[float]:
             x = float(item)
         except (TypeError, ValueError):
             raise ConfigError({"values": f"rank {rank}: {item!r} is not a number"}) from None
-        if not math.isfinite(x) or abs(x) > np.finfo(np.float32).max:
+        if not math.isfinite(x) or abs(x) > FLOAT32_MAX:
             raise ConfigError({"values": f"rank {rank}: {item!r} is not a finite float32 number"})
         out.append(x)
     return out
@@ -199,7 +202,9 @@ def _launcher_main(fd: int, job: tuple) -> None:
     import traceback
     from multiprocessing.connection import Connection
 
+    import torch.distributed  # noqa: F401  imported once here, so the forked ranks need not
     import torch.multiprocessing as tmp
+    import torch.nn.parallel  # noqa: F401  (DDP)
     from torch.multiprocessing.spawn import ProcessException
 
     target, world_size, backend, iface, args, timeout_s = job

@@ -136,6 +136,11 @@ class LiveView:
     def status(self) -> dict:
         return self.run.status_record()
 
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
     def implementation(self) -> dict:
         """Which hook implementation ran and why (planned, until rank 0 reports it)."""
         meta, planned = self.run.meta(), self.run.launch_info()
@@ -158,10 +163,12 @@ class LiveView:
                 "compression_ratio": last.get("compression_ratio")}
 
 
-def watch_choices(runs_dir: str | None = None) -> list[api.Run]:
-    """Runs to offer in the live panel: those still going first, then the rest, newest first."""
-    runs = api.list_runs(runs_dir or default_runs_dir())
-    return sorted(runs, key=lambda r: not r.is_running())  # stable: newest first within each
+def watch_choices(runs_dir: str | None = None) -> list[dict]:
+    """Runs to offer in the live panel (path, label, status): those still going first, so that a
+    reloaded page re-attaches to them, then the rest; newest first within each."""
+    runs = [{"path": str(r.path), "label": run_label(r), "status": r.status()}
+            for r in store.list_runs(runs_dir or default_runs_dir())]
+    return sorted(runs, key=lambda r: r["status"] != "running")  # sorted() is stable
 
 
 def run_label(run: store.RunFolder) -> str:
@@ -252,6 +259,13 @@ def bucket_layouts(buckets: dict) -> dict[str, list[dict]]:
                        "over_cap": cap is not None and b["bytes"] > cap, "params": b["params"]}
                       for b in rows]
     return out
+
+
+def bucket_table(rows: list[dict]) -> list[dict]:
+    """A layout's buckets as table rows, in reduction order."""
+    return [{"bucket": b["index"], "reduced": f"#{b['order']}" + (" (last)" if b["is_last"] else ""),
+             "bytes": b["bytes"], "share of cap": b["bytes"] / b["cap_bytes"] if b["cap_bytes"] else None,
+             "parameters": ", ".join(p["name"] for p in b["params"])} for b in rows]
 
 
 def cap_bytes(buckets: dict) -> int | None:

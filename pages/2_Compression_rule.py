@@ -27,7 +27,7 @@ def reference_shapes(name: str) -> list:
 def checkpoint_shapes(file_id: str, _upload) -> list:
     # torch.load memory-maps only real files: the upload goes to disk first.
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, _upload.name or "checkpoint.pt")
+        path = os.path.join(d, "checkpoint.pt")
         with open(path, "wb") as f:
             f.write(_upload.getbuffer())
         return shapes.from_checkpoint(path)

@@ -77,6 +77,10 @@ def offline_section(run, cfg: dict) -> None:
                    "neighbour. Save consecutive steps to see it.")
         return
     ws = warm_started(str(run.path), tuple(chain), chosen, rank, seed, epsilon)
+    st.caption(f"Warm start over the consecutive saved steps {chain[0]}–{chain[-1]}, as if "
+               "compression began at the first: one Q drawn there and carried on (Q = MᵀP), "
+               "against a fresh Q every step. The run itself began at start_powerSGD_iter and "
+               "its Q also saw error feedback's residual.")
     st.plotly_chart(figs.warm_start_figure(ws))
     st.dataframe(pd.DataFrame({"step": ws.steps, "optimum (SVD)": ws.optimum,
                                "PowerSGD, new Q each step": ws.cold,

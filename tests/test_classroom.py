@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from commlab import bench, classroom, headroom
+from commlab import bench, classroom, cli, headroom
 from commlab.config import ConfigError
 
 REFERENCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min, "product": np.prod}
@@ -97,10 +97,9 @@ def test_values_parse_every_way():
     ["allreduce", "--world-size", "2", "--values", "1", "x"],
     ["broadcast", "--world-size", "2", "--src", "5"], ["bench", "--sizes", "1KB,huge"],
 ])
-def test_cli_bad_input_exits_2_and_starts_nothing(args):
-    out = _cli(*args, "--json")
-    assert out.returncode == 2, out.stderr
-    assert json.loads(out.stdout.splitlines()[-1])["error"] == "invalid settings"
+def test_cli_bad_input_exits_2_and_starts_nothing(args, capsys):
+    assert cli.main([*args, "--json"]) == 2
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["error"] == "invalid settings"
 
 
 # ============================================================================ ring, on paper
@@ -259,11 +258,10 @@ def test_timeout_leaves_nothing():
         classroom.run_ranks(classroom._grad_rank, 2, (100_000, 0.01, 0), timeout_s=0.5)
 
 
-def test_bench_cli_reports_nccl_tests_quantities():
-    out = _cli("bench", "--world-size", "2", "--sizes", "1KB,64KB", "--backend", "gloo",
-               "--iters", "3", "--warmup", "1", "--json")
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.splitlines()[-1])
+def test_bench_cli_reports_nccl_tests_quantities(capsys):
+    assert cli.main(["bench", "--world-size", "2", "--sizes", "1KB,64KB", "--backend", "gloo",
+                     "--iters", "3", "--warmup", "1", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert (got["backend"], got["world_size"], got["bus_factor"]) == ("gloo", 2, 1.0)
     assert [r["size_bytes"] for r in got["rows"]] == [1024, 65536]
     for r in got["rows"]:

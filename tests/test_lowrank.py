@@ -49,9 +49,9 @@ def test_optimum_never_exceeds_power_iteration(seed):
 
 
 def test_warm_start_refines_a_fixed_matrix_towards_the_optimum():
-    matrix = decaying(60, 40, decay=0.7).float()
-    ws = lowrank.warm_start("w", {s: matrix for s in range(8)}, rank=2)
-    assert ws.optimum == pytest.approx([ws.optimum[0]] * 8)
+    matrix = decaying(60, 40, decay=0.5).float()
+    ws = lowrank.warm_start("w", {s: matrix for s in range(12)}, rank=2)
+    assert ws.optimum == pytest.approx([ws.optimum[0]] * 12)
     assert all(a >= b - 1e-12 for a, b in zip(ws.warm, ws.warm[1:]))  # subspace iteration
     assert ws.warm[-1] == pytest.approx(ws.optimum[-1], rel=1e-6)
     assert ws.warm[0] == ws.cold[0]  # the same first seed

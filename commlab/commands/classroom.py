@@ -75,7 +75,7 @@ def _broadcast(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=3, help="number of ranks, 1 to 8 (default 3)")
     p.add_argument("--values", nargs="+", metavar="TENSOR", help=VALUES_HELP)
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
     p.add_argument("--json", action="store_true")
 
 

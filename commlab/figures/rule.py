@@ -18,6 +18,14 @@ def step_bytes(summary: RuleSummary, element_size: int = FP32_BYTES) -> dict[str
             "allreduce": summary.numel_before * element_size}
 
 
+def human_bytes(n: float) -> str:
+    """Decimal units (1 kB = 1000 B), as link bandwidths are quoted."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1000
+
+
 def rule_frame(summary: RuleSummary) -> pd.DataFrame:
     """One row per layer with both sides of the rule and the elements before and after."""
     return pd.DataFrame([{
@@ -51,9 +59,3 @@ def savings_figure(summary: RuleSummary) -> go.Figure:
                      else "layer (in registration order; hover for names)")
     return fig
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1000

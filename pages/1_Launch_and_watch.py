@@ -1,0 +1,192 @@
+"""Launch a real DDP run and watch it live.  Thin: widgets in, commlab.live, plotly out."""
+import streamlit as st
+
+from commlab import api, live
+from commlab.config import (BACKENDS, HOOKS, IMPLS, OPTIMIZERS, POWERSGD_HOOKS, WRAPPERS,
+                            RunConfig, default_runs_dir)
+from commlab.figures import runs as figures
+from commlab.workloads import BUILTIN, DESCRIPTIONS
+
+DEFAULTS = RunConfig()
+REFRESH_S = 0.5
+slots = {}  # field -> the empty slot under its widget, where its error goes
+
+
+def field(name: str, widget, label: str, **kwargs):
+    value = widget(label, key=kwargs.pop("key", f"f_{name}"), help=live.HELP.get(name), **kwargs)
+    slots[name] = st.empty()
+    return value
+
+
+def number(name: str, label: str, **kwargs):
+    # No min_value: the package's messages, not the browser's clamping, say what is wrong.
+    default = getattr(DEFAULTS, name)
+    return field(name, st.number_input, label, value=default, step=1 if isinstance(default, int)
+                 else None, format=None if isinstance(default, int) else "%g", **kwargs)
+
+
+def settings() -> dict:
+    v = {"runs_dir": default_runs_dir()}
+    with st.container(border=True):
+        st.markdown("**Hook and wrapper**")
+        a, b = st.columns(2)
+        with a:
+            v["hook"] = field("hook", st.selectbox, "hook", options=HOOKS,
+                              index=HOOKS.index(DEFAULTS.hook))
+            v["impl"] = field("impl", st.selectbox, "implementation", options=IMPLS)
+        with b:
+            v["wrapper"] = field("wrapper", st.selectbox, "compress wrapper", options=WRAPPERS)
+    powersgd = v["hook"] in POWERSGD_HOOKS
+    with st.container(border=True):
+        st.markdown("**PowerSGD settings**" + ("" if powersgd else " (read only by the PowerSGD hooks)"))
+        a, b = st.columns(2)
+        with a:
+            v["matrix_approximation_rank"] = number("matrix_approximation_rank",
+                                                    "matrix_approximation_rank", disabled=not powersgd)
+            v["min_compression_rate"] = number("min_compression_rate", "min_compression_rate",
+                                               disabled=not powersgd)
+            v["orthogonalization_epsilon"] = number("orthogonalization_epsilon",
+                                                    "orthogonalization_epsilon", disabled=not powersgd)
+            v["use_error_feedback"] = field("use_error_feedback", st.checkbox, "use_error_feedback",
+                                            value=DEFAULTS.use_error_feedback, disabled=not powersgd)
+        with b:
+            v["start_powerSGD_iter"] = number("start_powerSGD_iter", "start_powerSGD_iter",
+                                              disabled=not powersgd)
+            v["random_seed"] = number("random_seed", "random_seed", disabled=not powersgd)
+            v["warm_start"] = field("warm_start", st.checkbox, "warm_start",
+                                    value=DEFAULTS.warm_start, disabled=not powersgd)
+            v["batch_tensors_with_same_shape"] = field(
+                "batch_tensors_with_same_shape", st.checkbox, "batch_tensors_with_same_shape",
+                value=DEFAULTS.batch_tensors_with_same_shape, disabled=not powersgd)
+    with st.container(border=True):
+        st.markdown("**Workload**")
+        own = st.radio("workload", ["built-in", "my module:function"], horizontal=True,
+                       key="f_workload_kind", help=live.HELP["workload"]) != "built-in"
+        if own:
+            v["workload"] = field("workload", st.text_input, "module:function",
+                                  placeholder="mymodel:make", key="f_workload_own")
+        else:
+            v["workload"] = field("workload", st.selectbox, "built-in workload",
+                                  options=list(BUILTIN), key="f_workload_builtin",
+                                  index=list(BUILTIN).index(DEFAULTS.workload),
+                                  format_func=lambda k: f"{k}: {DESCRIPTIONS[k]}")
+        a, b = st.columns(2)
+        with a:
+            v["batch_size"] = number("batch_size", "batch size per rank")
+            v["optimizer"] = field("optimizer", st.selectbox, "optimizer", options=OPTIMIZERS,
+                                   index=OPTIMIZERS.index(DEFAULTS.optimizer))
+        with b:
+            v["lr"] = number("lr", "learning rate")
+            v["seed"] = number("seed", "seed")
+    with st.container(border=True):
+        st.markdown("**Job**")
+        a, b = st.columns(2)
+        with a:
+            v["world_size"] = number("world_size", "ranks")
+            v["bucket_cap_mb"] = number("bucket_cap_mb", "bucket cap (MiB)")
+        with b:
+            v["backend"] = field("backend", st.selectbox, "backend", options=BACKENDS)
+            v["steps"] = number("steps", "steps")
+    with st.expander("Instrumentation and an emulated link"):
+        v["instrument"] = field("instrument", st.checkbox, "instrument (bytes, buckets, errors)",
+                                value=DEFAULTS.instrument)
+        v["error_every"] = number("error_every", "error_every (steps)")
+        v["save_grads_at"] = field("save_grads_at", st.text_input, "save_grads_at (steps)")
+        v["stall_timeout_s"] = number("stall_timeout_s", "stall_timeout_s")
+        v["emulate_bandwidth_gbps"] = number("emulate_bandwidth_gbps", "emulate_bandwidth_gbps")
+        v["emulate_latency_us"] = number("emulate_latency_us", "emulate_latency_us")
+    return v
+
+
+def launch_area(cfg, errors: dict) -> None:
+    for name, msg in errors.items():
+        (slots[name] if name in slots else st).error(msg)
+    if errors:
+        st.error(f"Fix {len(errors)} setting(s) before launch: "
+                 + ", ".join(f"**{k}**" for k in errors))
+    else:
+        plan = live.preview(cfg)
+        st.info(f"Backend **{plan['backend']}** ({plan['backend_reason']}). Hook: "
+                f"**{plan['hook_impl']}** implementation, because {plan['hook_reason']}.")
+        if plan["warning"]:
+            st.warning(plan["warning"])
+    if st.button("Launch", type="primary", disabled=bool(errors), key="launch"):
+        draft = st.session_state.setdefault("draft", live.new_draft())
+        run, started = live.launch(cfg, live.request_id(cfg, draft))
+        st.session_state.draft = live.new_draft()
+        st.session_state.watch = str(run.path)
+        st.session_state.notice = (f"Started run {run.id}." if started else
+                                   f"A run with exactly these settings is already going "
+                                   f"({run.id}): watching it instead of starting a second.")
+
+
+def watch_panel() -> None:
+    choices = live.watch_choices()
+    if not choices:
+        st.info("No runs yet. Choose the settings on the left and press **Launch**: the run's "
+                "loss, step time and bytes appear here as it goes.")
+        return
+    if "notice" in st.session_state:
+        st.success(st.session_state.pop("notice"))
+    paths = [c["path"] for c in choices]
+    by_path = {c["path"]: c for c in choices}
+    current = st.session_state.get("watch")
+    path = st.selectbox("Watching", paths, index=paths.index(current) if current in paths else 0,
+                        format_func=lambda p: f"{by_path[p]['label']} — {by_path[p]['status']}")
+    st.session_state.watch = path
+    views = st.session_state.setdefault("views", {})
+    view = views.setdefault(path, live.LiveView(path))
+    running = by_path[path]["status"] == "running"
+    st.fragment(run_every=REFRESH_S if running else None)(panel)(view, running)
+
+
+def panel(view: live.LiveView, was_running: bool) -> None:
+    view.poll()
+    status = view.status()
+    if was_running and status["status"] != "running":
+        st.rerun()  # a full rerun stops the refresh and lists the run's new status
+    h = view.headline()
+    impl = view.implementation()
+    st.markdown(f"**Status: {status['status']}** · step {h['step'] if h['step'] is not None else '–'}"
+                f" of {h['steps_planned']}")
+    if status.get("error") and status["status"] != "running":
+        st.error(status["error"])
+    ran = "ran" if impl["ran"] else "will run (planned; rank 0 has not reported yet)"
+    st.caption(f"Hook {impl['hook_name'] or ''} {ran}: **{impl['hook_impl']}** implementation on "
+               f"{impl['backend']}, because {impl['hook_reason']}")
+    if impl["warning"]:
+        st.warning(impl["warning"])
+    if status["status"] == "running" and st.button("Stop", key="stop"):
+        api.open_run(view.run.path).stop()
+        st.rerun()
+    if not view.rows:
+        st.info("Waiting for the first step: starting the ranks takes a few seconds "
+                "(longer on a busy machine).")
+        return
+    cols = st.columns(4)
+    cols[0].metric("loss", f"{h['loss']:.4f}")
+    cols[1].metric("median step time", f"{h['median_step_s'] * 1000:.1f} ms")
+    if h["bytes_per_step"] is not None:
+        cols[2].metric("bytes per step (median)", f"{h['bytes_per_step']:,.0f}",
+                       help=f"plain allreduce would send {h['plain_bytes_per_step']:,} bytes")
+    if h["compression_ratio"] is not None:
+        cols[3].metric("compression ratio", f"{h['compression_ratio']:.2f}")
+    st.caption(f"Last step shown: {h['step']} · loss {h['loss']:.4f}")
+    df = view.frame()
+    a, b = st.columns(2)
+    a.plotly_chart(figures.loss_figure({live.run_label(view.run): df}), key="loss")
+    b.plotly_chart(figures.step_time_figure(df), key="step_time")
+    a.plotly_chart(figures.bytes_figure(df), key="bytes")
+    b.plotly_chart(figures.compression_figure(df), key="ratio")
+
+
+st.title("Launch and watch")
+left, right = st.columns([2, 3], gap="large")
+with left:
+    st.subheader("New run")
+    values = settings()
+    config, problems = live.config_from_form(values)
+    launch_area(config, problems)
+with right:
+    st.subheader("Live")
+    watch_panel()

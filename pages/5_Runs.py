@@ -1,0 +1,58 @@
+"""Every run in one sortable table; overlay several; delete one after a confirmation.
+Thin: commlab.live's rows and overlays, plotly out."""
+import pandas as pd
+import streamlit as st
+
+from commlab import live
+from commlab.figures import runs as figures
+
+COLUMNS = ["label", "status", "hook", "wrapper", "hook_impl", "backend", "world_size", "workload",
+           "rank", "start_iter", "min_compression_rate", "use_error_feedback", "warm_start",
+           "bucket_cap_mb", "steps", "steps_planned", "final_loss", "median_step_s",
+           "bytes_per_step", "compression_ratio", "run_id", "error"]
+FORMATS = {"final_loss": "%.4f", "median_step_s": "%.4f", "bytes_per_step": "localized",
+           "compression_ratio": "%.2f"}
+
+st.title("Runs")
+if "deleted" in st.session_state:
+    st.success(st.session_state.pop("deleted"))
+rows = live.run_table()
+if not rows:
+    st.info("No runs yet. Launch one on **Launch and watch**; every run is listed here, also "
+            "after the app restarts.")
+    st.page_link("pages/1_Launch_and_watch.py", label="Launch and watch", icon=":material/play_arrow:")
+    st.stop()
+
+st.dataframe(pd.DataFrame(rows)[COLUMNS], hide_index=True, key="runs_table",
+             column_config={k: st.column_config.NumberColumn(format=f) for k, f in FORMATS.items()})
+
+by_path = {r["run_dir"]: r for r in rows}
+with_steps = [p for p, r in by_path.items() if r["steps"]]
+chosen = st.multiselect("Overlay", list(by_path), default=with_steps[:3],
+                        format_func=lambda p: f"{by_path[p]['label']} — {by_path[p]['status']}")
+if chosen:
+    frames = live.overlay(chosen)
+    for tab, x in zip(st.tabs(["loss against step", "against wall time", "against bytes sent"]),
+                      ["step", "t", "sent_bytes"]):
+        tab.plotly_chart(figures.loss_figure(frames, x), key=f"overlay_{x}")
+
+with st.expander("Delete a run"):
+    victim = st.selectbox("Run to delete", list(by_path), key="delete_choice",
+                          format_func=lambda p: f"{by_path[p]['label']} ({by_path[p]['run_id']})")
+    if st.button("Delete…", key="delete"):
+        st.session_state.confirm_delete = victim
+    if st.session_state.get("confirm_delete") == victim:
+        st.warning(f"Delete run {by_path[victim]['run_id']} and every file in it? This cannot be undone.")
+        yes, no = st.columns(2)
+        if yes.button("Yes, delete it", type="primary", key="delete_yes"):
+            del st.session_state.confirm_delete
+            try:
+                live.delete_run(victim)
+            except ValueError as e:
+                st.error(str(e))
+            else:
+                st.session_state.deleted = f"Deleted run {by_path[victim]['run_id']}."
+                st.rerun()
+        if no.button("Cancel", key="delete_no"):
+            del st.session_state.confirm_delete
+            st.rerun()

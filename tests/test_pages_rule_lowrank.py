@@ -1,0 +1,194 @@
+"""AppTest of the compression-rule and low-rank-error pages: with no runs, and with the session's
+real short runs; every number checked is recomputed here from commlab and the run folder."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from commlab import lowrank, shapes
+from commlab.figures import lowrank as lowrank_figs
+from commlab.figures import rule as rule_figs
+from commlab.rule import apply_rule
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RULE_PAGE, LOWRANK_PAGE = "pages/2_Compression_rule.py", "pages/3_Low_rank_error.py"
+# The first run of a page imports torch and builds models: minutes on a loaded machine.
+TIMEOUT = 900
+
+
+def open_page(monkeypatch, runs_dir, page: str) -> AppTest:
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs_dir))
+    at = AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=TIMEOUT).run()
+    at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def widget(widgets, label: str):
+    return next(w for w in widgets if w.label == label)
+
+
+def plotly_arrays(at: AppTest, index: int) -> list[dict]:
+    """The traces of a page's n-th plotly chart, with plotly 7's packed arrays decoded."""
+    spec = json.loads(at.get("plotly_chart")[index].proto.spec)
+
+    def unpack(v):
+        if isinstance(v, dict) and "bdata" in v:
+            return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+        return v
+
+    return [{k: unpack(v) for k, v in trace.items()} for trace in spec["data"]]
+
+
+def check_rule_page(at: AppTest, named, rank: int, rate: float) -> None:
+    """Table, metrics, byte caption and chart all equal commlab.rule's summary."""
+    assert not at.exception, [e.value for e in at.exception]
+    summary = apply_rule(named, rank, rate)
+    table = at.dataframe[0].value
+    assert list(table["layer"]) == [d.name for d in summary.layers]
+    assert list(table["n"]) == [d.n for d in summary.layers]
+    assert list(table["m"]) == [d.m for d in summary.layers]
+    assert list(table["r"]) == [d.r for d in summary.layers]
+    assert list(table["(n+m)·r·rate"]) == pytest.approx([d.lhs for d in summary.layers])
+    assert list(table["n·m"]) == [d.rhs for d in summary.layers]
+    assert list(table["compressed"]) == [d.compressed for d in summary.layers]
+    assert list(table["elements before"]) == [d.numel_before for d in summary.layers]
+    assert list(table["elements after"]) == [d.numel_after for d in summary.layers]
+    metrics = {m.label: m.value for m in at.metric}
+    sent = rule_figs.step_bytes(summary)
+    assert sent == {"powersgd": 4 * summary.numel_after, "allreduce": 4 * summary.numel_before}
+    assert metrics["Compression ratio"] == f"{summary.compression_ratio:.2f}×"
+    assert metrics["Layers compressed"] == f"{summary.compressed_count} / {len(summary.layers)}"
+    assert metrics["PowerSGD sends per step"] == rule_figs.human_bytes(sent["powersgd"])
+    assert metrics["Plain allreduce sends"] == rule_figs.human_bytes(sent["allreduce"])
+    caption = next(c.value for c in at.caption if "bytes with PowerSGD" in c.value)
+    assert f"{sent['powersgd']:,} bytes with PowerSGD" in caption
+    assert f"{sent['allreduce']:,} bytes with plain allreduce" in caption
+    sent_trace, saved_trace = plotly_arrays(at, 0)
+    assert sent_trace["y"] == [d.numel_after for d in summary.layers]
+    assert saved_trace["y"] == [d.numel_before - d.numel_after for d in summary.layers]
+
+
+# ------------------------------------------------------------------ no runs at all
+def test_lowrank_page_without_runs_says_how_to_make_one(monkeypatch, tmp_path):
+    at = open_page(monkeypatch, tmp_path / "empty", LOWRANK_PAGE)
+    assert at.title[0].value == "Low-rank error"
+    assert "has saved gradients" in at.info[0].value
+    text = " ".join(m.value for m in at.markdown)
+    assert "--save-grads-at" in text and "--error-every" in text and "save_grads_at" in text
+
+
+def test_rule_page_without_runs(monkeypatch, tmp_path):
+    at = open_page(monkeypatch, tmp_path / "empty", RULE_PAGE)
+    assert at.title[0].value == "Compression rule"
+    check_rule_page(at, shapes.from_workload("charlm"), 1, 2.0)
+    widget(at.selectbox, "Workload").set_value("mlp")
+    widget(at.slider, "matrix_approximation_rank").set_value(2)
+    widget(at.slider, "min_compression_rate").set_value(5.0)
+    at.run()
+    check_rule_page(at, shapes.from_workload("mlp"), 2, 5.0)
+
+
+def test_rule_page_module_and_checkpoint_sources(monkeypatch, tmp_path):
+    at = open_page(monkeypatch, tmp_path / "empty", RULE_PAGE)
+    widget(at.radio, "Shapes from").set_value("Your module:function").run()
+    assert at.info and not at.dataframe  # nothing named yet
+    widget(at.text_input, "module:function").set_value("commlab.workloads:cnn").run()
+    check_rule_page(at, shapes.from_workload("commlab.workloads:cnn"), 1, 2.0)
+    widget(at.text_input, "module:function").set_value("no_such_module_here:fn").run()
+    assert "does not import" in at.error[0].value
+
+    state = {"model": {"emb.weight": torch.randn(300, 48), "head.weight": torch.randn(10, 48),
+                       "head.bias": torch.randn(10)}}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    widget(at.radio, "Shapes from").set_value("Uploaded checkpoint").run()
+    at.file_uploader[0].set_value(("ckpt.pt", buf.getvalue(), "application/octet-stream"))
+    at.run()
+    check_rule_page(at, [("emb.weight", (300, 48)), ("head.weight", (10, 48)), ("head.bias", (10,))],
+                    1, 2.0)
+    at.file_uploader[0].set_value(("junk.pt", b"not a checkpoint", "application/octet-stream"))
+    at.run()
+    assert "not a readable torch checkpoint" in at.error[0].value
+
+
+def test_rule_page_on_the_1_5b_reference_model(monkeypatch, tmp_path):
+    """Correctness only; the time of one slider change is printed, never asserted (shared machine)."""
+    name = next(k for k in shapes.REFERENCE_MODELS if "1.5B" in k)
+    named = shapes.from_reference(name)
+    assert shapes.total_numel(named) > 1.5e9
+    at = open_page(monkeypatch, tmp_path / "empty", RULE_PAGE)
+    widget(at.radio, "Shapes from").set_value("Reference model").run()
+    widget(at.selectbox, "Reference model").set_value(name).run()
+    check_rule_page(at, named, 1, 2.0)
+    times = []
+    for rank in (4, 8, 16):
+        widget(at.slider, "matrix_approximation_rank").set_value(rank)
+        t0 = time.perf_counter()
+        at.run()
+        times.append(time.perf_counter() - t0)
+        check_rule_page(at, named, rank, 2.0)
+    print(f"\n[timing] rule page, one slider change on {name} ({len(named)} tensors): "
+          + ", ".join(f"{t:.3f} s" for t in times))
+
+
+# ------------------------------------------------------------------ the session's real runs
+def test_lowrank_page_numbers_equal_the_run_folder(monkeypatch, runs_dir, powersgd_run, allreduce_run):
+    at = open_page(monkeypatch, runs_dir, LOWRANK_PAGE)
+    run_box = widget(at.selectbox, "Run")
+    # The allreduce baseline saved nothing and measured nothing: it is not offered.
+    assert any(powersgd_run.id in o for o in run_box.options)
+    assert not any(allreduce_run.id in o for o in run_box.options)
+    run_box.set_value(powersgd_run.id).run()
+    assert not at.exception, [e.value for e in at.exception]
+
+    cfg = powersgd_run.config_dict()
+    steps = powersgd_run.grad_steps()
+    assert steps == [8, 9, 10]
+    names = lowrank.compressed_names(powersgd_run.layers())
+    assert names  # the fixture's mlp compresses its weight matrices
+
+    def expected_layers(step):
+        return lowrank.step_errors(powersgd_run.grads(step), names, cfg["random_seed"],
+                                   lowrank.MAX_RANK, cfg["orthogonalization_epsilon"])
+
+    def check(step, rank):
+        layers = expected_layers(step)
+        table = at.dataframe[0].value
+        want = lowrank_figs.error_table(layers, rank)
+        assert list(table["layer"]) == list(want["layer"])
+        for col in ("optimum (SVD)", "PowerSGD (1 power iteration)"):
+            assert list(table[col]) == pytest.approx(list(want[col]), rel=1e-9)
+        traces = plotly_arrays(at, 0)
+        assert traces[0]["y"] == pytest.approx(layers[0].optimum, rel=1e-9)
+        assert traces[1]["y"] == pytest.approx(layers[0].power, rel=1e-9)
+        # Warm start over the consecutive saved steps, for the layer shown (the first).
+        ws = lowrank.warm_start(names[0], {s: powersgd_run.grads(s)[names[0]] for s in steps},
+                                rank, cfg["random_seed"], cfg["orthogonalization_epsilon"])
+        warm = at.dataframe[1].value
+        assert list(warm["step"]) == steps
+        assert list(warm["PowerSGD, warm start"]) == pytest.approx(ws.warm, rel=1e-9)
+        assert list(warm["PowerSGD, new Q each step"]) == pytest.approx(ws.cold, rel=1e-9)
+        assert list(warm["optimum (SVD)"]) == pytest.approx(ws.optimum, rel=1e-9)
+
+    assert widget(at.selectbox, "Saved step").value == 10
+    assert widget(at.slider, "Rank to compare at").value == cfg["matrix_approximation_rank"]
+    check(10, cfg["matrix_approximation_rank"])
+    widget(at.selectbox, "Saved step").set_value(8)
+    widget(at.slider, "Rank to compare at").set_value(5)
+    at.run()
+    check(8, 5)
+
+    measured = at.dataframe[2].value
+    rows = lowrank.measured_rows(powersgd_run.error_records())
+    assert len(measured) == len(rows) > 0
+    assert list(measured["rel_error"]) == [r["rel_error"] for r in rows]
+    assert sorted(set(measured["step"])) == list(range(0, cfg["steps"], cfg["error_every"]))
