@@ -12,10 +12,11 @@ Three things live here:
   averaged by hand with ``dist.all_reduce`` between ``backward()`` and ``optimizer.step()``, and
   no allreduce at all -- so one can see that the first two agree and the third drifts apart.
 
-How ranks start (``run_ranks``): the caller's process owns the rendezvous store, listening on
-127.0.0.1 only.  One launcher process is started as a fresh interpreter (safe from any threaded
-parent such as Streamlit or Jupyter); it imports torch once and *forks* the ranks, so N ranks cost
-one torch import instead of N.  Ranks send their reports straight to the caller through a pipe.
+How ranks start (``run_ranks``): one launcher process is started as a fresh interpreter (safe
+from any threaded parent such as Streamlit or Jupyter); it imports torch once, binds the
+rendezvous socket to 127.0.0.1 and *forks* the ranks, so N ranks cost one torch import instead of
+N.  Rank 0 serves the rendezvous store on that socket.  Ranks send their reports straight to the
+caller through a pipe.
 Whatever happens -- success, an exception in a rank, a timeout, an interrupt -- every process
 started is ended through ``commlab.procs`` before ``run_ranks`` returns.
 """
@@ -133,8 +134,10 @@ def loopback_interface() -> str | None:
 # The launcher is a fresh interpreter started with an argv list, not multiprocessing's spawn:
 # it needs no ``if __name__ == "__main__"`` guard in the caller's script, does not re-run the
 # caller's main module, and leaves no multiprocessing helper process (resource tracker) behind.
+# The job is pickled twice so that it is unpickled only once sys.path matches the caller's.
 _LAUNCHER_CODE = ("import pickle, sys; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']; "
-                  "from commlab.classroom import _launcher_main; _launcher_main(d['fd'], d['job'])")
+                  "from commlab.classroom import _launcher_main; "
+                  "_launcher_main(d['fd'], pickle.loads(d['job']))")
 
 
 def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
@@ -159,14 +162,29 @@ def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
         os.close(write_fd)  # the launcher and ranks hold the only writers: EOF means all gone
     started = procs.tree(launcher.pid)
     inbox = Connection(read_fd)
+    finished = False
     try:
-        launcher.stdin.write(pickle.dumps({"path": sys.path, "fd": write_fd, "job": job}))
+        launcher.stdin.write(pickle.dumps({"path": sys.path, "fd": write_fd,
+                                           "job": pickle.dumps(job)}))
         launcher.stdin.close()
-        return _collect(inbox, launcher, started, timeout_s, on_message)
+        received = _collect(inbox, launcher, started, timeout_s, on_message)
+        finished = True
+        return received
     finally:
-        procs.terminate(started + procs.tree(launcher.pid), grace_s=2.0)
-        launcher.wait(5)
+        _end(launcher, started, grace_s=5.0 if finished else 0.0)
         inbox.close()
+
+
+def _end(launcher: subprocess.Popen, started: list, grace_s: float) -> None:
+    """Let a launcher that reported success exit by itself; then end whatever still runs."""
+    try:
+        launcher.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    # Once reaped, the launcher's PID may be someone else's: only look it up while it runs.
+    running = procs.tree(launcher.pid) if launcher.poll() is None else []
+    procs.terminate(started + running, grace_s=2.0)
+    launcher.wait(5)
 
 
 def _collect(inbox, launcher, started: list, timeout_s: float,
@@ -208,13 +226,15 @@ def _launcher_main(fd: int, job: tuple) -> None:
     from torch.multiprocessing.spawn import ProcessException
 
     target, world_size, backend, iface, args, timeout_s = job
-    outbox = _Outbox(Connection(fd, readable=False), tmp.get_context("fork").Lock())
+    # Nothing in this fresh interpreter has started a thread yet, so forking is safe, and each
+    # rank starts with torch imported.  CUDA, though, must not be started in a parent that
+    # forks, so NCCL ranks are spawned (and import torch themselves).
+    method = "spawn" if backend == "nccl" else "fork"
+    outbox = _Outbox(Connection(fd, readable=False), tmp.get_context(method).Lock())
     try:
         listener = _loopback_listener()
-        # Nothing in this fresh interpreter has started a thread yet, so forking is safe here,
-        # and each rank starts with torch already imported.
         ctx = tmp.start_processes(_rank_entry, nprocs=world_size, join=False, daemon=True,
-                                  start_method="fork",
+                                  start_method=method,
                                   args=(target, world_size, listener, backend, iface, outbox,
                                         args, timeout_s))
         listener.close()

@@ -91,13 +91,13 @@ def _mlp() -> nn.Module:
     # Two 32x32 layers give batch_tensors_with_same_shape something to stack; with rank 4 the
     # 8x32 layer stays uncompressed by the rule, and the biases always do.
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                         nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+    return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 8))
 
 
 def _step(ddp: DDP, rank: int, step: int) -> None:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
+    x, y = torch.randn(8, 32, generator=g), torch.randn(8, 8, generator=g)
     nn.functional.mse_loss(ddp(x), y).backward()
 
 
@@ -275,7 +275,7 @@ def _multi_bucket(rank: int, world_size: int) -> list[dict]:
     """The registry's choice on Gloo, several buckets: it must finish and keep replicas identical."""
     results = []
     for overrides in MULTI_BUCKET:
-        cfg = RunConfig(start_powerSGD_iter=2, matrix_approximation_rank=2, bucket_cap_mb=0.004,
+        cfg = RunConfig(start_powerSGD_iter=2, matrix_approximation_rank=2, bucket_cap_mb=0.001,
                         **overrides)
         choice = registry.choose(cfg, "gloo")
         ddp, seen = DDP(_mlp(), bucket_cap_mb=cfg.bucket_cap_mb), set()
@@ -289,6 +289,7 @@ def _multi_bucket(rank: int, world_size: int) -> list[dict]:
         replicas = [torch.empty_like(flat) for _ in range(world_size)]
         dist.all_gather(replicas, flat)
         results.append({"config": overrides, "impl": choice.impl, "buckets": len(seen),
+                        "iter": choice.state.iter, "rate": choice.state.compression_stats()[0],
                         "finite": bool(flat.isfinite().all()),
                         "replicas_equal": all(torch.equal(r, replicas[0]) for r in replicas)})
     return results
@@ -400,6 +401,7 @@ def _assert_multi_bucket(results):
     for r in results:
         assert r["impl"] == "commlab", r
         assert r["buckets"] >= 3, r
+        assert r["iter"] == 8 and r["rate"] > 1, r  # counted steps once per step, and compressed
         assert r["finite"] and r["replicas_equal"], r
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "03_rule_buckets_error.ipynb")
 
 
+@pytest.mark.timeout(1800)
 def test_notebook_03_executes():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # One cell waits for a 2-rank run: minutes on a loaded machine.

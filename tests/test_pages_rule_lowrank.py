@@ -22,6 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULE_PAGE, LOWRANK_PAGE = "pages/2_Compression_rule.py", "pages/3_Low_rank_error.py"
 # The first run of a page imports torch and builds models: minutes on a loaded machine.
 TIMEOUT = 900
+# Over the suite's 300 s: the session's runs are made on first use, and pages import torch.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def open_page(monkeypatch, runs_dir, page: str) -> AppTest:

@@ -1,0 +1,87 @@
+"""``commlab export``: a run's settings for production, in one format.
+
+    commlab export RUN_DIR --format ddp
+    commlab export --config settings.toml --format slurm --nnodes 4 --nproc-per-node 8
+    commlab export --hook powersgd --matrix-approximation-rank 2 --format accelerate
+
+Run options given beside RUN_DIR override the run's settings.  Exit 2 when the format cannot
+express the settings (Accelerate has no noop, for instance); the message says what to do instead.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from .run import add_run_options, config_from_args
+
+
+def config_for(args: argparse.Namespace):
+    """The settings to export: the run's (RUN_DIR), a file's (--config) or the flags', flags last."""
+    if args.run_dir:
+        from ..api import open_run
+        from ..config import ConfigError
+
+        if args.config:
+            raise ConfigError({"config": "give a run folder or --config, not both"})
+        try:
+            run = open_run(args.run_dir)
+        except FileNotFoundError as e:
+            raise ConfigError({"run_dir": str(e)}) from None
+        args = argparse.Namespace(**{**vars(args), "config": str(run.file("config.json"))})
+        return config_from_args(args), run.id
+    return config_from_args(args), None
+
+
+def target_from_args(args: argparse.Namespace):
+    from ..export import Target
+
+    return Target(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, backend=args.target_backend,
+                  script=args.script, script_args=shlex.split(args.script_args or ""),
+                  rdzv_endpoint=args.rdzv_endpoint, job_name=args.job_name,
+                  time_limit=args.time_limit, partition=args.partition)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ..cli import EXIT_BAD_INPUT, emit
+    from ..export import render
+
+    cfg, source = config_for(args)
+    cfg.check()
+    try:
+        out = render(cfg, args.format, target_from_args(args), source)
+    except ValueError as e:  # ExportRefused, a bad target, unbalanced quotes in --script-args
+        emit(args, {"error": str(e), "format": args.format}, f"commlab export: {e}")
+        return EXIT_BAD_INPUT
+    if args.output:
+        Path(args.output).write_text(out.text)
+    if not args.json:
+        for note in out.notes:
+            print(f"note: {note}", file=sys.stderr)
+    emit(args, {"format": out.format, "filename": out.filename, "notes": out.notes, "text": out.text,
+                "output": args.output},
+         f"wrote {args.output}" if args.output else out.text.rstrip("\n"))
+    return 0
+
+
+def register(sub) -> None:
+    from ..export import FORMATS
+
+    p = sub.add_parser("export", help="a run's settings as a config file, a snippet or a launch script")
+    p.add_argument("run_dir", nargs="?", help="a run folder (else --config or the run options)")
+    add_run_options(p)
+    p.add_argument("--format", required=True, choices=list(FORMATS))
+    p.add_argument("--output", help="write the text to this file instead of printing it")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun, slurm, lightning)")
+    p.add_argument("--nproc-per-node", type=int, help="processes per node (default: world size)")
+    p.add_argument("--target-backend", default="nccl", choices=["nccl", "gloo"],
+                   help="the production backend, which decides the warnings")
+    p.add_argument("--script", default="train.py", help="the training script torchrun starts")
+    p.add_argument("--script-args", help="its arguments, as one shell-quoted string")
+    p.add_argument("--rdzv-endpoint", help="host:port of the first node (default: $HEAD_NODE:29500)")
+    p.add_argument("--job-name", default="commlab", help="SLURM job name and rendezvous id")
+    p.add_argument("--time-limit", default="01:00:00", help="SLURM time limit")
+    p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_export)

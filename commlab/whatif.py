@@ -1,0 +1,276 @@
+"""What a training step would cost at other scales: an alpha-beta model fed by measured runs.
+
+For one hook on N workers joined by links of bandwidth beta and per-hop latency alpha, a step is
+
+    T(N, beta, alpha) = compute + arithmetic + sum over the hook's collectives i of ring(S_i)
+    ring(S)           = 2(N-1) alpha + 2(N-1)/N S / beta
+
+* ``compute``: what a step costs outside the hook (forward, backward, optimizer), measured in a
+  run as the median over its steady steps of ``step_s - hook_s``;
+* ``arithmetic``: what the hook costs besides moving bytes (PowerSGD's products, orthogonalization
+  and error feedback; fp16's casts): the hook's measured time less the time its collectives took
+  on the link the run used;
+* ``S_i``: the bytes the hook handed to ``all_reduce``, from the run's own count.  PowerSGD's P and
+  Q do not grow with N, nor does the plain gradient, so the count carries over to any scale.
+
+``ring`` is the cost of a ring allreduce, the formula the emulated link (``Link.seconds`` in
+``commlab.hooks.instrument``) enforces: a run over an emulated link is a measurement of this model.
+Summed over collectives it stays linear, so a hook is summarized by its bytes and its collective
+count per step.
+
+Assumptions, stated where results are shown: communication does not overlap computation (exact with
+one bucket, where DDP calls the hook after the last gradient; an upper bound otherwise), every
+worker keeps its batch (weak scaling), so compute and arithmetic do not change with N; one flat
+ring whose slowest link has bandwidth beta.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
+DEFAULT_LATENCY_US = 5.0
+# Iteration 0 runs on DDP's first bucket layout and iteration 1 rebuilds it; a third step lets
+# caches warm.  Steps before these are not steady.
+SKIP = 3
+
+
+# ============================================================================ the model (pure)
+def ring_allreduce_s(payload_bytes: float, world_size: int, bandwidth_gbps: float,
+                     latency_us: float = 0.0, collectives: float = 1) -> float:
+    """Seconds for ``collectives`` ring allreduces carrying ``payload_bytes`` in all.
+
+    2(N-1) alpha per collective + 2(N-1)/N S / beta; a bandwidth of 0 means an infinitely fast link.
+    """
+    if world_size < 2:
+        return 0.0
+    hops = 2 * (world_size - 1)
+    wire = hops / world_size * payload_bytes
+    beta = bandwidth_gbps * 1e9 / 8
+    return collectives * hops * latency_us * 1e-6 + (wire / beta if beta > 0 else 0.0)
+
+
+def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
+    """'emulated 1 Gb/s, 20 µs' for a run over an emulated link, None for the real network."""
+    if not (bandwidth_gbps or latency_us):
+        return None
+    bw = f"{bandwidth_gbps:g} Gb/s" if bandwidth_gbps else "unlimited bandwidth"
+    return f"emulated {bw}, {latency_us:g} µs"
+
+
+def config_link_label(cfg: dict) -> str | None:
+    return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
+
+
+@dataclass(frozen=True)
+class HookProfile:
+    """What one hook costs per step, from a run; the model's only input besides the network."""
+
+    label: str
+    hook: str
+    compute_s: float
+    arithmetic_s: float
+    payload_bytes: float  # per step, handed to all_reduce by the hook
+    collectives: float  # per step
+    world_size: int  # where it was measured
+    run_id: str
+    measured_over: str  # "loopback" or "emulated 1 Gb/s, 20 µs"
+    steady_steps: int
+
+    def comm_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
+        return ring_allreduce_s(self.payload_bytes, world_size, bandwidth_gbps, latency_us,
+                                self.collectives)
+
+    def step_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
+        return self.compute_s + self.arithmetic_s + self.comm_s(world_size, bandwidth_gbps, latency_us)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict(profiles: Sequence[HookProfile], world_sizes: Iterable[int] = WORLD_SIZES,
+            bandwidths_gbps: Iterable[float] = BANDWIDTHS_GBPS,
+            latency_us: float = DEFAULT_LATENCY_US) -> list[dict]:
+    """One row per profile, world size and bandwidth: predicted step time and its parts."""
+    rows = []
+    for n in world_sizes:
+        for bw in bandwidths_gbps:
+            for p in profiles:
+                comm = p.comm_s(n, bw, latency_us)
+                rows.append({"label": p.label, "hook": p.hook, "world_size": n,
+                             "bandwidth_gbps": bw, "latency_us": latency_us,
+                             "compute_s": p.compute_s, "arithmetic_s": p.arithmetic_s,
+                             "comm_s": comm, "step_s": p.compute_s + p.arithmetic_s + comm})
+    return rows
+
+
+def winners(rows: Sequence[dict], baseline: str = "allreduce") -> list[dict]:
+    """Per world size and bandwidth: the fastest hook and its speed-up over the baseline hook."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        cells.setdefault((r["world_size"], r["bandwidth_gbps"]), []).append(r)
+    out = []
+    for (n, bw), cell in cells.items():
+        best = min(cell, key=lambda r: r["step_s"])
+        base = next((r for r in cell if r["hook"] == baseline), None)
+        out.append({"world_size": n, "bandwidth_gbps": bw, "best": best["label"],
+                    "best_hook": best["hook"], "best_step_s": best["step_s"],
+                    "baseline_step_s": base["step_s"] if base else None,
+                    "speedup": base["step_s"] / best["step_s"] if base else None})
+    return out
+
+
+def break_even_gbps(baseline: HookProfile, other: HookProfile, world_size: int,
+                    latency_us: float = DEFAULT_LATENCY_US) -> float:
+    """The bandwidth below which ``other`` beats ``baseline`` on ``world_size`` workers.
+
+    Equal step times when (w_b - w_o) / beta = fixed_o - fixed_b, with w the wire bytes and fixed
+    the parts that do not depend on beta.  inf: ``other`` wins at every bandwidth; 0: never.
+    """
+    zero = {"world_size": world_size, "bandwidth_gbps": 0.0, "latency_us": latency_us}
+    saved_bits = 8 * 2 * (world_size - 1) / world_size * (baseline.payload_bytes - other.payload_bytes)
+    extra_s = other.step_s(**zero) - baseline.step_s(**zero)
+    if saved_bits <= 0:
+        return 0.0 if extra_s >= 0 else math.inf
+    if extra_s <= 0:
+        return math.inf
+    return saved_bits / extra_s / 1e9
+
+
+# ============================================================================ profiles from runs
+def steady_rows(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> list[dict]:
+    """The steps that represent the hook as configured: after start-up and, for PowerSGD, once
+    compression has started (before ``start_powerSGD_iter`` it is a plain allreduce)."""
+    first = skip
+    if cfg.get("hook") in ("powersgd", "batched_powersgd"):
+        first = max(first, cfg.get("start_powerSGD_iter", 0))
+    return [r for r in records if r["step"] >= first and math.isfinite(r.get("loss", 0.0))]
+
+
+def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
+                         label: str | None = None, skip: int = SKIP,
+                         loopback_s_per_byte: float | None = None,
+                         compute_s: float | None = None) -> HookProfile:
+    """A hook's profile from a run's metrics (pure).
+
+    The hook's own link time is subtracted from its measured time to leave its arithmetic: exactly
+    the emulated link's time when the run had one (it dominates loopback by design), else
+    ``loopback_s_per_byte`` times the wire bytes (from a plain allreduce run, whose hook does no
+    arithmetic to speak of); without either the whole hook time counts as arithmetic, an upper bound.
+    ``compute_s`` overrides the run's own (to share one baseline's across hooks).
+    """
+    if records and "payload_bytes" not in records[0]:
+        raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
+    steady = steady_rows(records, cfg, skip)
+    if not steady:
+        first = max(skip, cfg.get("start_powerSGD_iter", 0) if cfg.get("hook", "").endswith("powersgd") else 0)
+        raise ValueError(f"run {run_id} has no steady steps: it recorded {len(records)} step(s) and "
+                         f"the model needs steps from {first} on")
+    world = cfg.get("world_size", 2)
+    hook_s = statistics.median(r["hook_s"] for r in steady)
+    payload = statistics.median(r["payload_bytes"] for r in steady)
+    calls = statistics.median(r["collectives"] for r in steady)
+    emulated = config_link_label(cfg)
+    if emulated:
+        link_s = ring_allreduce_s(payload, world, cfg.get("emulate_bandwidth_gbps", 0.0),
+                                  cfg.get("emulate_latency_us", 0.0), calls)
+    else:
+        link_s = (loopback_s_per_byte or 0.0) * wire_bytes(payload, world)
+    own_compute = statistics.median(r["step_s"] - r["hook_s"] for r in steady)
+    return HookProfile(
+        label=label or cfg_label(cfg), hook=cfg.get("hook", "?"),
+        compute_s=own_compute if compute_s is None else compute_s,
+        arithmetic_s=max(0.0, hook_s - link_s), payload_bytes=payload, collectives=calls,
+        world_size=world, run_id=run_id, measured_over=emulated or "loopback",
+        steady_steps=len(steady))
+
+
+def wire_bytes(payload_bytes: float, world_size: int) -> float:
+    return 2 * (world_size - 1) / world_size * payload_bytes if world_size > 1 else 0.0
+
+
+def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> float | None:
+    """Seconds per wire byte of this machine's own link, read from a plain allreduce run's hook time."""
+    if cfg.get("hook") != "allreduce" or cfg.get("wrapper", "none") != "none" or config_link_label(cfg):
+        return None
+    steady = steady_rows(records, cfg, skip)
+    if not steady:
+        return None
+    wire = wire_bytes(statistics.median(r["payload_bytes"] for r in steady), cfg.get("world_size", 2))
+    return statistics.median(r["hook_s"] for r in steady) / wire if wire else None
+
+
+def cfg_label(cfg: dict) -> str:
+    """The label ``RunConfig.label`` gives, from a config dict."""
+    hook, wrapper = cfg.get("hook", "?"), cfg.get("wrapper", "none")
+    name = hook if wrapper == "none" else f"{wrapper}_wrapper({hook})"
+    if hook in ("powersgd", "batched_powersgd"):
+        name += f" r={cfg.get('matrix_approximation_rank')} start={cfg.get('start_powerSGD_iter')}"
+        if cfg.get("min_compression_rate", 2.0) != 2.0:
+            name += f" rate={cfg['min_compression_rate']:g}"
+    return name
+
+
+def _same_job(a: dict, b: dict) -> bool:
+    keys = ("workload", "world_size", "batch_size", "optimizer", "bucket_cap_mb")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def _is_plain_allreduce(cfg: dict) -> bool:
+    return cfg.get("hook") == "allreduce" and cfg.get("wrapper", "none") == "none"
+
+
+def profiles_from_runs(runs: Iterable, skip: int = SKIP, share_compute: bool = True) -> list[HookProfile]:
+    """Profiles of runs (``RunFolder``s), one per run that has steady steps, labels made unique.
+
+    A plain allreduce run of the same job on the real link calibrates the loopback.  With
+    ``share_compute`` a plain allreduce run of the same job (the first found) lends its compute
+    time to every hook: compute does not depend on the hook, and sharing it keeps one run's noise
+    from passing for a difference between hooks.  Runs that cannot be profiled are left out.
+    """
+    loaded = [(r.id, r.config_dict(), r.metrics_records()) for r in runs]
+    plain = [(cfg, recs) for _, cfg, recs in loaded
+             if _is_plain_allreduce(cfg) and steady_rows(recs, cfg, skip)]
+    profiles, seen = [], {}
+    for run_id, cfg, recs in loaded:
+        same = [(c, r) for c, r in plain if _same_job(c, cfg)]
+        per_byte = next((pb for c, r in same if (pb := loopback_s_per_byte(r, c, skip))), None)
+        compute = None
+        if same and share_compute:
+            base_cfg, base_recs = same[0]
+            compute = statistics.median(r["step_s"] - r["hook_s"]
+                                        for r in steady_rows(base_recs, base_cfg, skip))
+        label = cfg_label(cfg)
+        if link := config_link_label(cfg):
+            label += f" [{link}]"
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            label += f" #{seen[label]}"
+        try:
+            profiles.append(profile_from_records(recs, cfg, run_id, label, skip, per_byte, compute))
+        except ValueError:
+            continue
+    return profiles
+
+
+# ============================================================================ model against runs
+def measured_step_s(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> float:
+    steady = steady_rows(records, cfg, skip)
+    if not steady:
+        raise ValueError("no steady steps to measure")
+    return statistics.median(r["step_s"] for r in steady)
+
+
+def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = SKIP) -> dict:
+    """The model's step time for an emulated run's link and world size against the run's own."""
+    bw, lat = cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0)
+    world = cfg.get("world_size", 2)
+    predicted = profile.step_s(world, bw, lat)
+    measured = measured_step_s(records, cfg, skip)
+    return {"label": profile.label, "world_size": world, "bandwidth_gbps": bw, "latency_us": lat,
+            "predicted_s": predicted, "measured_s": measured, "ratio": predicted / measured,
+            "comm_s": profile.comm_s(world, bw, lat), "compute_s": profile.compute_s,
+            "arithmetic_s": profile.arithmetic_s}
