@@ -213,8 +213,8 @@ def accelerate_members(cfg: RunConfig) -> tuple[str, str]:
         raise ExportRefused(
             f"Accelerate cannot express the {cfg.hook} hook: DDPCommunicationHookType has only "
             f"{', '.join(dict.fromkeys(ACCELERATE_HOOKS.values()))}, and NO means DDP's own "
-            "allreduce. Register it yourself on the prepared model: "
-            f"model.register_comm_hook(None, {HOOKS[cfg.hook][0]}.{HOOKS[cfg.hook][1]}).")
+            "allreduce. Register it yourself on the prepared model: model.register_comm_hook(None, "
+            f"{MODULES[HOOKS[cfg.hook][0]]}.{HOOKS[cfg.hook][1]}).")
     if cfg.hook == "allreduce" and cfg.wrapper != "none":
         # Accelerate applies a wrapper only to a hook it registers, and NO registers none; PyTorch
         # documents fp16_compress_hook as fp16_compress_wrapper(allreduce_hook) (bf16 alike).

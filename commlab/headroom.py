@@ -28,7 +28,7 @@ class Headroom:
     step_s_allreduce: float  # median step time with the allreduce hook
     step_s_noop: float  # ... and with noop, which communicates nothing
     speedup: float  # how much faster noop is: t_allreduce / t_noop - 1
-    comm_share: float  # the share of an allreduce step that communication costs: 1 - t_noop / t_allreduce
+    comm_share: float  # communication's share of an allreduce step: 1 - t_noop / t_allreduce
     allreduce_is_bottleneck: bool
     verdict: str
     run_ids: dict[str, str]

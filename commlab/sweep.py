@@ -64,6 +64,18 @@ class SweepSpec:
         return cls(**{**data, "base": RunConfig.from_dict(data["base"], "sweep base settings")})
 
 
+def parse_list(text: str | None, kind: type, name: str) -> list:
+    """'1,2,4' -> [1, 2, 4]; raises ConfigError naming the field."""
+    if text is None:
+        return []
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        return [kind(t) for t in items]
+    except ValueError:
+        raise ConfigError({name: f"must be a comma-separated list of {kind.__name__} values, "
+                                 f"got {text!r}"}) from None
+
+
 def _unique(values) -> list:
     return list(dict.fromkeys(values))
 

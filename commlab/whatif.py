@@ -71,6 +71,7 @@ class HookProfile:
 
     label: str
     hook: str
+    wrapper: str
     compute_s: float
     arithmetic_s: float
     payload_bytes: float  # per step, handed to all_reduce by the hook
@@ -100,22 +101,22 @@ def predict(profiles: Sequence[HookProfile], world_sizes: Iterable[int] = WORLD_
         for bw in bandwidths_gbps:
             for p in profiles:
                 comm = p.comm_s(n, bw, latency_us)
-                rows.append({"label": p.label, "hook": p.hook, "world_size": n,
+                rows.append({"label": p.label, "hook": p.hook, "wrapper": p.wrapper, "world_size": n,
                              "bandwidth_gbps": bw, "latency_us": latency_us,
                              "compute_s": p.compute_s, "arithmetic_s": p.arithmetic_s,
                              "comm_s": comm, "step_s": p.compute_s + p.arithmetic_s + comm})
     return rows
 
 
-def winners(rows: Sequence[dict], baseline: str = "allreduce") -> list[dict]:
-    """Per world size and bandwidth: the fastest hook and its speed-up over the baseline hook."""
+def winners(rows: Sequence[dict]) -> list[dict]:
+    """Per world size and bandwidth: the fastest hook and its speed-up over plain allreduce."""
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
         cells.setdefault((r["world_size"], r["bandwidth_gbps"]), []).append(r)
     out = []
     for (n, bw), cell in cells.items():
         best = min(cell, key=lambda r: r["step_s"])
-        base = next((r for r in cell if r["hook"] == baseline), None)
+        base = next((r for r in cell if _is_plain_allreduce(r)), None)
         out.append({"world_size": n, "bandwidth_gbps": bw, "best": best["label"],
                     "best_hook": best["hook"], "best_step_s": best["step_s"],
                     "baseline_step_s": base["step_s"] if base else None,
@@ -181,7 +182,7 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
         link_s = (loopback_s_per_byte or 0.0) * wire_bytes(payload, world)
     own_compute = statistics.median(r["step_s"] - r["hook_s"] for r in steady)
     return HookProfile(
-        label=label or cfg_label(cfg), hook=cfg.get("hook", "?"),
+        label=label or cfg_label(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
         compute_s=own_compute if compute_s is None else compute_s,
         arithmetic_s=max(0.0, hook_s - link_s), payload_bytes=payload, collectives=calls,
         world_size=world, run_id=run_id, measured_over=emulated or "loopback",
@@ -215,12 +216,16 @@ def cfg_label(cfg: dict) -> str:
 
 
 def _same_job(a: dict, b: dict) -> bool:
-    keys = ("workload", "world_size", "batch_size", "optimizer", "bucket_cap_mb")
-    return all(a.get(k) == b.get(k) for k in keys)
+    return _job_key(a) == _job_key(b)
 
 
 def _is_plain_allreduce(cfg: dict) -> bool:
     return cfg.get("hook") == "allreduce" and cfg.get("wrapper", "none") == "none"
+
+
+def baseline_profile(profiles: Sequence[HookProfile]) -> HookProfile | None:
+    """The first plain allreduce profile, the one the others are compared with."""
+    return next((p for p in profiles if _is_plain_allreduce(p.to_dict())), None)
 
 
 def profiles_from_runs(runs: Iterable, skip: int = SKIP, share_compute: bool = True) -> list[HookProfile]:
@@ -232,9 +237,14 @@ def profiles_from_runs(runs: Iterable, skip: int = SKIP, share_compute: bool = T
     from passing for a difference between hooks.  Runs that cannot be profiled are left out.
     """
     loaded = [(r.id, r.config_dict(), r.metrics_records()) for r in runs]
+    return [p for _, _, p in _profiles(loaded, skip, share_compute)]
+
+
+def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
+              share_compute: bool) -> list[tuple[str, dict, HookProfile]]:
     plain = [(cfg, recs) for _, cfg, recs in loaded
              if _is_plain_allreduce(cfg) and steady_rows(recs, cfg, skip)]
-    profiles, seen = [], {}
+    out, seen = [], {}
     for run_id, cfg, recs in loaded:
         same = [(c, r) for c, r in plain if _same_job(c, cfg)]
         per_byte = next((pb for c, r in same if (pb := loopback_s_per_byte(r, c, skip))), None)
@@ -250,10 +260,10 @@ def profiles_from_runs(runs: Iterable, skip: int = SKIP, share_compute: bool = T
         if seen[label] > 1:
             label += f" #{seen[label]}"
         try:
-            profiles.append(profile_from_records(recs, cfg, run_id, label, skip, per_byte, compute))
+            out.append((run_id, cfg, profile_from_records(recs, cfg, run_id, label, skip, per_byte, compute)))
         except ValueError:
             continue
-    return profiles
+    return out
 
 
 # ============================================================================ model against runs
@@ -274,3 +284,26 @@ def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = 
             "predicted_s": predicted, "measured_s": measured, "ratio": predicted / measured,
             "comm_s": profile.comm_s(world, bw, lat), "compute_s": profile.compute_s,
             "arithmetic_s": profile.arithmetic_s}
+
+
+def checks(runs: Iterable, skip: int = SKIP, share_compute: bool = True) -> list[dict]:
+    """The model against every run over an emulated link that has a calibration run: the same
+    settings and job on the real link.  Only calibration runs feed the model, so each check
+    predicts a run the model never saw."""
+    loaded = [(r.id, r.config_dict(), r.metrics_records()) for r in runs]
+    calibration = _profiles([x for x in loaded if not config_link_label(x[1])], skip, share_compute)
+    rows = []
+    for run_id, cfg, recs in loaded:
+        if not config_link_label(cfg):
+            continue
+        key = (cfg_label(cfg), _job_key(cfg))
+        match = next((p for _, c, p in calibration if (cfg_label(c), _job_key(c)) == key), None)
+        if match is None or not steady_rows(recs, cfg, skip):
+            continue
+        rows.append({**check(match, recs, cfg, skip), "label": cfg_label(cfg), "run_id": run_id,
+                     "calibration_run_id": match.run_id})
+    return rows
+
+
+def _job_key(cfg: dict) -> tuple:
+    return tuple(cfg.get(k) for k in ("workload", "world_size", "batch_size", "optimizer", "bucket_cap_mb"))

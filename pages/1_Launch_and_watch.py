@@ -106,8 +106,8 @@ def launch_area(cfg, errors: dict) -> None:
                  + ", ".join(f"**{k}**" for k in errors))
     else:
         plan = live.preview(cfg)
-        st.info(f"Backend **{plan['backend']}** ({plan['backend_reason']}). Hook: "
-                f"**{plan['hook_impl']}** implementation, because {plan['hook_reason']}.")
+        st.info(f"Backend **{plan['backend']}** ({plan['backend_reason']}). Hook implementation: "
+                f"**{plan['hook_impl']}**: {plan['hook_reason']}.")
         if plan["warning"]:
             st.warning(plan["warning"])
     if st.button("Launch", type="primary", disabled=bool(errors), key="launch"):
@@ -152,8 +152,8 @@ def panel(view: live.LiveView, was_running: bool) -> None:
     if status.get("error") and status["status"] != "running":
         st.error(status["error"])
     ran = "ran" if impl["ran"] else "will run (planned; rank 0 has not reported yet)"
-    st.caption(f"Hook {impl['hook_name'] or ''} {ran}: **{impl['hook_impl']}** implementation on "
-               f"{impl['backend']}, because {impl['hook_reason']}")
+    st.caption(f"Implementation that {ran} on {impl['backend']}: **{impl['hook_impl']}** "
+               f"{impl['hook_name'] or ''}: {impl['hook_reason']}")
     if impl["warning"]:
         st.warning(impl["warning"])
     if status["status"] == "running" and st.button("Stop", key="stop"):

@@ -224,7 +224,8 @@ def gradient_averaging() -> None:
 st.title("Classroom: allreduce")
 st.caption("Every number here comes from real processes on this machine, except the ring "
            "walk-through, which is checked against them.")
-real_tab, ring_tab, grad_tab = st.tabs(["1 · Real collectives", "2 · Ring allreduce, step by step",
+real_tab, ring_tab, grad_tab = st.tabs(["1 · Real collectives",
+                                        "2 · Ring allreduce, step by step",
                                         "3 · Where gradient averaging sits"])
 with real_tab:
     job = real_collectives()

@@ -14,8 +14,8 @@ from ..config import ConfigError
 
 VALUES_HELP = ("each rank's tensor, one argument per rank, numbers split by commas (e.g. "
                "--values 1,2 3,4 5,6); a single argument may separate ranks with ';'. Quote a "
-               "tensor that starts with a minus sign with a leading space (' -1,2') or write all in one: "
-               "--values='-1,2;3,4'. "
+               "tensor that starts with a minus sign with a leading space (' -1,2') or write "
+               "all in one: --values='-1,2;3,4'. "
                "Default: rank r holds [r]")
 
 

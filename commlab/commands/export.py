@@ -52,7 +52,10 @@ def _export(args: argparse.Namespace) -> int:
     try:
         out = render(cfg, args.format, target_from_args(args), source)
     except ValueError as e:  # ExportRefused, a bad target, unbalanced quotes in --script-args
-        emit(args, {"error": str(e), "format": args.format}, f"commlab export: {e}")
+        if args.json:
+            emit(args, {"error": str(e), "format": args.format}, "")
+        else:
+            print(f"commlab export: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.output:
         Path(args.output).write_text(out.text)

@@ -12,7 +12,7 @@ import argparse
 import signal
 import sys
 
-from ..config import ConfigError
+from ..sweep import parse_list
 from .run import add_run_options, config_from_args
 
 LIST_FLAGS = {  # flag -> (SweepSpec field, type)
@@ -21,18 +21,6 @@ LIST_FLAGS = {  # flag -> (SweepSpec field, type)
     "min_compression_rate": ("min_compression_rate", float),
     "wrapper": ("wrapper", str),
 }
-
-
-def parse_list(text: str | None, kind: type, name: str) -> list:
-    """'1,2,4' -> [1, 2, 4]; raises ConfigError naming the field."""
-    if text is None:
-        return []
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    try:
-        return [kind(t) for t in items]
-    except ValueError:
-        raise ConfigError({name: f"must be a comma-separated list of {kind.__name__} values, "
-                                 f"got {text!r}"}) from None
 
 
 def spec_from_args(args: argparse.Namespace):

@@ -1,0 +1,78 @@
+"""``commlab whatif``: predicted step time at other scales, from measured runs.
+
+    commlab whatif RUN_DIR [RUN_DIR ...] [--world-sizes 8,64,1024] [--bandwidths-gbps 10,100]
+    commlab whatif --sweep SWEEP_DIR --latency-us 5
+"""
+from __future__ import annotations
+
+import argparse
+
+from ..sweep import parse_list
+
+
+def _runs(args: argparse.Namespace) -> list:
+    from ..api import open_run
+    from ..config import ConfigError
+    from ..sweep import Sweep
+
+    if args.sweep:
+        sweep = Sweep(args.sweep)
+        if not sweep.exists():
+            raise ConfigError({"sweep": f"{args.sweep} is not a sweep folder (no sweep.json)"})
+        return sweep.runs()
+    if not args.run_dirs:
+        raise ConfigError({"run_dirs": "give run folders or --sweep SWEEP_DIR"})
+    try:
+        return [open_run(d) for d in args.run_dirs]
+    except FileNotFoundError as e:
+        raise ConfigError({"run_dirs": str(e)}) from None
+
+
+def _whatif(args: argparse.Namespace) -> int:
+    from .. import whatif
+    from ..cli import emit
+    from ..config import ConfigError
+
+    world_sizes = parse_list(args.world_sizes, int, "world_sizes")
+    bandwidths = parse_list(args.bandwidths_gbps, float, "bandwidths_gbps")
+    if any(n < 1 for n in world_sizes) or any(b <= 0 for b in bandwidths):
+        raise ConfigError({"world_sizes": "world sizes must be 1 or more and bandwidths above 0"})
+    profiles = whatif.profiles_from_runs(_runs(args))
+    if not profiles:
+        raise ConfigError({"run_dirs": "no run has steady steps to measure (runs too short, or "
+                                       "PowerSGD never started compressing)"})
+    rows = whatif.predict(profiles, world_sizes, bandwidths, args.latency_us)
+    best = whatif.winners(rows)
+    base = whatif.baseline_profile(profiles)
+    even = [{"label": p.label, "world_size": n,
+             "break_even_gbps": whatif.break_even_gbps(base, p, n, args.latency_us)}
+            for p in profiles if base and p is not base for n in world_sizes]
+    lines = [f"{'hook':<52} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} {'calls':>6}  measured over"]
+    lines += [f"{p.label:<52} {p.compute_s * 1e3:>10.2f} {p.arithmetic_s * 1e3:>9.2f} "
+              f"{p.payload_bytes:>12,.0f} {p.collectives:>6g}  {p.measured_over}" for p in profiles]
+    lines.append(f"\npredicted step (ms), latency {args.latency_us:g} µs per hop; fastest marked *")
+    for cell in best:
+        here = [r for r in rows if (r["world_size"], r["bandwidth_gbps"]) ==
+                (cell["world_size"], cell["bandwidth_gbps"])]
+        parts = "  ".join(f"{r['label']}{'*' if r['label'] == cell['best'] else ''} "
+                          f"{r['step_s'] * 1e3:.1f}" for r in here)
+        lines.append(f"N={cell['world_size']:<5} {cell['bandwidth_gbps']:>6g} Gb/s  {parts}")
+    for e in even:
+        lines.append(f"{e['label']} beats {base.label} on {e['world_size']} workers below "
+                     f"{e['break_even_gbps']:.3g} Gb/s")
+    emit(args, {"profiles": [p.to_dict() for p in profiles], "predictions": rows, "winners": best,
+                "break_even": even}, "\n".join(lines))
+    return 0
+
+
+def register(sub) -> None:
+    from ..whatif import BANDWIDTHS_GBPS, DEFAULT_LATENCY_US, WORLD_SIZES
+
+    p = sub.add_parser("whatif", help="predicted step time against workers and bandwidth, per hook")
+    p.add_argument("run_dirs", nargs="*", help="run folders; a plain allreduce run calibrates")
+    p.add_argument("--sweep", help="a sweep folder: its runs")
+    p.add_argument("--world-sizes", default=",".join(map(str, WORLD_SIZES)))
+    p.add_argument("--bandwidths-gbps", default=",".join(map(str, BANDWIDTHS_GBPS)))
+    p.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_US, help="per hop")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_whatif)

@@ -1,0 +1,88 @@
+"""Figures of the what-if model: step time against workers and bandwidth, and where each hook wins.
+
+Each takes the rows ``commlab.whatif.predict`` / ``winners`` / ``check`` give.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+ASSUMPTION = "α-β ring model, communication not overlapped, per-worker batch fixed"
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title="predicted step time, ms",
+                      height=height, margin=dict(t=60, b=10, l=10, r=10),
+                      legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(type="log")
+    return fig
+
+
+def _lines(rows: list[dict], x: str) -> go.Figure:
+    fig = go.Figure()
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = sorted((r for r in rows if r["label"] == label), key=lambda r: r[x])
+        fig.add_scatter(x=[r[x] for r in mine], y=[r["step_s"] * 1e3 for r in mine],
+                        mode="lines+markers", name=label,
+                        customdata=[[r["compute_s"] * 1e3, r["arithmetic_s"] * 1e3, r["comm_s"] * 1e3]
+                                    for r in mine],
+                        hovertemplate="%{y:.2f} ms = compute %{customdata[0]:.2f} + arithmetic "
+                                      "%{customdata[1]:.2f} + communication %{customdata[2]:.2f}"
+                                      "<extra>" + label + "</extra>")
+    return fig
+
+
+def workers_figure(rows: list[dict], bandwidth_gbps: float) -> go.Figure:
+    """Step time against the number of workers at one bandwidth."""
+    mine = [r for r in rows if r["bandwidth_gbps"] == bandwidth_gbps]
+    latency = mine[0]["latency_us"] if mine else 0
+    return _layout(_lines(mine, "world_size"),
+                   f"Predicted step time against workers at {bandwidth_gbps:g} Gb/s, {latency:g} µs "
+                   f"per hop<br><sup>{ASSUMPTION}</sup>", "workers (N)")
+
+
+def bandwidth_figure(rows: list[dict], world_size: int) -> go.Figure:
+    """Step time against link bandwidth on one number of workers."""
+    mine = [r for r in rows if r["world_size"] == world_size]
+    latency = mine[0]["latency_us"] if mine else 0
+    return _layout(_lines(mine, "bandwidth_gbps"),
+                   f"Predicted step time against bandwidth on {world_size} workers, {latency:g} µs "
+                   f"per hop<br><sup>{ASSUMPTION}</sup>", "link bandwidth, Gb/s")
+
+
+def winner_map(cells: list[dict]) -> go.Figure:
+    """Which hook is fastest at each (workers, bandwidth), coloured by its speed-up over allreduce."""
+    ns = sorted({c["world_size"] for c in cells})
+    bws = sorted({c["bandwidth_gbps"] for c in cells})
+    at = {(c["world_size"], c["bandwidth_gbps"]): c for c in cells}
+    z = [[at[(n, b)]["speedup"] for n in ns] for b in bws]
+    text = [[at[(n, b)]["best"].split(" [")[0] for n in ns] for b in bws]
+    fig = go.Figure(go.Heatmap(
+        x=[str(n) for n in ns], y=[f"{b:g}" for b in bws], z=z, text=text,
+        texttemplate="%{text}<br>×%{z:.2f}", textfont=dict(size=9), colorscale="Greens", zmin=1,
+        colorbar=dict(title="speed-up<br>over allreduce"),
+        hovertemplate="N=%{x}, %{y} Gb/s: %{text} ×%{z:.2f}<extra></extra>"))
+    fig.update_layout(title=f"Fastest hook by workers and bandwidth<br><sup>{ASSUMPTION}</sup>",
+                      xaxis_title="workers (N)", yaxis_title="bandwidth, Gb/s", height=460,
+                      margin=dict(t=60, b=10, l=10, r=10))
+    return fig
+
+
+def check_figure(rows: list[dict], tolerance: float = 0.2) -> go.Figure:
+    """Predicted against measured step time for runs over emulated links, with the ±tolerance band."""
+    top = max([r["measured_s"] for r in rows] + [r["predicted_s"] for r in rows] + [1e-3]) * 1e3 * 1.1
+    fig = go.Figure()
+    fig.add_scatter(x=[0, top], y=[0, top], mode="lines", name="predicted = measured",
+                    line=dict(color="gray", dash="dot"))
+    fig.add_scatter(x=[0, top, top, 0], y=[0, top * (1 + tolerance), top * (1 - tolerance), 0],
+                    fill="toself", mode="none", name=f"±{tolerance:.0%}",
+                    fillcolor="rgba(0,128,0,0.1)")
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = [r for r in rows if r["label"] == label]
+        fig.add_scatter(x=[r["measured_s"] * 1e3 for r in mine], y=[r["predicted_s"] * 1e3 for r in mine],
+                        mode="markers", name=label, marker=dict(size=10),
+                        text=[f"N={r['world_size']}, emulated {r['bandwidth_gbps']:g} Gb/s" for r in mine],
+                        hovertemplate="%{text}<br>measured %{x:.1f} ms, predicted %{y:.1f} ms<extra></extra>")
+    fig.update_layout(title="The model against runs over emulated links", height=420,
+                      xaxis_title="measured step time, ms", yaxis_title="predicted step time, ms",
+                      margin=dict(t=40, b=10, l=10, r=10))
+    return fig

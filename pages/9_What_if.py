@@ -1,0 +1,71 @@
+"""What a step would cost on a cluster: the alpha-beta model fed by runs measured here.
+Thin: widgets in, commlab.whatif, plotly out."""
+import pandas as pd
+import streamlit as st
+
+from commlab import whatif
+from commlab.api import list_runs
+from commlab.figures import whatif as figs
+from commlab.sweep import list_sweeps
+
+st.title("What if")
+st.caption("Predicted step time T = compute + arithmetic + Σ ring allreduce, with a ring allreduce "
+           "of S bytes on N workers costing 2(N−1)·α + 2(N−1)/N·S/β. Compute and the hook's "
+           "arithmetic are measured in the runs, each hook's bytes are its own count. On this "
+           "machine loopback is fast next to compression's arithmetic; on a cluster it is not.")
+
+sweeps, runs = list_sweeps(), list_runs()
+if not runs:
+    st.info("No runs yet: a sweep (page **Sweep**) gives the model what it needs — a plain "
+            "allreduce baseline and PowerSGD settings of the same job.")
+    st.stop()
+kinds = (["a sweep"] if sweeps else []) + ["runs"]
+kind = st.radio("Measure from", kinds, horizontal=True)
+if kind == "a sweep":
+    chosen = st.selectbox("Sweep", sweeps, format_func=lambda s: f"{s.id} ({s.status()})").runs()
+else:
+    chosen = st.multiselect("Runs", runs, runs[:3], format_func=lambda r: f"{r.id} ({r.status()})")
+profiles = whatif.profiles_from_runs(chosen)
+if not profiles:
+    st.warning("None of these runs has steady steps to measure (runs too short, or PowerSGD never "
+               f"started compressing; the first {whatif.SKIP} steps are start-up).")
+    st.stop()
+
+st.subheader("What each hook costs per step, measured")
+st.dataframe(pd.DataFrame([{
+    "hook": p.label, "compute ms": p.compute_s * 1e3, "arithmetic ms": p.arithmetic_s * 1e3,
+    "bytes/step": p.payload_bytes, "collectives/step": p.collectives,
+    "measured over": p.measured_over, "run": p.run_id} for p in profiles]), hide_index=True)
+if any(p.measured_over != "loopback" for p in profiles):
+    st.caption("Rows measured over an emulated link: the emulated link's time was taken off the "
+               "hook's time to leave its arithmetic.")
+
+c1, c2, c3 = st.columns(3)
+latency = c1.number_input("Latency per hop α, µs", 0.0, 10_000.0, whatif.DEFAULT_LATENCY_US)
+bandwidth = c2.select_slider("Bandwidth for the workers chart, Gb/s", whatif.BANDWIDTHS_GBPS, 10)
+workers = c3.select_slider("Workers for the bandwidth chart", whatif.WORLD_SIZES, 64)
+rows = whatif.predict(profiles, whatif.WORLD_SIZES, whatif.BANDWIDTHS_GBPS, latency)
+c1, c2 = st.columns(2)
+c1.plotly_chart(figs.workers_figure(rows, bandwidth))
+c2.plotly_chart(figs.bandwidth_figure(rows, workers))
+st.plotly_chart(figs.winner_map(whatif.winners(rows)))
+
+base = whatif.baseline_profile(profiles)
+if base:
+    st.subheader("Where compression pays off")
+    st.dataframe(pd.DataFrame([{
+        "hook": p.label, "workers": n,
+        "wins below (Gb/s)": whatif.break_even_gbps(base, p, n, latency)}
+        for p in profiles if p is not base for n in (8, 64, 1024)]), hide_index=True)
+    st.caption(f"Against {base.label}: the hook is faster at any bandwidth below the one shown "
+               "(inf: at every bandwidth; 0: at none).")
+
+checked = whatif.checks(chosen)
+st.subheader("The model against measured runs")
+if checked:
+    st.plotly_chart(figs.check_figure(checked))
+    st.dataframe(pd.DataFrame(checked), hide_index=True)
+else:
+    st.caption("To check the model here, run the same settings on the real link and over emulated "
+               "links (`python benchmarks/whatif_check.py` does it): each emulated run is then "
+               "predicted from its real-link twin.")

@@ -1,0 +1,241 @@
+"""The lab in a real browser: Playwright drives Debian's Chromium against `streamlit run app.py`.
+
+One test: launch a real 2-rank PowerSGD run from the form, wait for the loss chart to have points,
+measure how long a metric line takes from metrics.jsonl to the chart, screenshot every page into
+test-artifacts/, reload (a new session re-attaches to the run), click Stop, check that no process
+of the run remains.  Without Chromium it skips, except under CI, where it fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from commlab import api, procs
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# Generous: on a loaded 2-core machine the first page load imports torch (minutes), and a 2-rank
+# job can take minutes to reach its first step.
+SLOW_MS = 600_000
+
+pytestmark = pytest.mark.browser
+
+# Records, for every step, when the loss chart first showed it (epoch ms, the clock Python's
+# time.time() reads too).  Polling plotly's own data is what is on screen, whatever the markup.
+OBSERVE_CHART = """() => {
+  window.__shown = {};
+  setInterval(() => {
+    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+      const title = gd.layout && gd.layout.title && gd.layout.title.text;
+      if (!title || !String(title).startsWith('Loss') || !gd._fullData || !gd._fullData.length) continue;
+      const xs = gd._fullData[0].x;
+      if (!xs || !xs.length) continue;
+      const now = Date.now(), last = Number(xs[xs.length - 1]);
+      for (let s = 0; s <= last; s++) if (!(s in window.__shown)) window.__shown[s] = now;
+    }
+  }, 10);
+}"""
+
+
+def need_browser():
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing = "the playwright package"
+    else:
+        missing = None if os.path.exists(CHROMIUM) else f"Chromium at {CHROMIUM}"
+    if missing:
+        message = f"{missing} is missing (see TESTING.md: apt-get install chromium, pip install playwright)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser test: {message}")
+        pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_streamlit(runs_dir: Path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "COMMLAB_RUNS_DIR": str(runs_dir)}
+    log = open(runs_dir.parent / "streamlit.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port),
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + SLOW_MS / 1000
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (runs_dir.parent / "streamlit.log").read_text()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as r:
+                if r.read() == b"ok":
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError("streamlit did not answer its health check")
+
+
+class WriteTimes(threading.Thread):
+    """When each step's line landed in metrics.jsonl, read by polling the file every few ms."""
+
+    def __init__(self, runs_dir: Path):
+        super().__init__(daemon=True)
+        self.runs_dir, self.written, self.done = runs_dir, {}, threading.Event()
+
+    def run(self):
+        path, offset = None, 0
+        while not self.done.is_set():
+            if path is None:
+                found = list(self.runs_dir.glob("*/metrics.jsonl"))
+                path = found[0] if found else None
+            elif path.stat().st_size > offset:
+                now = time.time()
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                complete = chunk[:chunk.rfind(b"\n") + 1]
+                offset += len(complete)
+                for line in complete.splitlines():
+                    self.written.setdefault(json.loads(line)["step"], now)
+            time.sleep(0.005)
+
+
+def idle(page) -> None:
+    """Wait until Streamlit has finished its rerun (its status widget goes away)."""
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="detached", timeout=SLOW_MS)
+
+
+def screenshot(page, name: str) -> None:
+    # Chrome's own capture: Playwright's page.screenshot stalls on this page with Debian's
+    # Chromium under load, while the DevTools call returns in seconds.
+    import base64
+
+    cdp = page.context.new_cdp_session(page)
+    shot = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+    cdp.detach()
+    (ARTIFACTS / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
+
+
+def choose(page, label: str, option: str) -> None:
+    page.get_by_label(label, exact=True).click()
+    page.get_by_role("option", name=option).first.click()
+    idle(page)
+
+
+def set_number(page, label: str, value) -> None:
+    box = page.locator(f'input[aria-label="{label}"]')
+    box.fill(str(value))
+    box.press("Enter")
+    idle(page)
+
+
+@pytest.mark.timeout(3600)
+def test_launch_watch_stop_in_a_browser(tmp_path):
+    need_browser()
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    port = free_port()
+    server = start_streamlit(runs_dir, port)
+    writes = WriteTimes(runs_dir)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 1400})
+                page.set_default_timeout(SLOW_MS)
+                page.goto(f"http://127.0.0.1:{port}/", timeout=SLOW_MS)
+                expect(page.get_by_text("No runs yet.")).to_be_visible(timeout=SLOW_MS)
+                idle(page)
+
+                choose(page, "hook", "powersgd")
+                choose(page, "built-in workload", "mlp: multilayer")
+                set_number(page, "steps", 5000)
+                set_number(page, "start_powerSGD_iter", 4)
+                set_number(page, "bucket cap (MiB)", 0.05)
+                page.get_by_text("Instrumentation and an emulated link").click()
+                set_number(page, "stall_timeout_s", 900)
+                expect(page.get_by_text("Hook implementation: commlab")).to_be_visible()
+                screenshot(page, "1_Launch_and_watch_form")
+
+                page.get_by_role("button", name="Launch").click()
+                page.evaluate(OBSERVE_CHART)
+                writes.start()
+                page.locator(".js-plotly-plot .scatterlayer .trace").first.wait_for(timeout=SLOW_MS)
+                deadline = time.monotonic() + 180
+                while len(page.evaluate("window.__shown")) < 20 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                shown = {int(k): v / 1000 for k, v in page.evaluate("window.__shown").items()}
+                latency = write_to_screen(writes.written, shown)
+                screenshot(page, "1_Launch_and_watch")
+
+                run = api.list_runs(runs_dir)[0]
+                assert run.status() == "running", run.status_record()
+                assert run.meta()["hook_impl"] == "commlab"
+                screenshot_every_page(page)
+
+                # A fresh session, as after a reload or a Streamlit restart, re-attaches to the run.
+                page.goto(f"http://127.0.0.1:{port}/", timeout=SLOW_MS)
+                expect(page.get_by_text("Status: running")).to_be_visible(timeout=SLOW_MS)
+                page.get_by_role("button", name="Stop").click()
+                expect(page.get_by_text("Status: stopped")).to_be_visible(timeout=SLOW_MS)
+                idle(page)
+                screenshot(page, "1_Launch_and_watch_stopped")
+            finally:
+                browser.close()
+        assert run.status() == "stopped"
+        sup = json.loads(run.file("supervisor.json").read_text())
+        pids = [sup["pid"], sup["torchrun_pid"], *sup["worker_pids"]]
+        assert len(sup["worker_pids"]) >= 2, sup
+        assert not [pid for pid in pids if procs.alive(pid)], "a process of the run survived Stop"
+        print(f"\nwrite-to-screen latency over {latency['steps']} steps: median "
+              f"{latency['median_s']:.3f} s, p90 {latency['p90_s']:.3f} s, max {latency['max_s']:.3f} s")
+    finally:
+        writes.done.set()
+        for run in api.list_runs(runs_dir):  # a failed test must not leave its run going
+            if run.is_running():
+                run.stop()
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def write_to_screen(written: dict[int, float], shown: dict[int, float]) -> dict:
+    """Seconds from each step's line being written to the loss chart showing it."""
+    steps = sorted(s for s in written if s in shown)
+    assert steps, f"no step was both seen written and on screen: {written} / {shown}"
+    delays = [shown[s] - written[s] for s in steps]
+    result = {"steps": len(steps), "median_s": statistics.median(delays),
+              "p90_s": statistics.quantiles(delays, n=10)[-1] if len(delays) > 1 else delays[0],
+              "max_s": max(delays), "per_step_s": dict(zip(steps, delays))}
+    (ARTIFACTS / "latency.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def screenshot_every_page(page) -> None:
+    links = page.locator('[data-testid="stSidebarNav"] a')
+    titles = links.all_inner_texts()
+    files = sorted((ROOT / "pages").glob("[0-9]*_*.py"), key=lambda p: int(p.name.split("_")[0]))
+    assert len(titles) == len(files), (titles, [f.name for f in files])
+    for title, file in zip(titles, files):
+        links.filter(has_text=title).first.click()
+        page.get_by_role("heading", name=title).first.wait_for(timeout=SLOW_MS)
+        idle(page)
+        screenshot(page, file.stem)
