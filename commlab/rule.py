@@ -2,8 +2,10 @@
 
 The rule is PyTorch's (``powerSGD_hook``): a gradient is viewed as an n x m matrix
 (``shape[0]`` x the product of the rest), r = min(n, m, rank), and it is compressed only when
-``(n + m) * r * min_compression_rate < n * m``.  Vectors (biases, norms) are never compressed.
-Compressed, it costs (n + m) * r elements on the wire (P and Q); uncompressed, n * m.
+``(n + m) * r * min_compression_rate < n * m``.  A vector of length k is a k x 1 matrix: the
+documentation says vectors are never compressed, and with min_compression_rate >= 1 they never
+are, but below 1 torch 2.13 compresses them ((k + 1) * rate < k), and so does commlab.
+Compressed, a tensor costs (n + m) * r elements on the wire (P and Q); uncompressed, n * m.
 """
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ def decide(name: str, shape: Sequence[int], matrix_approximation_rank: int,
     r = min(n, m, matrix_approximation_rank)
     lhs = (n + m) * r * min_compression_rate
     rhs = n * m
-    # PyTorch sends every tensor with fewer than two dimensions uncompressed, whatever its size.
-    compressed = len(shape) > 1 and lhs < rhs
+    # Scalars are left out: torch's hook would index shape[0] of a 0-d tensor.
+    compressed = len(shape) > 0 and lhs < rhs
     after = (n + m) * r if compressed else numel
     return LayerDecision(name, shape, n, m, r, lhs, rhs, compressed, numel, after)
 

@@ -95,6 +95,9 @@ else:
 
 target = target_form()
 if cfg is not None and target is not None:
+    general = export.notes(cfg, target)
+    for note in general:
+        st.warning(note)
     tabs = st.tabs([TITLES[f] for f in export.FORMATS])
     for tab, fmt in zip(tabs, export.FORMATS):
         with tab:
@@ -104,7 +107,8 @@ if cfg is not None and target is not None:
                 st.error(str(e))
                 continue
             for note in out.notes:
-                st.warning(note)
+                if note not in general:
+                    st.warning(note)
             st.download_button(f"Download {out.filename}", out.text, file_name=out.filename,
                                mime=out.mime, key=f"download_{fmt}")
             st.code(out.text, language=out.language)

@@ -349,10 +349,6 @@ def test_fp16_wrapped_powersgd_matches_pytorch_on_one_bucket(equivalence):
             _assert_equivalent(result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "commlab.rule.decide never compresses a tensor with fewer than two dimensions; torch 2.13 "
-    "views a vector of length k as k x 1 and compresses it when (k + 1) * rate < k, which happens "
-    "once min_compression_rate < 1 (commlab's hook follows the rule, so the stats differ)"))
 def test_powersgd_matches_pytorch_with_min_compression_rate_below_one(equivalence):
     for rank_results in equivalence:
         _assert_equivalent(rank_results["equivalence_rate_below_one"])

@@ -18,7 +18,8 @@ def test_matrix_view_flattens_trailing_dimensions():
     ((8, 8), 4, 2.0, False, 64),             # (8+8)*4*2 = 128 >= 64
     ((8, 8), 1, 2.0, True, 16),              # 32 < 64
     ((8, 8), 2, 2.0, False, 64),             # 64 is not < 64: the inequality is strict
-    ((4096,), 1, 2.0, False, 4096),          # vectors are never compressed
+    ((4096,), 1, 2.0, False, 4096),          # a vector is 4096 x 1: (4097)*1*2 >= 4096
+    ((4096,), 1, 0.5, True, 4097),           # below rate 1 torch 2.13 compresses vectors too
     ((3, 1000), 8, 1.0, False, 3000),        # r = min(n, m, rank) = 3: 1003*3 = 3009 >= 3000
     ((16, 3, 5, 5), 2, 2.0, True, 182),     # 16 x 75: (16+75)*2*2 = 364 < 1200; (16+75)*2
 ])

@@ -1,6 +1,7 @@
 """The compression rule as a table and a chart: which layers PowerSGD compresses, and what it saves."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -39,23 +40,24 @@ def rule_frame(summary: RuleSummary) -> pd.DataFrame:
 
 def savings_figure(summary: RuleSummary) -> go.Figure:
     """Each layer's elements, split into what is still sent and what compression saves."""
-    names = [d.name for d in summary.layers]
-    sent = [d.numel_after for d in summary.layers]
-    saved = [d.numel_before - d.numel_after for d in summary.layers]
-    status = ["compressed" if d.compressed else "allreduced as is" for d in summary.layers]
+    # Numpy arrays, not lists: plotly validates lists element by element, which for a 1.5B
+    # model's 581 layers costs more than the rest of the page.
+    names = np.array([d.name for d in summary.layers])
+    sent = np.array([d.numel_after for d in summary.layers], dtype=np.int64)
+    saved = np.array([d.numel_before for d in summary.layers], dtype=np.int64) - sent
+    status = np.array(["compressed" if d.compressed else "allreduced as is" for d in summary.layers])
     hover = "%{x}<br>%{customdata}<br>%{y:,} elements<extra>%{fullData.name}</extra>"
     fig = go.Figure([
         go.Bar(name="sent", x=names, y=sent, customdata=status, hovertemplate=hover,
                marker_color="#4C78A8"),
         go.Bar(name="saved by compression", x=names, y=saved, customdata=status,
                hovertemplate=hover, marker_color="#F58518")])
+    labelled = len(names) <= _MAX_LABELLED_LAYERS
     fig.update_layout(title=f"{summary.compressed_count} of {len(names)} layers compressed: "
                             f"elements per layer, sent and saved",
                       barmode="stack", height=420, margin=dict(t=40, b=10),
                       yaxis_title="elements", legend=dict(orientation="h", y=1.02, x=1,
                                                           xanchor="right", yanchor="bottom"))
-    fig.update_xaxes(showticklabels=len(names) <= _MAX_LABELLED_LAYERS,
-                     title="layer" if len(names) <= _MAX_LABELLED_LAYERS
+    fig.update_xaxes(showticklabels=labelled, title="layer" if labelled
                      else "layer (in registration order; hover for names)")
     return fig
-

@@ -1,0 +1,342 @@
+"""AppTest of app.py's sidebar and the Launch and watch, Buckets and Runs pages: with no runs,
+with the session's real short runs (every number on the page checked against the run folder),
+and with a stand-in "running" run whose supervisor is a sleeping child process, so that
+re-attaching, Stop and launching from two tabs are tested without starting torchrun."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from commlab import api, launch, live, machine, procs, store
+from commlab.config import RunConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APP = os.path.join(ROOT, "app.py")
+LAUNCH, BUCKETS, RUNS = "pages/1_Launch_and_watch.py", "pages/4_Buckets.py", "pages/5_Runs.py"
+TIMEOUT = 900  # the first run imports torch: minutes on a loaded machine
+
+
+# ---------------------------------------------------------------------------- helpers
+def open_app(monkeypatch, runs_dir, page: str = LAUNCH, watch: str | None = None) -> AppTest:
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs_dir))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    if watch:
+        at.session_state["watch"] = str(watch)
+    at.run()
+    if page != LAUNCH:
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def charts(at: AppTest) -> list[dict]:
+    """Every plotly chart on the page as its figure JSON, plotly 7's packed arrays decoded."""
+    def unpack(v):
+        if isinstance(v, dict) and "bdata" in v:
+            return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+        if isinstance(v, dict):
+            return {k: unpack(x) for k, x in v.items()}
+        return v
+
+    return [unpack(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
+
+
+def chart(at: AppTest, title_start: str) -> dict:
+    return next(c for c in charts(at) if c["layout"]["title"]["text"].startswith(title_start))
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join(str(getattr(e, "value", "")) for e in
+                     [*at.markdown, *at.caption, *at.info, *at.error, *at.warning, *at.success])
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+@pytest.fixture
+def sleeper():
+    """A child process standing in for a run's supervisor: alive until the test ends it."""
+    procs = []
+
+    def start():
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def fake_running_run(runs_dir, sleeper, steps_written: int = 3, **settings) -> api.Run:
+    """A run folder made by the real launcher's prepare(), 'supervised' by a sleeping child."""
+    cfg = RunConfig(runs_dir=str(runs_dir), workload="mlp", steps=50, **settings)
+    folder = launch.prepare(cfg)
+    proc = psutil.Process(sleeper().pid)
+    store.write_json(folder.file("supervisor.json"), {
+        "pid": proc.pid, "create_time": proc.create_time(), "torchrun_pid": None, "worker_pids": []})
+    append_steps(folder, range(steps_written))
+    return api.open_run(folder.path)
+
+
+def append_steps(folder, steps) -> None:
+    with open(folder.file("metrics.jsonl"), "a") as f:
+        for s in steps:
+            f.write(json.dumps({"step": s, "loss": 2.0 - 0.01 * s, "step_s": 0.1 + 0.001 * s,
+                                "t": 0.1 * (s + 1), "payload_bytes": 1000, "plain_bytes": 4000,
+                                "compression_ratio": 4.0, "hook_s": 0.01}) + "\n")
+
+
+# ---------------------------------------------------------------------------- no runs
+def test_every_page_says_what_to_do_first_without_runs(tmp_path, monkeypatch):
+    at = open_app(monkeypatch, tmp_path / "none-yet")
+    desc = machine.describe()
+    assert at.sidebar.code[0].value == os.path.abspath(tmp_path / "none-yet")
+    side = " ".join(c.value for c in at.sidebar.caption)
+    assert desc["backend"] in side and torch.__version__ in side and f"{desc['gpus']} CUDA GPU" in side
+    assert "No runs yet" in texts(at) and "Launch" in texts(at)
+    for page in (BUCKETS, RUNS):
+        at.switch_page(page).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert "No runs yet" in texts(at)
+        assert not at.get("plotly_chart")
+
+
+def test_invalid_settings_are_shown_under_their_field_and_block_launch(tmp_path, monkeypatch):
+    at = open_app(monkeypatch, tmp_path)
+    at.selectbox(key="f_hook").set_value("powersgd")
+    at.number_input(key="f_steps").set_value(0)
+    at.number_input(key="f_start_powerSGD_iter").set_value(1)
+    at.run()
+    expected = RunConfig(hook="powersgd", steps=0, start_powerSGD_iter=1).errors()
+    order = list(at.main)
+    for key, field in (("f_steps", "steps"), ("f_start_powerSGD_iter", "start_powerSGD_iter")):
+        at_widget = next(i for i, n in enumerate(order) if getattr(n, "key", None) == key)
+        following = order[at_widget + 1]
+        assert following.type == "error" and following.value == expected[field]
+    assert at.button(key="launch").disabled
+    at.number_input(key="f_steps").set_value(30)
+    at.number_input(key="f_start_powerSGD_iter").set_value(4)
+    at.run()
+    assert not at.error and not at.button(key="launch").disabled
+    assert "Hook implementation: **commlab**" in texts(at)  # PowerSGD on Gloo: commlab's variant
+    assert not list(tmp_path.iterdir())  # nothing launched
+
+
+# ---------------------------------------------------------------------------- real runs
+def test_watch_panel_shows_the_run_folders_numbers(runs_dir, powersgd_run, monkeypatch):
+    at = open_app(monkeypatch, runs_dir, watch=powersgd_run.path)
+    s = powersgd_run.summary()
+    rows = powersgd_run.metrics_records()
+    assert f"**Status: {s['status']}** · step {rows[-1]['step']} of {s['steps_planned']}" in texts(at)
+    assert metric(at, "loss") == f"{s['final_loss']:.4f}"
+    assert metric(at, "median step time") == f"{s['median_step_s'] * 1000:.1f} ms"
+    assert metric(at, "bytes per step (median)") == f"{s['bytes_per_step']:,.0f}"
+    assert metric(at, "compression ratio") == f"{s['compression_ratio']:.2f}"
+    assert f"Last step shown: {rows[-1]['step']} · loss {s['final_loss']:.4f}" in texts(at)
+    meta = powersgd_run.meta()
+    assert f"**{meta['hook_impl']}** {meta['hook_name']}: {meta['hook_reason']}" in texts(at)
+
+    loss = chart(at, "Loss against step")["data"][0]
+    assert loss["x"] == [r["step"] for r in rows] and loss["y"] == [r["loss"] for r in rows]
+    sent = chart(at, "Bytes per step")["data"]
+    assert sent[0]["y"] == [r["plain_bytes"] for r in rows]
+    assert sent[1]["y"] == [r["payload_bytes"] for r in rows]
+    assert chart(at, "Compression ratio")["data"][0]["y"] == pytest.approx(
+        [r["compression_ratio"] for r in rows])
+    assert chart(at, "Step time")["data"][0]["y"] == [r["step_s"] for r in rows]
+    assert not [b for b in at.button if b.key == "stop"]  # an ended run has no Stop
+
+
+def test_buckets_page_draws_the_run_folders_layouts(runs_dir, powersgd_run, monkeypatch):
+    at = open_app(monkeypatch, runs_dir, page=BUCKETS, watch=powersgd_run.path)
+    recorded = powersgd_run.buckets()
+    assert live.bucket_story(recorded) in texts(at)
+    fig = charts(at)[0]
+    assert [a["text"] for a in fig["layout"]["annotations"][:2]] == ["iteration 0", "after the rebuild"]
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    cap = int(recorded["bucket_cap_mb"] * 1024 * 1024)
+    for bar, key, table in zip(bars, ("iter0", "rebuilt"), at.dataframe):
+        buckets = sorted(recorded[key], key=lambda b: b["index"])
+        # Segments of one bar add up to its bucket's bytes, parameter by parameter.
+        totals = {}
+        for y, x, name in zip(bar["y"], bar["x"], bar["text"]):
+            totals.setdefault(y, []).append((name, x))
+        assert [sum(x for _, x in segs) for segs in totals.values()] == [b["bytes"] for b in buckets]
+        assert [[n for n, _ in segs] for segs in totals.values()] == \
+               [[p["name"] for p in b["params"]] for b in buckets]
+        assert [y.endswith("· last") for y in totals] == [b["is_last"] for b in buckets]
+        df = table.value
+        assert list(df["bytes"]) == [b["bytes"] for b in buckets]
+        assert list(df["share of cap"]) == pytest.approx([b["bytes"] / cap for b in buckets])
+    assert len(recorded["rebuilt"]) > len(recorded["iter0"])  # the cap split the rebuilt layout
+
+
+def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatch):
+    at = open_app(monkeypatch, runs_dir, page=RUNS)
+    table = at.dataframe[0].value
+    runs = api.list_runs(runs_dir)
+    assert list(table["run_id"]) == [r.id for r in runs]
+    for run, (_, row) in zip(runs, table.iterrows()):
+        s = run.summary()
+        for col in ("status", "hook", "hook_impl", "steps", "final_loss", "median_step_s",
+                    "bytes_per_step", "compression_ratio"):
+            assert row[col] == s[col], col
+        assert row["min_compression_rate"] == run.config_dict()["min_compression_rate"]
+    overlays = [c for c in charts(at) if c["layout"]["title"]["text"].startswith("Loss against")]
+    assert [c["layout"]["title"]["text"] for c in overlays] == [
+        "Loss against step", "Loss against wall time", "Loss against bytes sent"]
+    for trace, run in zip(overlays[2]["data"], runs):
+        rows = run.metrics_records()
+        assert trace["name"] == live.run_label(run)
+        assert trace["y"] == [r["loss"] for r in rows]
+        assert trace["x"] == list(np.cumsum([r["payload_bytes"] for r in rows]))
+    assert overlays[1]["data"][0]["x"] == [r["t"] for r in runs[0].metrics_records()]
+
+
+def test_delete_asks_first_then_removes_only_that_run(runs_dir, powersgd_run, allreduce_run,
+                                                      tmp_path, monkeypatch):
+    mine = tmp_path / "runs"
+    for run in (powersgd_run, allreduce_run):
+        shutil.copytree(run.path, mine / run.id)
+    at = open_app(monkeypatch, mine, page=RUNS)
+    victim = str((mine / powersgd_run.id))
+    at.selectbox(key="delete_choice").set_value(victim)
+    at.button(key="delete").click().run()
+    assert os.path.isdir(victim) and "cannot be undone" in texts(at)
+    at.button(key="delete_no").click().run()
+    assert os.path.isdir(victim) and "cannot be undone" not in texts(at)
+    at.button(key="delete").click().run()
+    at.button(key="delete_yes").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not os.path.exists(victim) and os.path.isdir(mine / allreduce_run.id)
+    assert f"Deleted run {powersgd_run.id}." in texts(at)
+    assert list(at.dataframe[0].value["run_id"]) == [allreduce_run.id]
+
+
+# ---------------------------------------------------------------------------- a "running" run
+def test_reload_reattaches_refreshes_from_new_lines_and_stops(tmp_path, monkeypatch, sleeper):
+    runs = tmp_path / "runs"
+    running = fake_running_run(runs, sleeper)
+    at = open_app(monkeypatch, runs)  # a fresh session, as after a reload or a restart
+    assert "**Status: running** · step 2 of 50" in texts(at)
+    view = at.session_state["views"][str(running.path)]
+    assert len(view.rows) == 3
+    append_steps(running, range(3, 7))
+    with open(running.file("metrics.jsonl"), "a") as f:
+        f.write('{"step": 7, "loss"')  # half a line: not read until it is complete
+    at.run()
+    assert [r["step"] for r in view.rows] == list(range(7))
+    assert chart(at, "Loss against step")["data"][0]["x"] == list(range(7))
+    assert "Last step shown: 6" in texts(at)
+
+    supervisor = store.read_json(running.file("supervisor.json"))["pid"]
+    at.button(key="stop").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert running.status() == "stopped" and not procs.alive(supervisor)
+    assert "**Status: stopped**" in texts(at)
+
+
+def test_a_run_whose_processes_died_is_listed_as_lost(tmp_path, monkeypatch, sleeper):
+    runs = tmp_path / "runs"
+    gone = fake_running_run(runs, sleeper)
+    pid = store.read_json(gone.file("supervisor.json"))["pid"]
+    psutil.Process(pid).kill()
+    psutil.Process(pid).wait()
+    at = open_app(monkeypatch, runs, page=RUNS)
+    assert list(at.dataframe[0].value["status"]) == ["lost"]
+
+
+def test_two_tabs_launching_the_same_settings_get_one_run(tmp_path, monkeypatch, sleeper):
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs))
+    tabs = [AppTest.from_file(APP, default_timeout=TIMEOUT).run() for _ in range(2)]
+    for at in tabs:
+        at.selectbox(key="f_workload_builtin").set_value("mlp")
+        at.number_input(key="f_steps").set_value(50)
+        at.run()
+    # A run with the tabs' settings, standing in for one already started (no torchrun here).
+    first = fake_running_run(runs, sleeper)
+    for at in tabs:
+        at.button(key="launch").click().run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert "already going" in texts(at)
+        assert at.session_state["watch"] == str(first.path)
+    assert [r.id for r in api.list_runs(runs)] == [first.id]
+
+
+def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, sleeper):
+    """Two sessions racing: the check and the start are serialized by the lock file."""
+    runs = tmp_path / "runs"
+    cfg = RunConfig(runs_dir=str(runs), workload="mlp", steps=50)
+    started = []
+
+    def slow_launch(c, request_id=None):
+        time.sleep(0.5)  # a slow start widens the window in which a second request could slip in
+        run = fake_running_run(runs, sleeper)
+        started.append(run)
+        return run
+
+    monkeypatch.setattr(api, "launch", slow_launch)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(live.launch(cfg, "tab"))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(started) == 1
+    assert {str(run.path) for run, _ in results} == {str(started[0].path)}
+    assert sorted(new for _, new in results) == [False, False, True]
+
+
+# ---------------------------------------------------------------------------- live.py alone
+def test_live_view_reads_only_new_complete_lines(tmp_path, sleeper):
+    run = fake_running_run(tmp_path, sleeper, steps_written=2)
+    view = live.LiveView(run.path)
+    assert view.poll() == 2 and view.poll() == 0
+    append_steps(run, [2])
+    assert view.poll() == 1 and [r["step"] for r in view.rows] == [0, 1, 2]
+    assert view.implementation()["ran"] is False  # rank 0 never reported in this stand-in
+
+
+def test_delete_run_refuses_what_it_must_not_delete(tmp_path, sleeper):
+    runs = tmp_path / "runs"
+    running = fake_running_run(runs, sleeper)
+    with pytest.raises(ValueError, match="still running"):
+        live.delete_run(running.path, str(runs))
+    stray = runs / "not-a-run"
+    stray.mkdir()
+    with pytest.raises(ValueError, match="not a commlab run folder"):
+        live.delete_run(stray, str(runs))
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(running.path, outside)
+    with pytest.raises(ValueError, match="not a folder directly inside"):
+        live.delete_run(outside, str(runs))
+    link = runs / "link"
+    link.symlink_to(outside)
+    with pytest.raises(ValueError, match="not a folder directly inside"):
+        live.delete_run(link, str(runs))
+    with pytest.raises(ValueError, match="not a folder directly inside"):
+        live.delete_run(runs / running.id / ".." / running.id / "..", str(runs))
+    assert running.exists() and outside.exists()
+
+
+def test_request_id_is_stable_per_submission(tmp_path):
+    cfg = RunConfig(runs_dir=str(tmp_path))
+    assert live.request_id(cfg, "d1") == live.request_id(RunConfig(runs_dir=str(tmp_path)), "d1")
+    assert live.request_id(cfg, "d1") != live.request_id(cfg, "d2")
+    assert live.request_id(cfg, "d1") != live.request_id(RunConfig(runs_dir=str(tmp_path), steps=7), "d1")

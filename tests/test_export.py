@@ -1,0 +1,369 @@
+"""commlab.export: config files that load back identical, snippets that run or name only what exists.
+
+The plain-DDP snippet is pasted into a minimal training script and run under torchrun on two Gloo
+ranks (one bucket, where PyTorch's PowerSGD hook works on Gloo).  The Lightning and Accelerate
+snippets are compiled, every attribute they name is looked up in the installed package, and the
+objects they build are handed a stand-in model to see which hook, wrapper and state they register.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from commlab import cli, export
+from commlab.config import RunConfig
+from commlab.export import ExportRefused, Target
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN_TIMEOUT_S = 900  # two ranks importing torch on a loaded two-core machine
+
+CONFIGS = {
+    "powersgd_fp16": RunConfig(hook="powersgd", wrapper="fp16", matrix_approximation_rank=2,
+                               start_powerSGD_iter=2, min_compression_rate=1.5, random_seed=7),
+    "powersgd_plain": RunConfig(hook="powersgd", matrix_approximation_rank=1, start_powerSGD_iter=3,
+                                use_error_feedback=False, warm_start=False),
+    "fp16": RunConfig(hook="fp16"),
+    "allreduce": RunConfig(hook="allreduce"),
+    "noop": RunConfig(hook="noop"),
+}
+
+
+# --------------------------------------------------------------------------- config files
+@pytest.mark.parametrize("cfg", [
+    RunConfig(),
+    RunConfig(hook="batched_powersgd", wrapper="bf16", matrix_approximation_rank=4,
+              start_powerSGD_iter=50, min_compression_rate=3.5, use_error_feedback=False,
+              orthogonalization_epsilon=1e-8, batch_tensors_with_same_shape=True, world_size=3,
+              bucket_cap_mb=0.25, workload="wide", steps=17, lr=1e-4, optimizer="sgd",
+              save_grads_at=[1, 5], error_every=4, emulate_bandwidth_gbps=2.5,
+              emulate_latency_us=30.0, runs_dir="/tmp/some where"),
+])
+def test_json_and_toml_load_back_to_the_identical_config(cfg, tmp_path):
+    target = Target()
+    assert RunConfig.from_json(export.render(cfg, "json", target).text) == cfg
+    assert RunConfig.from_toml(export.render(cfg, "toml", target).text) == cfg
+    for fmt, suffix in (("json", ".json"), ("toml", ".toml")):
+        path = tmp_path / f"c{suffix}"
+        path.write_text(export.render(cfg, fmt, target).text)
+        assert RunConfig.load(path) == cfg
+
+
+def test_powersgd_defaults_are_pytorchs():
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    params = inspect.signature(PowerSGDState.__init__).parameters
+    assert {k: params[k].default for k in export.TORCH_POWERSGD_DEFAULTS} == export.TORCH_POWERSGD_DEFAULTS
+
+
+def test_every_hook_and_wrapper_named_exists_in_torch():
+    import importlib
+
+    for module, attr in {**export.HOOKS, **export.WRAPPERS}.values():
+        assert hasattr(importlib.import_module(export.MODULES[module]), attr)
+
+
+def test_state_spells_out_every_non_default_and_the_two_tuned_settings():
+    cfg = CONFIGS["powersgd_fp16"]
+    assert export.powersgd_settings(cfg) == {
+        "matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "min_compression_rate": 1.5,
+        "random_seed": 7}
+    assert export.powersgd_settings(RunConfig(hook="powersgd", start_powerSGD_iter=1000)) == {
+        "matrix_approximation_rank": 1, "start_powerSGD_iter": 1000}
+
+
+# --------------------------------------------------------------------------- plain DDP under torchrun
+def _snippet_names(text: str) -> None:
+    """Every ``alias.attr`` the snippet names exists once its own imports ran."""
+    tree = ast.parse(text)
+    namespace: dict = {}
+    exec(compile(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))],
+                            type_ignores=[]), "<imports>", "exec"), namespace)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in namespace:
+            assert hasattr(namespace[node.value.id], node.attr), ast.unparse(node)
+
+
+TRAIN = '''
+import json, sys
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+{functions}
+
+def train(register):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    ddp_model = DistributedDataParallel(model, bucket_cap_mb=64)  # one bucket
+    state = register(ddp_model)
+    opt = torch.optim.SGD(ddp_model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(8):
+        x = torch.randn(16, 32, generator=g)
+        loss = nn.functional.cross_entropy(ddp_model(x), x[:, :8].argmax(1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, flat)
+    out = {{"max_diff": max((t - flat).abs().max().item() for t in every),
+           "finite": bool(torch.isfinite(flat).all())}}
+    if state is not None:
+        out.update(iter=state.iter, before=state.total_numel_before_compression,
+                   after=state.total_numel_after_compression, rank=state.matrix_approximation_rank,
+                   start=state.start_powerSGD_iter, ef=state.use_error_feedback,
+                   warm=state.warm_start, seed_rate=state.min_compression_rate)
+    return out
+
+dist.init_process_group("gloo")
+results = {{name: train(fn) for name, fn in REGISTER.items()}}
+if dist.get_rank() == 0:
+    with open(sys.argv[1], "w") as f:
+        json.dump(results, f)
+dist.destroy_process_group()
+'''
+
+
+def training_script(snippets: dict[str, str]) -> str:
+    """Each snippet pasted as it is into a function that receives ``ddp_model``."""
+    functions = []
+    for i, (name, text) in enumerate(snippets.items()):
+        functions.append(f"def register_{i}(ddp_model):\n{textwrap.indent(text, '    ')}"
+                         "    return locals().get('state')\n")
+    table = ", ".join(f"{n!r}: register_{i}" for i, n in enumerate(snippets))
+    return TRAIN.format(functions="\n".join(functions) + f"\nREGISTER = {{{table}}}\n")
+
+
+def test_ddp_snippets_train_under_torchrun_on_two_gloo_ranks(tmp_path):
+    snippets = {name: export.render(cfg, "ddp", Target(backend="gloo")).text
+                for name, cfg in CONFIGS.items()}
+    for text in snippets.values():
+        compile(text, "<snippet>", "exec")
+        _snippet_names(text)
+    script = tmp_path / "train.py"
+    script.write_text(training_script(snippets))
+    out = tmp_path / "out.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "0",
+         str(script), str(out)],
+        capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for name in ("powersgd_fp16", "powersgd_plain", "fp16", "allreduce"):
+        assert res[name]["finite"] and res[name]["max_diff"] < 1e-5, (name, res[name])
+    assert res["noop"]["max_diff"] > 0  # noop averages nothing: the replicas drift apart
+    fp16 = res["powersgd_fp16"]
+    assert (fp16["rank"], fp16["start"], fp16["seed_rate"]) == (2, 2, 1.5)
+    assert fp16["iter"] == 8 and fp16["after"] < fp16["before"]  # it compressed
+    plain = res["powersgd_plain"]
+    assert (plain["rank"], plain["start"], plain["ef"], plain["warm"]) == (1, 3, False, False)
+    assert plain["after"] < plain["before"]
+
+
+# --------------------------------------------------------------------------- Lightning
+def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_only():
+    pytest.importorskip("lightning")
+    import torch
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    text = export.render(CONFIGS["powersgd_fp16"], "lightning", Target(nnodes=2, nproc_per_node=4)).text
+    comments = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    assert export.LIGHTNING_CUDA_ONLY in comments
+    _snippet_names(text)
+    tree = ast.parse(text)
+    ddp_params = inspect.signature(DistributedDataParallel.__init__).parameters
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        name = ast.unparse(call.func)
+        target = {"DDPStrategy": DDPStrategy, "Trainer": Trainer}.get(name)
+        if target:
+            params = inspect.signature(target.__init__).parameters
+            for kw in call.keywords:  # DDPStrategy hands what it does not name on to DDP
+                assert kw.arg in params or (target is DDPStrategy and kw.arg in ddp_params), kw.arg
+    assert {"ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper"} <= set(
+        inspect.signature(DDPStrategy.__init__).parameters)
+
+    # Everything but the Trainer, which wants GPUs: then register on a stand-in DDP model.
+    body = [n for n in tree.body if not (isinstance(n, ast.Assign) and n.targets[0].id == "trainer")]
+    namespace: dict = {}
+    exec(compile(ast.Module(body, type_ignores=[]), "<lightning>", "exec"), namespace)
+    strategy = namespace["strategy"]
+    registered = []
+    for device, expected in (("cpu", 0), ("cuda", 1)):
+        model = mock.Mock(spec=DistributedDataParallel)
+        model.register_comm_hook.side_effect = lambda state, hook: registered.append((state, hook))
+        strategy.model = model
+        strategy.parallel_devices = [torch.device(device, 0)]
+        strategy._register_ddp_hooks()
+        assert len(registered) == expected, device
+    state, hook = registered[0]
+    assert isinstance(state, powerSGD_hook.PowerSGDState)
+    assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.random_seed) == (2, 2, 7)
+    assert hook.__name__ == "fp16_compress_wrapper_hook"
+
+
+# --------------------------------------------------------------------------- Accelerate
+@pytest.mark.parametrize("name,hook_name", [
+    ("powersgd_fp16", "fp16_compress_wrapper_hook"), ("fp16", "fp16_compress_hook")])
+def test_accelerate_snippet_registers_the_hook_wrapper_and_state(name, hook_name):
+    pytest.importorskip("accelerate")
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    text = export.render(CONFIGS[name], "accelerate", Target()).text
+    _snippet_names(text)
+    tree = ast.parse(text)
+    fields = inspect.signature(DistributedDataParallelKwargs).parameters
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and ast.unparse(n.func) == "DistributedDataParallelKwargs"):
+        assert {kw.arg for kw in call.keywords} <= set(fields)
+    assert {"NO", "FP16", "BF16", "POWER_SGD", "BATCHED_POWER_SGD"} <= set(DDPCommunicationHookType.__members__)
+    body = [n for n in tree.body if not (isinstance(n, ast.Assign) and n.targets[0].id == "accelerator")]
+    namespace: dict = {}
+    exec(compile(ast.Module(body, type_ignores=[]), "<accelerate>", "exec"), namespace)
+    model = mock.Mock()
+    namespace["ddp_kwargs"].register_comm_hook(model)
+    (call,) = model.register_comm_hook.call_args_list
+    state, hook = call.kwargs["state"], call.kwargs["hook"]
+    assert hook.__name__ == hook_name
+    if CONFIGS[name].is_powersgd:
+        assert isinstance(state, powerSGD_hook.PowerSGDState)
+        assert (state.matrix_approximation_rank, state.start_powerSGD_iter,
+                state.min_compression_rate, state.random_seed) == (2, 2, 1.5, 7)
+    else:
+        assert state is None
+
+
+def test_accelerate_says_a_wrapped_allreduce_as_the_compress_hook():
+    cfg = RunConfig(hook="allreduce", wrapper="fp16")
+    assert export.accelerate_members(cfg) == ("FP16", "NO")
+    assert export.accelerate_members(RunConfig(hook="powersgd", wrapper="bf16")) == ("POWER_SGD", "BF16")
+
+
+def test_accelerate_refuses_noop_clearly():
+    with pytest.raises(ExportRefused, match="Accelerate cannot express the noop hook.*noop_hook"):
+        export.render(RunConfig(hook="noop"), "accelerate", Target())
+
+
+# --------------------------------------------------------------------------- launch lines
+def _args_of(script: str, command: str) -> list[list[str]]:
+    """Run the script in bash with ``command`` replaced by a function that prints its arguments."""
+    fake = f'{command}() {{ printf "%s\\0" "$@"; printf "\\n"; }}\n'
+    body = script.replace("srun torchrun", "torchrun")
+    proc = subprocess.run(["bash", "-c", fake + body], capture_output=True, text=True,
+                          env={**os.environ, "HEAD_NODE": "node0", "SLURM_NNODES": "3",
+                               "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "x"}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [line.split("\0")[:-1] for line in proc.stdout.splitlines() if line]
+
+
+def test_torchrun_lines_quote_user_input_and_cover_one_and_several_nodes():
+    target = Target(nproc_per_node=4, script="my train.py", script_args=["--note", "a; rm -rf ~"])
+    text = export.render(CONFIGS["powersgd_fp16"], "torchrun", target).text
+    one, several = _args_of(text, "torchrun")
+    assert one == ["--standalone", "--nnodes", "1", "--nproc-per-node", "4", "my train.py",
+                   "--note", "a; rm -rf ~"]
+    assert several == ["--nnodes", "2", "--nproc-per-node", "4", "--rdzv-id", "commlab",
+                       "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29500", "my train.py",
+                       "--note", "a; rm -rf ~"]
+    given = export.render(CONFIGS["fp16"], "torchrun",
+                          Target(nnodes=3, rdzv_endpoint="10.1.2.3:29400")).text
+    assert "--rdzv-endpoint 10.1.2.3:29400" in given and "--nnodes 3" in given
+
+
+def test_slurm_script_is_valid_bash_with_one_torchrun_per_node(tmp_path):
+    target = Target(nnodes=3, nproc_per_node=8, job_name="psgd-r2", partition="gpu",
+                    script_args=["--out", "$HOME/x"])
+    text = export.render(CONFIGS["powersgd_fp16"], "slurm", target).text
+    assert "#SBATCH --nodes=3\n" in text and "#SBATCH --gpus-per-node=8\n" in text
+    assert "#SBATCH --partition=gpu\n" in text and "#SBATCH --job-name=psgd-r2\n" in text
+    path = tmp_path / "job.sbatch"
+    path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    fake_scontrol = 'scontrol() { echo node7; }\n'
+    (args,) = _args_of(fake_scontrol + text, "torchrun")
+    assert args == ["--nnodes", "3", "--nproc-per-node", "8", "--rdzv-id", "42", "--rdzv-backend",
+                    "c10d", "--rdzv-endpoint", "node7:29500", "train.py", "--out", "$HOME/x"]
+    with pytest.raises(ValueError, match="job_name"):
+        export.render(CONFIGS["fp16"], "slurm", Target(job_name="x\n#SBATCH --evil"))
+
+
+def test_notes_warn_where_pytorchs_hook_fails_and_about_emulation():
+    cfg = RunConfig(hook="powersgd", emulate_bandwidth_gbps=1.0, emulate_latency_us=10.0)
+    gloo = export.render(cfg, "ddp", Target(backend="gloo"))
+    assert any("Gloo" in n or "gloo" in n for n in gloo.notes)
+    assert any("emulated 1 Gb/s, 10 µs" in n for n in gloo.notes)
+    assert "emulated 1 Gb/s, 10 µs" in gloo.text  # the snippet says it too, as a comment
+    assert not export.render(RunConfig(hook="powersgd"), "ddp", Target(backend="nccl")).notes
+
+
+# --------------------------------------------------------------------------- CLI
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli.main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_exports_from_a_run_folder_a_file_and_run_options(tmp_path, capsys):
+    cfg = CONFIGS["powersgd_fp16"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(cfg.to_json())
+    rc, out, _ = _cli(capsys, "export", str(run_dir), "--format", "json")
+    assert rc == 0 and RunConfig.from_json(out) == cfg
+    rc, out, _ = _cli(capsys, "export", str(run_dir), "--format", "toml",
+                      "--matrix-approximation-rank", "4")
+    assert rc == 0 and RunConfig.from_toml(out) == cfg.with_overrides(matrix_approximation_rank=4)
+
+    settings = tmp_path / "s.toml"
+    settings.write_text(cfg.to_toml())
+    rc, out, _ = _cli(capsys, "export", "--config", str(settings), "--format", "ddp", "--json")
+    payload = json.loads(out.splitlines()[-1])
+    assert rc == 0 and payload["text"] == export.render(cfg, "ddp", Target()).text
+
+    rc, out, _ = _cli(capsys, "export", "--hook", "powersgd", "--matrix-approximation-rank", "2",
+                      "--start-powersgd-iter", "10", "--format", "slurm", "--nnodes", "2",
+                      "--output", str(tmp_path / "job.sbatch"))
+    assert rc == 0 and "--rdzv-backend c10d" in (tmp_path / "job.sbatch").read_text()
+
+
+def test_cli_refuses_what_a_format_cannot_express(tmp_path, capsys):
+    rc, out, err = _cli(capsys, "export", "--hook", "noop", "--format", "accelerate")
+    assert rc == 2 and "Accelerate cannot express the noop hook" in err and not out
+    rc, out, _ = _cli(capsys, "export", "--hook", "nope", "--format", "ddp", "--json")
+    assert rc == 2 and "hook" in json.loads(out)["errors"]
+    rc, _, err = _cli(capsys, "export", str(tmp_path), "--format", "ddp")
+    assert rc == 2 and "not a commlab run folder" in err
+
+
+# --------------------------------------------------------------------------- the page
+def test_export_page_works_with_no_runs(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+    at.switch_page("pages/10_Export.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Export"
+    texts = [c.value for c in at.code]
+    assert len(texts) == len(export.FORMATS)
+    default = RunConfig.from_dict({"hook": "powersgd", "wrapper": "none", "world_size": 2})
+    assert RunConfig.from_json(texts[0]) == default
+    hook = next(s for s in at.selectbox if s.label == "Hook")
+    hook.set_value("noop").run()
+    assert any("Accelerate cannot express the noop hook" in e.value for e in at.error)
