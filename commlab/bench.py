@@ -78,7 +78,8 @@ def busbw(algbw_bytes_per_s: float, world_size: int) -> float:
     return algbw_bytes_per_s * bus_factor(world_size)
 
 
-def iterations_for(size_bytes: int, budget_bytes: int = 256 << 20, lo: int = 3, hi: int = 50) -> int:
+def iterations_for(size_bytes: int, budget_bytes: int = 256 << 20, lo: int = 3,
+                   hi: int = 50) -> int:
     """Timed iterations for one size: enough to average small messages, few for large ones."""
     return max(lo, min(hi, budget_bytes // max(size_bytes, 1)))
 
@@ -182,7 +183,7 @@ def _bench_rank(rank: int, world_size: int, report, plan: list[tuple[int, int]],
 
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     for size, iters in plan:
-        x = torch.zeros(size // ITEMSIZE, device=device)  # zeros stay zeros: no overflow, no denormals
+        x = torch.zeros(size // ITEMSIZE, device=device)  # stays zero: no overflow, no denormals
         copy_s = _time_copy(x, iters, warmup) if rank == 0 else 0.0
         for _ in range(warmup):
             dist.all_reduce(x)

@@ -217,6 +217,7 @@ def _collect(inbox, launcher, started: list, timeout_s: float,
 
 def _launcher_main(fd: int, job: tuple) -> None:
     """The launcher: fork the ranks, wait for them, say how it went."""
+    _die_with_parent()  # the caller's thread waits in run_ranks for as long as this runs
     import traceback
     from multiprocessing.connection import Connection
 
@@ -300,7 +301,8 @@ def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to kill this rank if its launcher dies, so no rank outlives a crash."""
+    """Ask Linux to kill this process when the thread that started it ends (a crash, a kill),
+    so neither the launcher nor a rank can outlive the caller."""
     try:
         import ctypes
         import signal
@@ -581,7 +583,7 @@ def compare_with_real(trace: Trace, real: CollectiveResult, rtol: float = 1e-5,
 # ============================================================================ what it costs
 @dataclass(frozen=True)
 class SchemeCost:
-    """Traffic of one allreduce of ``size_bytes``, if each rank's link carries one message at a time."""
+    """Traffic of one allreduce of ``size_bytes``, when each link moves one message at a time."""
 
     scheme: str
     steps: int

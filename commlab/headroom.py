@@ -90,7 +90,11 @@ def _run_to_end(cfg, timeout_s: float):
     from .api import launch
 
     run = launch(cfg)
-    status = run.wait(timeout_s)
+    try:
+        status = run.wait(timeout_s)
+    except BaseException:  # interrupted (Ctrl-C, a page left, a test timeout): stop the run too
+        run.stop()
+        raise
     if status == "running":
         run.stop()
         raise RuntimeError(f"the {cfg.hook} run did not finish within {timeout_s:g} s; stopped it")

@@ -87,15 +87,11 @@ def power_step(matrix: torch.Tensor, q: torch.Tensor,
     return torch.bmm(p, q_next.transpose(1, 2))[0], q_next
 
 
-def effective_rank(n: int, m: int, rank: int) -> int:
-    return min(n, m, rank)
-
-
 def power_errors(matrix: torch.Tensor, ranks: Iterable[int], seed: int, epsilon: float = 0.0,
                  dtype: torch.dtype = torch.float32) -> list[float]:
     """PowerSGD's relative error at each rank, every rank from a fresh Q drawn with ``seed``."""
     n, m = matrix.shape
-    return [relative_error(power_step(matrix, random_q(m, effective_rank(n, m, r), seed, dtype),
+    return [relative_error(power_step(matrix, random_q(m, min(n, m, r), seed, dtype),
                                       epsilon)[0], matrix)
             for r in ranks]
 
@@ -124,7 +120,7 @@ def layer_error(name: str, grad: torch.Tensor, random_seed: int = 0, max_rank: i
     """Errors against rank 1..min(max_rank, n, m): beyond min(n, m) PowerSGD's r stops growing."""
     matrix = as_matrix(grad)
     n, m = matrix.shape
-    ranks = list(range(1, effective_rank(n, m, max_rank) + 1))
+    ranks = list(range(1, min(n, m, max_rank) + 1))
     sv = singular_values(matrix)
     return LayerError(name, tuple(grad.shape), n, m, ranks, optimum_errors(sv, ranks),
                       power_errors(matrix, ranks, seeds(random_seed, 1)[0], epsilon, grad.dtype),
@@ -162,7 +158,7 @@ def warm_start(name: str, grads_by_step: dict[int, torch.Tensor], rank: int, ran
     matrices = [as_matrix(grads_by_step[s]) for s in steps]
     dtype = grads_by_step[steps[0]].dtype
     n, m = matrices[0].shape
-    r = effective_rank(n, m, rank)
+    r = min(n, m, rank)
     step_seeds = seeds(random_seed, len(steps))
     optimum, cold, warm = [], [], []
     q = random_q(m, r, step_seeds[0], dtype)

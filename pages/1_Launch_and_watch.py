@@ -27,41 +27,30 @@ def number(name: str, label: str, **kwargs):
 
 def settings() -> dict:
     v = {"runs_dir": default_runs_dir()}
-    with st.container(border=True):
+    hook_col, powersgd_col, workload_col, more_col = st.columns(4)
+    with hook_col.container(border=True):
         st.markdown("**Hook and wrapper**")
-        a, b = st.columns(2)
-        with a:
-            v["hook"] = field("hook", st.selectbox, "hook", options=HOOKS,
-                              index=HOOKS.index(DEFAULTS.hook))
-            v["impl"] = field("impl", st.selectbox, "implementation", options=IMPLS)
-        with b:
-            v["wrapper"] = field("wrapper", st.selectbox, "compress wrapper", options=WRAPPERS)
-    powersgd = v["hook"] in POWERSGD_HOOKS
-    with st.container(border=True):
-        st.markdown("**PowerSGD settings**" + ("" if powersgd else " (read only by the PowerSGD hooks)"))
-        a, b = st.columns(2)
-        with a:
-            v["matrix_approximation_rank"] = number("matrix_approximation_rank",
-                                                    "matrix_approximation_rank", disabled=not powersgd)
-            v["min_compression_rate"] = number("min_compression_rate", "min_compression_rate",
-                                               disabled=not powersgd)
-            v["orthogonalization_epsilon"] = number("orthogonalization_epsilon",
-                                                    "orthogonalization_epsilon", disabled=not powersgd)
-            v["use_error_feedback"] = field("use_error_feedback", st.checkbox, "use_error_feedback",
-                                            value=DEFAULTS.use_error_feedback, disabled=not powersgd)
-        with b:
-            v["start_powerSGD_iter"] = number("start_powerSGD_iter", "start_powerSGD_iter",
-                                              disabled=not powersgd)
-            v["random_seed"] = number("random_seed", "random_seed", disabled=not powersgd)
-            v["warm_start"] = field("warm_start", st.checkbox, "warm_start",
-                                    value=DEFAULTS.warm_start, disabled=not powersgd)
-            v["batch_tensors_with_same_shape"] = field(
-                "batch_tensors_with_same_shape", st.checkbox, "batch_tensors_with_same_shape",
-                value=DEFAULTS.batch_tensors_with_same_shape, disabled=not powersgd)
-    with st.container(border=True):
+        v["hook"] = field("hook", st.selectbox, "hook", options=HOOKS, index=HOOKS.index(DEFAULTS.hook))
+        v["wrapper"] = field("wrapper", st.selectbox, "compress wrapper", options=WRAPPERS)
+        v["impl"] = field("impl", st.selectbox, "implementation", options=IMPLS)
+    with hook_col.container(border=True):
+        st.markdown("**Job**")
+        v["world_size"] = number("world_size", "ranks")
+        v["backend"] = field("backend", st.selectbox, "backend", options=BACKENDS)
+        v["bucket_cap_mb"] = number("bucket_cap_mb", "bucket cap (MiB)")
+        v["steps"] = number("steps", "steps")
+    off = v["hook"] not in POWERSGD_HOOKS
+    with powersgd_col.container(border=True):
+        st.markdown("**PowerSGD settings**" + (" (read only by the PowerSGD hooks)" if off else ""))
+        for name in ("matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
+                     "orthogonalization_epsilon", "random_seed"):
+            v[name] = number(name, name, disabled=off)
+        for name in ("use_error_feedback", "warm_start", "batch_tensors_with_same_shape"):
+            v[name] = field(name, st.checkbox, name, value=getattr(DEFAULTS, name), disabled=off)
+    with workload_col.container(border=True):
         st.markdown("**Workload**")
-        own = st.radio("workload", ["built-in", "my module:function"], horizontal=True,
-                       key="f_workload_kind", help=live.HELP["workload"]) != "built-in"
+        own = st.radio("workload", ["built-in", "my module:function"], key="f_workload_kind",
+                       help=live.HELP["workload"]) != "built-in"
         if own:
             v["workload"] = field("workload", st.text_input, "module:function",
                                   placeholder="mymodel:make", key="f_workload_own")
@@ -70,24 +59,13 @@ def settings() -> dict:
                                   options=list(BUILTIN), key="f_workload_builtin",
                                   index=list(BUILTIN).index(DEFAULTS.workload),
                                   format_func=lambda k: f"{k}: {DESCRIPTIONS[k]}")
-        a, b = st.columns(2)
-        with a:
-            v["batch_size"] = number("batch_size", "batch size per rank")
-            v["optimizer"] = field("optimizer", st.selectbox, "optimizer", options=OPTIMIZERS,
-                                   index=OPTIMIZERS.index(DEFAULTS.optimizer))
-        with b:
-            v["lr"] = number("lr", "learning rate")
-            v["seed"] = number("seed", "seed")
-    with st.container(border=True):
-        st.markdown("**Job**")
-        a, b = st.columns(2)
-        with a:
-            v["world_size"] = number("world_size", "ranks")
-            v["bucket_cap_mb"] = number("bucket_cap_mb", "bucket cap (MiB)")
-        with b:
-            v["backend"] = field("backend", st.selectbox, "backend", options=BACKENDS)
-            v["steps"] = number("steps", "steps")
-    with st.expander("Instrumentation and an emulated link"):
+        v["batch_size"] = number("batch_size", "batch size per rank")
+        v["lr"] = number("lr", "learning rate")
+        v["optimizer"] = field("optimizer", st.selectbox, "optimizer", options=OPTIMIZERS,
+                               index=OPTIMIZERS.index(DEFAULTS.optimizer))
+        v["seed"] = number("seed", "seed")
+    with more_col.container(border=True):
+        st.markdown("**Instrumentation and an emulated link**")
         v["instrument"] = field("instrument", st.checkbox, "instrument (bytes, buckets, errors)",
                                 value=DEFAULTS.instrument)
         v["error_every"] = number("error_every", "error_every (steps)")
@@ -118,12 +96,13 @@ def launch_area(cfg, errors: dict) -> None:
         st.session_state.notice = (f"Started run {run.id}." if started else
                                    f"A run with exactly these settings is already going "
                                    f"({run.id}): watching it instead of starting a second.")
+        st.session_state.fold_form = True
+        st.rerun()
 
 
-def watch_panel() -> None:
-    choices = live.watch_choices()
+def watch_panel(choices: list[dict]) -> None:
     if not choices:
-        st.info("No runs yet. Choose the settings on the left and press **Launch**: the run's "
+        st.info("No runs yet. Choose the settings above and press **Launch**: the run's "
                 "loss, step time and bytes appear here as it goes.")
         return
     if "notice" in st.session_state:
@@ -181,12 +160,14 @@ def panel(view: live.LiveView, was_running: bool) -> None:
 
 
 st.title("Launch and watch")
-left, right = st.columns([2, 3], gap="large")
-with left:
-    st.subheader("New run")
+# The form is folded while a run goes, so that the live panel is in view; the expander is
+# keyed, so its state can only be set before it is drawn (hence the flag and the rerun).
+runs = live.watch_choices()
+if st.session_state.pop("fold_form", False) or "form_open" not in st.session_state:
+    st.session_state.form_open = not (runs and runs[0]["status"] == "running")
+with st.expander("New run", key="form_open", icon=":material/tune:"):
     values = settings()
     config, problems = live.config_from_form(values)
     launch_area(config, problems)
-with right:
-    st.subheader("Live")
-    watch_panel()
+st.subheader("Live")
+watch_panel(runs)

@@ -177,15 +177,31 @@ def ring_walkthrough(job: classroom.Collective | None) -> None:
                    "while a naive step pushes all of S through rank 0's link: if a link moves "
                    "one message at a time, the ring finishes N times sooner.")
     st.subheader("Does the simulation match the real all_reduce?")
-    done = st.session_state.get("collectives")
-    if done and done[0] == job:
-        same, err = classroom.compare_with_real(ring, done[1][0])
+    real = real_result_for(job)
+    if real is None:
+        st.info("Not run on real processes with these inputs yet (tab 1 runs them too).")
+        if st.button("Run dist.all_reduce on these inputs"):
+            with st.spinner(f"Starting {n} Gloo process(es) ..."):
+                try:
+                    st.session_state["ring_check"] = (job, classroom.run_collectives([job])[0])
+                except (RuntimeError, TimeoutError) as e:
+                    st.error(f"The processes failed: {e}")
+            real = real_result_for(job)
+    if real is not None:
+        same, err = classroom.compare_with_real(ring, real)
         (st.success if same else st.error)(
-            f"Largest difference between the ring simulation and dist.all_reduce on {n} real "
-            f"rank(s): {err:.3g} (float32 sums taken in another order may differ in the last bit).")
-    else:
-        st.info("Run these inputs on real processes in tab 1 and the simulation is compared "
-                "with what dist.all_reduce returned.")
+            f"The ring simulation {'equals' if same else 'differs from'} dist.all_reduce on {n} "
+            f"real rank(s): largest difference {err:.3g} (float32 sums taken in another order "
+            "may differ in the last bit).")
+
+
+def real_result_for(job: classroom.Collective) -> classroom.CollectiveResult | None:
+    """The real all_reduce of exactly these inputs, if tab 1 or the ring tab has run it."""
+    for key, pick in (("collectives", lambda run: run[1][0]), ("ring_check", lambda run: run[1])):
+        run = st.session_state.get(key)
+        if run and run[0] == job:
+            return pick(run)
+    return None
 
 
 def gradient_averaging() -> None:

@@ -172,7 +172,6 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 set_number(page, "steps", 5000)
                 set_number(page, "start_powerSGD_iter", 4)
                 set_number(page, "bucket cap (MiB)", 0.05)
-                page.get_by_text("Instrumentation and an emulated link").click()
                 set_number(page, "stall_timeout_s", 900)
                 expect(page.get_by_text("Hook implementation: commlab")).to_be_visible()
                 screenshot(page, "1_Launch_and_watch_form")

@@ -10,8 +10,6 @@ import argparse
 import json
 import sys
 
-from ..config import ConfigError
-
 VALUES_HELP = ("each rank's tensor, one argument per rank, numbers split by commas (e.g. "
                "--values 1,2 3,4 5,6); a single argument may separate ranks with ';'. Quote a "
                "tensor that starts with a minus sign with a leading space (' -1,2') or write "

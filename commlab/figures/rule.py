@@ -47,17 +47,17 @@ def savings_figure(summary: RuleSummary) -> go.Figure:
     saved = np.array([d.numel_before for d in summary.layers], dtype=np.int64) - sent
     status = np.array(["compressed" if d.compressed else "allreduced as is" for d in summary.layers])
     hover = "%{x}<br>%{customdata}<br>%{y:,} elements<extra>%{fullData.name}</extra>"
-    fig = go.Figure([
+    bars = [
         go.Bar(name="sent", x=names, y=sent, customdata=status, hovertemplate=hover,
                marker_color="#4C78A8"),
         go.Bar(name="saved by compression", x=names, y=saved, customdata=status,
-               hovertemplate=hover, marker_color="#F58518")])
+               hovertemplate=hover, marker_color="#F58518")]
     labelled = len(names) <= _MAX_LABELLED_LAYERS
-    fig.update_layout(title=f"{summary.compressed_count} of {len(names)} layers compressed: "
-                            f"elements per layer, sent and saved",
-                      barmode="stack", height=420, margin=dict(t=40, b=10),
-                      yaxis_title="elements", legend=dict(orientation="h", y=1.02, x=1,
-                                                          xanchor="right", yanchor="bottom"))
-    fig.update_xaxes(showticklabels=labelled, title="layer" if labelled
-                     else "layer (in registration order; hover for names)")
-    return fig
+    layout = dict(
+        title=f"{summary.compressed_count} of {len(names)} layers compressed: elements per layer, "
+              "sent and saved",
+        barmode="stack", height=420, margin=dict(t=40, b=10), yaxis=dict(title="elements"),
+        xaxis=dict(showticklabels=labelled,
+                   title="layer" if labelled else "layer (in registration order; hover for names)"),
+        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+    return go.Figure(bars, layout)
