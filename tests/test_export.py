@@ -57,6 +57,7 @@ def test_json_and_toml_load_back_to_the_identical_config(cfg, tmp_path):
         assert RunConfig.load(path) == cfg
 
 
+@pytest.mark.timeout(900)
 def test_powersgd_defaults_are_pytorchs():
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
@@ -145,6 +146,7 @@ def training_script(snippets: dict[str, str]) -> str:
     return TRAIN.format(functions="\n".join(functions) + f"\nREGISTER = {{{table}}}\n")
 
 
+@pytest.mark.timeout(TORCHRUN_TIMEOUT_S + 60)
 def test_ddp_snippets_train_under_torchrun_on_two_gloo_ranks(tmp_path):
     snippets = {name: export.render(cfg, "ddp", Target(backend="gloo")).text
                 for name, cfg in CONFIGS.items()}
@@ -174,6 +176,7 @@ def test_ddp_snippets_train_under_torchrun_on_two_gloo_ranks(tmp_path):
 
 
 # --------------------------------------------------------------------------- Lightning
+@pytest.mark.timeout(900)  # importing Lightning takes minutes on a loaded machine
 def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_only():
     pytest.importorskip("lightning")
     import torch
@@ -218,6 +221,7 @@ def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_onl
 
 
 # --------------------------------------------------------------------------- Accelerate
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name,hook_name", [
     ("powersgd_fp16", "fp16_compress_wrapper_hook"), ("fp16", "fp16_compress_hook")])
 def test_accelerate_snippet_registers_the_hook_wrapper_and_state(name, hook_name):
@@ -352,6 +356,7 @@ def test_cli_refuses_what_a_format_cannot_express(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- the page
+@pytest.mark.timeout(900)
 def test_export_page_works_with_no_runs(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 

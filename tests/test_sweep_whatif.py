@@ -1,0 +1,361 @@
+"""commlab.sweep, the emulated link and commlab.whatif: pure parts on made-up numbers, then one real
+tiny sweep over an emulated link, stopped during its last run, that the rest is checked against.
+
+No timing is asserted except the emulated link's floor, which is the emulation's contract: every
+collective the hook issues completes no earlier than 2(N-1)·latency + 2(N-1)/N·bytes/bandwidth.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from commlab import cli, whatif
+from commlab import sweep as sw
+from commlab.config import ConfigError, RunConfig
+from commlab.hooks.instrument import Link
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 1200  # a run reaches its first step in 5 s idle, minutes on a loaded machine
+BANDWIDTH_GBPS, LATENCY_US = 0.05, 20.0
+
+
+# =========================================================================== the grid
+def test_grid_puts_the_baseline_first_then_every_combination():
+    base = RunConfig(workload="mlp", steps=30, emulate_bandwidth_gbps=1.0)
+    spec = sw.SweepSpec(base=base, matrix_approximation_rank=[1, 2], start_powerSGD_iter=[5, 10],
+                        wrapper=["none", "fp16"])
+    configs = sw.grid(spec)
+    assert len(configs) == 1 + 2 * 2 * 2
+    assert (configs[0].hook, configs[0].wrapper) == ("allreduce", "none")
+    assert {(c.matrix_approximation_rank, c.start_powerSGD_iter, c.wrapper) for c in configs[1:]} == {
+        (r, s, w) for r in (1, 2) for s in (5, 10) for w in ("none", "fp16")}
+    assert all(c.hook == "powersgd" and c.emulate_bandwidth_gbps == 1.0 and c.steps == 30
+               for c in configs[1:])
+    no_base = sw.grid(sw.SweepSpec(base=base.with_overrides(hook="batched_powersgd"),
+                                   matrix_approximation_rank=[1, 1], baseline=False))
+    assert [(c.hook, c.matrix_approximation_rank) for c in no_base] == [("batched_powersgd", 1)]
+
+
+def test_a_bad_grid_is_refused_before_anything_starts(tmp_path):
+    base = RunConfig(runs_dir=str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        sw.create(sw.SweepSpec(base=base, matrix_approximation_rank=[0, 2], start_powerSGD_iter=[1]))
+    assert "matrix_approximation_rank" in e.value.errors and "start_powerSGD_iter" in e.value.errors
+    with pytest.raises(ConfigError, match="wrapper"):
+        sw.grid(sw.SweepSpec(base=base, wrapper=["gzip"]))
+    with pytest.raises(ConfigError, match="give at least one value"):
+        sw.grid(sw.SweepSpec(base=base, matrix_approximation_rank=[]))
+    with pytest.raises(ConfigError, match="comma-separated list of int"):
+        sw.parse_list("1,two", int, "matrix_approximation_rank")
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_dry_run_prints_the_plan(capsys):
+    rc = cli.main(["sweep", "--workload", "mlp", "--matrix-approximation-rank", "1,4",
+                   "--start-powersgd-iter", "10", "--wrapper", "none,fp16", "--emulate-bandwidth-gbps",
+                   "10", "--dry-run", "--json"])
+    runs = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"]
+    assert rc == 0 and len(runs) == 5 and runs[0].startswith("allreduce [emulated 10 Gb/s")
+    assert "fp16_wrapper(powersgd) r=4 start=10 [emulated 10 Gb/s, 0 µs]" in runs
+
+
+# =========================================================================== analysis
+def _row(label, loss, nbytes, secs, status="finished", baseline=False):
+    return {"label": label, "run_id": label, "run_dir": "", "status": status, "baseline": baseline,
+            "hook": "allreduce" if baseline else "powersgd", "wrapper": "none",
+            "matrix_approximation_rank": 1, "start_powerSGD_iter": 1, "min_compression_rate": 2.0,
+            "steps": 10, "final_loss": loss, "bytes_per_step": nbytes, "time_s": secs,
+            "median_step_s": secs / 10, "link": "loopback"}
+
+
+def test_pareto_front_keeps_what_nothing_beats_on_both_axes():
+    assert sw.pareto_front([1, 2, 3, 4], [4, 3, 3.5, 1]) == [True, True, False, True]
+    assert sw.pareto_front([1, 1], [2, 2]) == [True, True]  # equal points do not beat each other
+
+
+def test_recommendation_is_the_fewest_bytes_within_x_percent_of_allreduce():
+    table = sw.mark(pd.DataFrame([
+        _row("allreduce", 1.00, 1000, 5.0, baseline=True),
+        _row("r=1", 1.08, 100, 4.0), _row("r=2", 1.04, 200, 6.0), _row("r=4", 1.01, 400, 7.0),
+        _row("r=8", 0.5, 50, 1.0, status="stopped"), _row("r=16", math.nan, 20, 1.0, status="diverged"),
+    ], columns=sw.ROW_COLUMNS))
+    assert table.set_index("label")["pareto_bytes"].to_dict() == {
+        "allreduce": True, "r=1": True, "r=2": True, "r=4": True, "r=8": False, "r=16": False}
+    assert table.set_index("label")["pareto_time"].to_dict() == {
+        "allreduce": True, "r=1": True, "r=2": False, "r=4": False, "r=8": False, "r=16": False}
+    assert sw.recommend(table, 5).label == "r=2"
+    assert sw.recommend(table, 10).label == "r=1"
+    rec = sw.recommend(table, 0.5)
+    assert rec.label == "allreduce" and rec.text.startswith("keep allreduce")
+    assert "within 0.5% of the allreduce baseline" in rec.rule
+    assert sw.recommend(table[~table["baseline"]], 5).run_id is None
+
+
+def test_summarize_reads_final_loss_bytes_and_time_from_metrics():
+    records = [{"step": i, "loss": 10 - i, "step_s": 0.1, "t": 0.1 * (i + 1),
+                "payload_bytes": 400 if i < 2 else 40} for i in range(10)]
+    cfg = RunConfig(hook="powersgd", start_powerSGD_iter=2, emulate_latency_us=5).to_dict()
+    row = sw.summarize(records, cfg, "finished", final_window=3)
+    assert row["final_loss"] == pytest.approx((3 + 2 + 1) / 3)
+    assert row["bytes_per_step"] == pytest.approx((2 * 400 + 8 * 40) / 10)
+    assert row["time_s"] == pytest.approx(1.0)
+    assert row["link"] == "emulated unlimited bandwidth, 5 µs" and not row["baseline"]
+
+
+def test_a_sweep_whose_process_is_gone_is_lost_and_stops_here(tmp_path):
+    sweep = sw.create(sw.SweepSpec(base=RunConfig(runs_dir=str(tmp_path)), matrix_approximation_rank=[1]))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    sw._write_state(sweep, pid=gone.pid, create_time=0.0)
+    assert sweep.status() == "lost"
+    sweep.request_stop()
+    assert sweep.status() == "stopped" and sweep.stop_requested()
+
+
+# =========================================================================== the model
+@pytest.mark.parametrize("nbytes,world,bw,lat", [
+    (340_008, 2, 0.05, 20.0), (4_000_000, 3, 10.0, 5.0), (123, 8, 400.0, 0.0), (10**6, 1, 1.0, 9.0)])
+def test_the_model_prices_a_collective_as_the_emulated_link_holds_it(nbytes, world, bw, lat):
+    assert whatif.ring_allreduce_s(nbytes, world, bw, lat) == pytest.approx(
+        Link(bw, lat).seconds(nbytes, world))
+
+
+def test_ring_allreduce_time_by_hand():
+    # 2(N-1)·α + 2(N-1)/N·S/β with N=4, α=10 µs, S=1 MB, β=8 Gb/s = 1 GB/s
+    assert whatif.ring_allreduce_s(1e6, 4, 8.0, 10.0) == pytest.approx(6 * 10e-6 + 1.5 * 1e-3)
+    assert whatif.ring_allreduce_s(1e6, 4, 8.0, 10.0, collectives=3) == pytest.approx(
+        3 * 6 * 10e-6 + 1.5 * 1e-3)
+
+
+def _records(hook_s, step_s, payload, calls, n=10, start=0):
+    return [{"step": i, "loss": 1.0, "step_s": step_s, "hook_s": hook_s,
+             "payload_bytes": payload if i >= start else 999_999, "collectives": calls, "t": i}
+            for i in range(n)]
+
+
+def test_profiles_take_the_link_off_the_hook_time_to_leave_the_arithmetic():
+    link = whatif.ring_allreduce_s(8000, 2, 0.1, 50.0, collectives=3)
+    cfg = RunConfig(hook="powersgd", start_powerSGD_iter=4, emulate_bandwidth_gbps=0.1,
+                    emulate_latency_us=50.0).to_dict()
+    p = whatif.profile_from_records(_records(link + 0.002, 0.010 + link + 0.002, 8000, 3, start=4), cfg)
+    assert p.payload_bytes == 8000 and p.collectives == 3  # compressed steps only
+    assert p.arithmetic_s == pytest.approx(0.002) and p.compute_s == pytest.approx(0.010)
+    assert p.measured_over == "emulated 0.1 Gb/s, 50 µs"
+
+    base_cfg = RunConfig(hook="allreduce").to_dict()
+    base = _records(0.004, 0.014, 400_000, 1)
+    per_byte = whatif.loopback_s_per_byte(base, base_cfg)
+    assert per_byte == pytest.approx(0.004 / 400_000)
+    fp16 = whatif.profile_from_records(_records(0.003, 0.013, 200_000, 1),
+                                       RunConfig(hook="fp16").to_dict(), loopback_s_per_byte=per_byte)
+    assert fp16.arithmetic_s == pytest.approx(0.001)  # 3 ms less 200 kB at the loopback's rate
+    with pytest.raises(ValueError, match="no steady steps"):
+        whatif.profile_from_records(_records(1, 1, 1, 1, n=6), RunConfig(hook="powersgd",
+                                    start_powerSGD_iter=8).to_dict())
+
+
+def test_predictions_winners_and_break_even():
+    allreduce = whatif.HookProfile("allreduce", "allreduce", "none", 0.010, 0.0, 100e6, 1, 2, "a",
+                                   "loopback", 5)
+    psgd = whatif.HookProfile("powersgd r=1", "powersgd", "none", 0.010, 0.005, 1e6, 3, 2, "b",
+                              "loopback", 5)
+    rows = whatif.predict([allreduce, psgd], (2, 64), (1, 400), latency_us=5)
+    assert len(rows) == 8
+    by = {(r["label"], r["world_size"], r["bandwidth_gbps"]): r for r in rows}
+    slow = by[("allreduce", 64, 1)]
+    assert slow["step_s"] == pytest.approx(0.010 + whatif.ring_allreduce_s(100e6, 64, 1, 5))
+    best = {(c["world_size"], c["bandwidth_gbps"]): c for c in whatif.winners(rows)}
+    assert best[(64, 1)]["best"] == "powersgd r=1" and best[(64, 1)]["speedup"] > 40
+    assert best[(2, 400)]["best"] == "allreduce" and best[(2, 400)]["speedup"] == 1
+    even = whatif.break_even_gbps(allreduce, psgd, 64, 5)
+    assert psgd.step_s(64, even, 5) == pytest.approx(allreduce.step_s(64, even, 5))
+    assert psgd.step_s(64, even * 0.9, 5) < allreduce.step_s(64, even * 0.9, 5)
+    assert whatif.break_even_gbps(allreduce, allreduce, 64) == 0.0
+    free = whatif.HookProfile("free", "powersgd", "none", 0.010, 0.0, 1e6, 1, 2, "c", "loopback", 5)
+    assert whatif.break_even_gbps(allreduce, free, 64, 5) == math.inf
+
+
+# =========================================================================== a real sweep
+def _end(proc: subprocess.Popen, runs_dir: Path) -> None:
+    """Whatever happened, leave nothing running: stop the sweep, then every run it started."""
+    if proc.poll() is None:
+        for sweep in sw.list_sweeps(runs_dir):
+            sweep.request_stop()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    from commlab.api import list_runs
+
+    for run in list_runs(runs_dir):
+        if run.status() in ("running", "lost"):
+            run.stop()
+
+
+def _wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} before {text!r}:\n{path.read_text()}")
+        time.sleep(0.2)
+    raise AssertionError(f"no {text!r} within {timeout} s:\n{path.read_text()[-2000:]}")
+
+
+def _sweep_cli(runs_dir: Path, log: Path, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "commlab", "sweep", "--workload", "mlp", "--steps", "12",
+            "--world-size", "2", "--stall-timeout-s", str(RUN_TIMEOUT_S), "--runs-dir", str(runs_dir),
+            "--json", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def stopped_sweep(tmp_path_factory):
+    """Allreduce, then PowerSGD r=1 and r=2 over an emulated link; stopped once the third starts,
+    through the stop flag the page uses.  Progress lines come from the CLI (without --json)."""
+    runs_dir = tmp_path_factory.mktemp("sweep_runs")
+    log = runs_dir / "stderr.txt"
+    argv = [sys.executable, "-m", "commlab", "sweep", "--workload", "mlp", "--steps", "12",
+            "--world-size", "2", "--matrix-approximation-rank", "1,2", "--start-powersgd-iter", "4",
+            "--emulate-bandwidth-gbps", str(BANDWIDTH_GBPS), "--emulate-latency-us", str(LATENCY_US),
+            "--stall-timeout-s", str(RUN_TIMEOUT_S), "--runs-dir", str(runs_dir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=ROOT)
+    try:
+        _wait_for_text(log, "[3/3]", proc, 3 * RUN_TIMEOUT_S)
+        (sweep,) = sw.list_sweeps(runs_dir)
+        sweep.request_stop()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _end(proc, runs_dir)
+    return {"rc": proc.returncode, "out": out, "stderr": log.read_text(), "sweep": sweep,
+            "runs_dir": runs_dir}
+
+
+# The first test to use the fixture waits for two runs and part of a third.
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_a_stopped_sweep_keeps_its_finished_runs(stopped_sweep):
+    sweep = stopped_sweep["sweep"]
+    assert stopped_sweep["rc"] == 1, stopped_sweep["stderr"][-3000:]
+    assert sweep.status() == "stopped"
+    assert [r.status() for r in sweep.runs()] == ["finished", "finished", "stopped"]
+    assert "[1/3] allreduce [emulated 0.05 Gb/s, 20 µs]: running, step" in stopped_sweep["stderr"]
+    assert "[2/3] powersgd r=1 start=4 [emulated 0.05 Gb/s, 20 µs]: finished, step 12/12" in \
+        stopped_sweep["stderr"]
+    assert "sweep " in stopped_sweep["out"] and "recommendation:" in stopped_sweep["out"]
+    p = sweep.progress()
+    assert (p.index, p.total, p.sweep_status) == (2, 3, "stopped")
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_the_sweep_table_front_and_recommendation(stopped_sweep):
+    sweep = stopped_sweep["sweep"]
+    table = sweep.results()
+    assert list(table["status"]) == ["finished", "finished", "stopped"]
+    assert (table["link"] == "emulated 0.05 Gb/s, 20 µs").all()
+    assert all(label.endswith("[emulated 0.05 Gb/s, 20 µs]") for label in table["label"])
+    finished = table[table["status"] == "finished"]
+    assert finished.iloc[0]["bytes_per_step"] > finished.iloc[1]["bytes_per_step"]
+    assert finished["pareto_bytes"].any() and not table.iloc[2]["pareto_bytes"]
+    rec = sw.recommend(table, 1000)  # any loss qualifies: the fewest bytes win
+    assert rec.run_id == finished.iloc[1]["run_id"]
+    from commlab.figures.sweep import pareto_figure
+
+    fig = pareto_figure(table, "time_s", rec.run_id)
+    assert "emulated 0.05 Gb/s, 20 µs" in fig.layout.title.text
+    assert {t.name for t in fig.data} >= {"Pareto front", "allreduce baseline", "recommended"}
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_every_hook_collective_waited_for_the_emulated_link(stopped_sweep):
+    for run in stopped_sweep["sweep"].runs()[:2]:
+        assert run.meta()["emulated_link"] == {"bandwidth_gbps": BANDWIDTH_GBPS,
+                                               "latency_us": LATENCY_US}
+        link = Link(BANDWIDTH_GBPS, LATENCY_US)
+        for row in run.metrics_records():
+            # One collective carries the payload (allreduce) or the three together (PowerSGD's
+            # uncompressed tensors, P and Q, one after another): the floor is their sum.
+            floor = whatif.ring_allreduce_s(row["payload_bytes"], 2, BANDWIDTH_GBPS, LATENCY_US,
+                                            row["collectives"])
+            if row["collectives"] == 1:
+                assert floor == pytest.approx(link.seconds(row["payload_bytes"], 2))
+            assert row["hook_s"] >= floor * 0.999, (run.id, row)
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_what_if_profiles_from_the_sweep(stopped_sweep):
+    runs = stopped_sweep["sweep"].runs()
+    profiles = whatif.profiles_from_runs(runs)
+    assert [p.run_id for p in profiles] == [r.id for r in runs[:2]]  # the stopped run has no steps
+    base, psgd = profiles
+    assert base.payload_bytes == runs[0].metrics_records()[-1]["payload_bytes"]
+    assert psgd.payload_bytes == runs[1].metrics_records()[-1]["payload_bytes"] < base.payload_bytes
+    assert (base.collectives, psgd.collectives) == (1, 3)
+    assert base.compute_s == psgd.compute_s > 0  # shared from the baseline
+    assert all(p.measured_over == "emulated 0.05 Gb/s, 20 µs" and p.arithmetic_s >= 0 for p in profiles)
+    rows = whatif.predict(profiles, (2, 1024), (1, 100))
+    big = {r["label"]: r["step_s"] for r in rows if (r["world_size"], r["bandwidth_gbps"]) == (1024, 1)}
+    assert big[psgd.label] - psgd.compute_s - psgd.arithmetic_s < big[base.label] - base.compute_s
+    assert whatif.checks(runs) == []  # every run is emulated: nothing calibrates a check
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_cli_whatif_on_the_sweep(stopped_sweep, capsys):
+    rc = cli.main(["whatif", "--sweep", str(stopped_sweep["sweep"].path), "--world-sizes", "8,1024",
+                   "--bandwidths-gbps", "1,100", "--json"])
+    payload = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert rc == 0 and len(payload["profiles"]) == 2 and len(payload["predictions"]) == 8
+    assert len(payload["break_even"]) == 2
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_pages_show_the_sweep_and_the_model(stopped_sweep, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(stopped_sweep["runs_dir"]))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+    at.switch_page("pages/8_Sweep.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.get("plotly_chart")) == 2 and any("emulated 0.05 Gb/s" in w.value for w in at.warning)
+    assert any("Recommendation" in s.value for s in at.success)
+    at.switch_page("pages/9_What_if.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.get("plotly_chart")) == 3
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_stops_the_sweep_and_its_run(tmp_path):
+    log = tmp_path / "stderr.txt"
+    proc = _sweep_cli(tmp_path, log, "--matrix-approximation-rank", "1", "--no-baseline")
+    try:
+        _wait_for_text(log, "[1/1]", proc, 300)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _end(proc, tmp_path)
+    payload = json.loads(out.splitlines()[-1])
+    assert proc.returncode == 1 and payload["status"] == "stopped"
+    assert [r["status"] for r in payload["runs"]] == ["stopped"]
+
+
+# =========================================================================== pages with no runs
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("page,title", [("pages/8_Sweep.py", "Sweep"), ("pages/9_What_if.py", "What if")])
+def test_pages_work_with_no_runs(page, title, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+    at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == title and at.info
