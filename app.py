@@ -9,7 +9,7 @@ import streamlit as st
 
 from commlab.machine import describe
 
-st.set_page_config(page_title="commlab", page_icon=":material/hub:", layout="wide")
+st.set_page_config(page_title="commlab", layout="wide")
 
 PAGES = sorted(Path(__file__).parent.joinpath("pages").glob("[0-9]*_*.py"),
                key=lambda p: int(p.name.split("_", 1)[0]))

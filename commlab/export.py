@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass, field
 
 from .config import POWERSGD_FIELDS, RunConfig
@@ -122,8 +123,6 @@ def notes(cfg: RunConfig, target: Target) -> list[str]:
 
 
 def _comment(lines: list[str], prefix: str = "# ") -> str:
-    import textwrap
-
     return "".join(textwrap.fill(line, 96, initial_indent=prefix, subsequent_indent=prefix) + "\n"
                    for line in lines)
 
@@ -166,12 +165,13 @@ def to_toml(cfg: RunConfig) -> str:
 # ============================================================================ plain DDP
 def ddp_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
     """Imports, the state, the hook, ``register_comm_hook``: to paste after the model is wrapped."""
-    bucket = (f", bucket_cap_mb={cfg.bucket_cap_mb:g}"
-              if cfg.bucket_cap_mb != DDP_DEFAULT_BUCKET_CAP_MB else "")
+    ddp_args = ["model"] + (["device_ids=[local_rank]"] if target.backend == "nccl" else [])
+    if cfg.bucket_cap_mb != DDP_DEFAULT_BUCKET_CAP_MB:
+        ddp_args.append(f"bucket_cap_mb={cfg.bucket_cap_mb:g}")
     text = _comment(_header(cfg, target, source) + [
         "Paste after the model is wrapped, with `ddp_model` your DistributedDataParallel:",
         f"  dist.init_process_group({target.backend!r})",
-        f"  ddp_model = DistributedDataParallel(model, device_ids=[local_rank]{bucket})"])
+        f"  ddp_model = DistributedDataParallel({', '.join(ddp_args)})"])
     text += _imports(cfg) + "\n"
     if cfg.is_powersgd:
         text += f"state = {_state_expr(cfg, '')}\n"

@@ -146,9 +146,21 @@ class WarmStart:
     warm: list[float]
 
 
+def _warm_chain(matrices: Sequence[torch.Tensor], r: int, seed: int, epsilon: float,
+                dtype: torch.dtype) -> list[float]:
+    """Errors over consecutive steps when Q is drawn once, then carried (Q = MᵀP)."""
+    q = random_q(matrices[0].shape[1], r, seed, dtype)
+    errors = []
+    for matrix in matrices:
+        approx, q = power_step(matrix, q, epsilon)
+        errors.append(relative_error(approx, matrix))
+    return errors
+
+
 def warm_start(name: str, grads_by_step: dict[int, torch.Tensor], rank: int, random_seed: int = 0,
                epsilon: float = 0.0) -> WarmStart:
-    """What the hook does to one layer's gradients over consecutive steps, alone in its bucket.
+    """What the hook does to one layer's gradients over consecutive steps, alone in its bucket and
+    as if compression began at the first of them.
 
     Without warm start it draws a new seed every step; with it, it draws once and then carries
     Q = MᵀP from step to step, so the iteration keeps refining one subspace while the gradient
@@ -160,14 +172,22 @@ def warm_start(name: str, grads_by_step: dict[int, torch.Tensor], rank: int, ran
     n, m = matrices[0].shape
     r = min(n, m, rank)
     step_seeds = seeds(random_seed, len(steps))
-    optimum, cold, warm = [], [], []
-    q = random_q(m, r, step_seeds[0], dtype)
-    for matrix, seed in zip(matrices, step_seeds):
-        optimum += optimum_errors(singular_values(matrix), [r])
-        cold.append(relative_error(power_step(matrix, random_q(m, r, seed, dtype), epsilon)[0], matrix))
-        approx, q = power_step(matrix, q, epsilon)
-        warm.append(relative_error(approx, matrix))
+    optimum = [optimum_errors(singular_values(matrix), [r])[0] for matrix in matrices]
+    cold = [relative_error(power_step(matrix, random_q(m, r, seed, dtype), epsilon)[0], matrix)
+            for matrix, seed in zip(matrices, step_seeds)]
+    warm = _warm_chain(matrices, r, step_seeds[0], epsilon, dtype)
     return WarmStart(name, r, steps, optimum, cold, warm)
+
+
+def warm_errors_by_rank(grads_by_step: dict[int, torch.Tensor], random_seed: int = 0,
+                        max_rank: int = MAX_RANK, epsilon: float = 0.0) -> list[float]:
+    """Warm start's error at the last of consecutive steps, at ranks 1..min(max_rank, n, m): the
+    curve to set beside ``LayerError.power`` of that step."""
+    steps = sorted(grads_by_step)
+    matrices = [as_matrix(grads_by_step[s]) for s in steps]
+    n, m = matrices[0].shape
+    seed, dtype = seeds(random_seed, 1)[0], grads_by_step[steps[0]].dtype
+    return [_warm_chain(matrices, r, seed, epsilon, dtype)[-1] for r in range(1, min(n, m, max_rank) + 1)]
 
 
 def consecutive_chain(steps: Iterable[int], step: int) -> list[int]:

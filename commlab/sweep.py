@@ -114,7 +114,7 @@ class Progress:
     index: int  # the current run, from 0
     total: int
     label: str
-    run_status: str  # "starting", a run status, or "skipped"
+    run_status: str  # "starting" or the current run's status
     step: int  # steps the current run has completed
     steps: int
     sweep_status: str
@@ -125,7 +125,8 @@ class Progress:
         return min(1.0, done / self.total) if self.total else 1.0
 
     def line(self) -> str:
-        return f"[{self.index + 1}/{self.total}] {self.label}: {self.run_status}, step {self.step}/{self.steps}"
+        return (f"[{self.index + 1}/{self.total}] {self.label}: {self.run_status}, "
+                f"step {self.step}/{self.steps}")
 
 
 # ============================================================================ the sweep folder
@@ -193,9 +194,8 @@ class Sweep:
         entry = entries[index] if index < len(entries) else {}
         run_dir = entry.get("run_dir")
         step = len(store.read_jsonl(Path(run_dir) / "metrics.jsonl")) if run_dir else 0
-        steps = self.spec().base.steps
-        return Progress(index, len(labels), labels[index] if labels else "", entry.get("status", "starting"),
-                        step, steps, self.status())
+        return Progress(index, len(labels), labels[index] if labels else "",
+                        entry.get("status", "starting"), step, self.spec().base.steps, self.status())
 
     def results(self):
         """One row per run started, in plan order (a pandas DataFrame), Pareto fronts marked."""

@@ -142,12 +142,17 @@ def break_even_gbps(baseline: HookProfile, other: HookProfile, world_size: int,
 
 
 # ============================================================================ profiles from runs
-def steady_rows(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> list[dict]:
-    """The steps that represent the hook as configured: after start-up and, for PowerSGD, once
-    compression has started (before ``start_powerSGD_iter`` it is a plain allreduce)."""
-    first = skip
+def first_steady_step(cfg: dict, skip: int = SKIP) -> int:
+    """After start-up and, for PowerSGD, once compression has started (before
+    ``start_powerSGD_iter`` it is a plain allreduce)."""
     if cfg.get("hook") in ("powersgd", "batched_powersgd"):
-        first = max(first, cfg.get("start_powerSGD_iter", 0))
+        return max(skip, cfg.get("start_powerSGD_iter", 0))
+    return skip
+
+
+def steady_rows(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> list[dict]:
+    """The steps that represent the hook as configured (see ``first_steady_step``)."""
+    first = first_steady_step(cfg, skip)
     return [r for r in records if r["step"] >= first and math.isfinite(r.get("loss", 0.0))]
 
 
@@ -167,9 +172,8 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
         raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
     steady = steady_rows(records, cfg, skip)
     if not steady:
-        first = max(skip, cfg.get("start_powerSGD_iter", 0) if cfg.get("hook", "").endswith("powersgd") else 0)
         raise ValueError(f"run {run_id} has no steady steps: it recorded {len(records)} step(s) and "
-                         f"the model needs steps from {first} on")
+                         f"the model needs steps from {first_steady_step(cfg, skip)} on")
     world = cfg.get("world_size", 2)
     hook_s = statistics.median(r["hook_s"] for r in steady)
     payload = statistics.median(r["payload_bytes"] for r in steady)

@@ -29,6 +29,13 @@ def analysed(run_dir: str, step: int, names: tuple, random_seed: int,
                                lowrank.MAX_RANK, epsilon)
 
 
+@st.cache_data(show_spinner="Warm start at every rank…")
+def warm_by_rank(run_dir: str, steps: tuple, name: str, random_seed: int, epsilon: float) -> list[float]:
+    run = open_run(run_dir)
+    return lowrank.warm_errors_by_rank({s: run.grads(s)[name] for s in steps}, random_seed,
+                                       lowrank.MAX_RANK, epsilon)
+
+
 @st.cache_data(show_spinner="Warm start over consecutive steps…")
 def warm_started(run_dir: str, steps: tuple, name: str, rank: int, random_seed: int,
                  epsilon: float) -> lowrank.WarmStart:
@@ -70,8 +77,12 @@ def offline_section(run, cfg: dict) -> None:
 
     chosen = st.selectbox("Layer", [le.name for le in layers])
     layer = next(le for le in layers if le.name == chosen)
-    st.plotly_chart(figs.spectrum(layer, rank))
     chain = lowrank.consecutive_chain(steps, step)
+    # Warm start at this step means Q was carried from the saved steps just before it.
+    upto = tuple(s for s in chain if s <= step)
+    warm = warm_by_rank(str(run.path), upto, chosen, seed, epsilon) if len(upto) > 1 else None
+    st.plotly_chart(figs.layer_by_rank(layer, warm, list(upto)))
+    st.plotly_chart(figs.spectrum(layer, rank))
     if len(chain) < 2:
         st.caption(f"Warm start carries Q from one step to the next: step {step} has no saved "
                    "neighbour. Save consecutive steps to see it.")

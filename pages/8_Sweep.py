@@ -27,7 +27,8 @@ def spec_form() -> sw.SweepSpec | None:
         c1, c2, c3 = st.columns(3)
         bandwidth = c1.number_input("Emulated bandwidth, Gb/s (0: off)", 0.0, 10_000.0, 0.0,
                                     help="every collective the hook issues completes no earlier "
-                                         "than 2(N−1)·latency + 2(N−1)/N·bytes/bandwidth after it starts")
+                                         "than 2(N−1)·latency + 2(N−1)/N·bytes/bandwidth after it "
+                                         "starts")
         latency = c2.number_input("Emulated latency per hop, µs", 0.0, 1e6, 0.0)
         baseline = c3.checkbox("Plain allreduce baseline first", True)
         if not st.form_submit_button("Start sweep", type="primary"):

@@ -216,7 +216,8 @@ def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_onl
         assert len(registered) == expected, device
     state, hook = registered[0]
     assert isinstance(state, powerSGD_hook.PowerSGDState)
-    assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.min_compression_rate) == (2, 2, 1.5)
+    assert (state.matrix_approximation_rank, state.start_powerSGD_iter,
+            state.min_compression_rate) == (2, 2, 1.5)
     assert hook.__name__ == "fp16_compress_wrapper_hook"
 
 
@@ -236,7 +237,8 @@ def test_accelerate_snippet_registers_the_hook_wrapper_and_state(name, hook_name
     for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)
                  and ast.unparse(n.func) == "DistributedDataParallelKwargs"):
         assert {kw.arg for kw in call.keywords} <= set(fields)
-    assert {"NO", "FP16", "BF16", "POWER_SGD", "BATCHED_POWER_SGD"} <= set(DDPCommunicationHookType.__members__)
+    members = set(DDPCommunicationHookType.__members__)
+    assert {"NO", "FP16", "BF16", "POWER_SGD", "BATCHED_POWER_SGD"} <= members
     body = [n for n in tree.body if not (isinstance(n, ast.Assign) and n.targets[0].id == "accelerator")]
     namespace: dict = {}
     exec(compile(ast.Module(body, type_ignores=[]), "<accelerate>", "exec"), namespace)

@@ -57,6 +57,17 @@ def test_warm_start_refines_a_fixed_matrix_towards_the_optimum():
     assert ws.warm[0] == ws.cold[0]  # the same first seed
 
 
+def test_warm_errors_by_rank_end_the_warm_chains():
+    matrices = {s: decaying(30, 20, seed=s, decay=0.6).float() for s in (4, 5, 6)}
+    by_rank = lowrank.warm_errors_by_rank(matrices, random_seed=2, max_rank=32)
+    assert len(by_rank) == 20
+    for r in (1, 3, 20):
+        assert by_rank[r - 1] == pytest.approx(lowrank.warm_start("w", matrices, r, 2).warm[-1], rel=1e-12)
+    # One step: warm start has carried nothing, it is the fresh-Q curve.
+    single = lowrank.warm_errors_by_rank({4: matrices[4]}, random_seed=2)
+    assert single == pytest.approx(lowrank.layer_error("w", matrices[4], random_seed=2).power, rel=1e-12)
+
+
 def test_shapes_seeds_and_helpers():
     assert lowrank.as_matrix(torch.ones(16, 1, 3, 3)).shape == (16, 9)
     assert lowrank.as_matrix(torch.ones(3, 4)).dtype == torch.float64

@@ -9,6 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from commlab import procs
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -29,12 +31,26 @@ def _ranks_since(since: float) -> list[psutil.Process]:
     return found
 
 
+def _kernels() -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process().children():
+        try:
+            if "ipykernel_launcher" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def test_notebook_runs_and_leaves_no_process():
     since = time.time()
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
                                      resources={"metadata": {"path": str(ROOT)}})
-    client.execute()
+    try:
+        client.execute()
+    finally:  # an interrupted execute (a timeout) leaves the kernel up: end it and its ranks
+        procs.terminate(_kernels())
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                    for o in c.get("outputs", []))
     assert "rank 2: before [2.0] -> after [3.0]" in text

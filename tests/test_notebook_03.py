@@ -21,4 +21,4 @@ def test_notebook_03_executes():
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("compression ratio" in o.get("text", "") for o in outputs)
     figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
-    assert len(figures) == 5
+    assert len(figures) == 6

@@ -172,7 +172,19 @@ def test_lowrank_page_numbers_equal_the_run_folder(monkeypatch, runs_dir, powers
         traces = plotly_arrays(at, 0)
         assert traces[0]["y"] == pytest.approx(layers[0].optimum, rel=1e-9)
         assert traces[1]["y"] == pytest.approx(layers[0].power, rel=1e-9)
-        # Warm start over the consecutive saved steps, for the layer shown (the first).
+        # The layer shown (the first) against rank; warm start when steps before this one were saved.
+        shown = plotly_arrays(at, 1)
+        assert shown[0]["y"] == pytest.approx(layers[0].optimum, rel=1e-9)
+        assert shown[1]["y"] == pytest.approx(layers[0].power, rel=1e-9)
+        before = [s for s in steps if s <= step]
+        if len(before) > 1:
+            warm_curve = lowrank.warm_errors_by_rank(
+                {s: powersgd_run.grads(s)[names[0]] for s in before}, cfg["random_seed"],
+                lowrank.MAX_RANK, cfg["orthogonalization_epsilon"])
+            assert shown[2]["y"] == pytest.approx(warm_curve, rel=1e-9)
+        else:
+            assert len(shown) == 2
+        # Warm start over the consecutive saved steps, for the same layer.
         ws = lowrank.warm_start(names[0], {s: powersgd_run.grads(s)[names[0]] for s in steps},
                                 rank, cfg["random_seed"], cfg["orthogonalization_epsilon"])
         warm = at.dataframe[1].value

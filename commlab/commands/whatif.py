@@ -47,7 +47,8 @@ def _whatif(args: argparse.Namespace) -> int:
     even = [{"label": p.label, "world_size": n,
              "break_even_gbps": whatif.break_even_gbps(base, p, n, args.latency_us)}
             for p in profiles if base and p is not base for n in world_sizes]
-    lines = [f"{'hook':<52} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} {'calls':>6}  measured over"]
+    lines = [f"{'hook':<52} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} {'calls':>6}  "
+             "measured over"]
     lines += [f"{p.label:<52} {p.compute_s * 1e3:>10.2f} {p.arithmetic_s * 1e3:>9.2f} "
               f"{p.payload_bytes:>12,.0f} {p.collectives:>6g}  {p.measured_over}" for p in profiles]
     lines.append(f"\npredicted step (ms), latency {args.latency_us:g} µs per hop; fastest marked *")

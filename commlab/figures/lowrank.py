@@ -43,6 +43,23 @@ def error_vs_rank(layers: list[LayerError], run_rank: int | None = None) -> go.F
     return fig
 
 
+def layer_by_rank(le: LayerError, warm: list[float] | None = None,
+                  warm_steps: list[int] = ()) -> go.Figure:
+    """One layer against rank: the optimum, one power iteration from a fresh Q, and, given the
+    errors of a warm-started chain ending at this step, warm start."""
+    fig = go.Figure([
+        go.Scatter(x=le.ranks, y=le.optimum, name="optimum (SVD)", mode="lines+markers"),
+        go.Scatter(x=le.ranks, y=le.power, name="PowerSGD, fresh Q", mode="lines+markers",
+                   line=dict(dash="dash"))])
+    if warm is not None:
+        fig.add_scatter(x=le.ranks, y=warm, mode="lines+markers",
+                        name=f"PowerSGD, warm start from step {warm_steps[0]}")
+    fig.update_layout(title=f"{le.name} ({le.n}×{le.m}) against rank", xaxis_title="rank r",
+                      yaxis_title="relative error", yaxis_rangemode="tozero", height=380,
+                      margin=dict(t=40, b=10))
+    return fig
+
+
 def spectrum(le: LayerError, rank: int | None = None) -> go.Figure:
     """Singular values (log scale), and the share of ‖M‖² the first k of them hold."""
     sv = le.singular_values
