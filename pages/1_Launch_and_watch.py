@@ -151,12 +151,7 @@ def panel(view: live.LiveView, was_running: bool) -> None:
     if h["compression_ratio"] is not None:
         cols[3].metric("compression ratio", f"{h['compression_ratio']:.2f}")
     st.caption(f"Last step shown: {h['step']} · loss {h['loss']:.4f}")
-    df = view.frame()
-    a, b = st.columns(2)
-    a.plotly_chart(figures.loss_figure({live.run_label(view.run): df}), key="loss")
-    b.plotly_chart(figures.step_time_figure(df), key="step_time")
-    a.plotly_chart(figures.bytes_figure(df), key="bytes")
-    b.plotly_chart(figures.compression_figure(df), key="ratio")
+    st.plotly_chart(figures.live_figure(view.frame()), key="live")
 
 
 st.title("Launch and watch")
