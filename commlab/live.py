@@ -172,13 +172,8 @@ def watch_choices(runs_dir: str | None = None) -> list[dict]:
 
 
 def run_label(run: store.RunFolder) -> str:
-    cfg = run.config_dict()
-    name = cfg.get("hook", "?")
-    if cfg.get("wrapper", "none") != "none":
-        name = f"{cfg['wrapper']}_wrapper({name})"
-    if cfg.get("hook") in ("powersgd", "batched_powersgd"):
-        name += f" r={cfg.get('matrix_approximation_rank')} start={cfg.get('start_powerSGD_iter')}"
-    return f"{name} · {run.id[-4:]}"
+    """The settings that tell runs apart, and the run id's random tail that tells twins apart."""
+    return f"{run.config().label()} · {run.id[-4:]}"
 
 
 # ---------------------------------------------------------------------------- the run table

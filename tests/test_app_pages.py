@@ -48,6 +48,8 @@ def charts(at: AppTest) -> list[dict]:
             return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
         if isinstance(v, dict):
             return {k: unpack(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [unpack(x) for x in v]
         return v
 
     return [unpack(json.loads(c.proto.spec)) for c in at.get("plotly_chart")]

@@ -52,6 +52,14 @@ OBSERVE_CHART = """() => {
 }"""
 
 
+T0 = time.monotonic()
+
+
+def log(what: str) -> None:
+    """Progress with elapsed seconds: shown when the test fails, so a slow step can be found."""
+    print(f"[{time.monotonic() - T0:7.1f} s] {what}", flush=True)
+
+
 def need_browser():
     try:
         import playwright.sync_api  # noqa: F401
@@ -156,6 +164,7 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
     runs_dir.mkdir()
     port = free_port()
     server = start_streamlit(runs_dir, port)
+    log("streamlit answers")
     writes = WriteTimes(runs_dir)
     try:
         with sync_playwright() as pw:
@@ -166,6 +175,7 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 page.goto(f"http://127.0.0.1:{port}/", timeout=SLOW_MS)
                 expect(page.get_by_text("No runs yet.")).to_be_visible(timeout=SLOW_MS)
                 idle(page)
+                log("page 1 loaded")
 
                 choose(page, "hook", "powersgd", exact=True)
                 choose(page, "built-in workload", "mlp: multilayer")
@@ -175,26 +185,31 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 set_number(page, "stall_timeout_s", 900)
                 expect(page.get_by_text("Hook implementation: commlab")).to_be_visible()
                 screenshot(page, "1_Launch_and_watch_form")
+                log("form filled")
 
                 page.get_by_role("button", name="Launch").click()
                 page.evaluate(OBSERVE_CHART)
                 writes.start()
                 page.locator(".js-plotly-plot .scatterlayer .trace").first.wait_for(timeout=SLOW_MS)
+                log(f"chart has points; {len(writes.written)} steps written")
                 deadline = time.monotonic() + 180
                 while len(page.evaluate("window.__shown")) < 20 and time.monotonic() < deadline:
                     time.sleep(0.5)
                 shown = {int(k): v / 1000 for k, v in page.evaluate("window.__shown").items()}
                 latency = write_to_screen(writes.written, shown)
+                log(f"latency measured over {latency['steps']} steps")
                 screenshot(page, "1_Launch_and_watch")
 
                 run = api.list_runs(runs_dir)[0]
                 assert run.status() == "running", run.status_record()
                 assert run.meta()["hook_impl"] == "commlab"
                 screenshot_every_page(page)
+                log("every page captured")
 
                 # A fresh session, as after a reload or a Streamlit restart, re-attaches to the run.
                 page.goto(f"http://127.0.0.1:{port}/", timeout=SLOW_MS)
                 expect(page.get_by_text("Status: running")).to_be_visible(timeout=SLOW_MS)
+                log("re-attached after a reload")
                 page.get_by_role("button", name="Stop").click()
                 expect(page.get_by_text("Status: stopped")).to_be_visible(timeout=SLOW_MS)
                 idle(page)
@@ -247,3 +262,4 @@ def screenshot_every_page(page) -> None:
         except PlaywrightTimeout:  # a page that keeps working still gets its picture
             pass
         screenshot(page, file.stem)
+        log(f"captured {file.stem}")
