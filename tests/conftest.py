@@ -42,10 +42,12 @@ def runs_dir(tmp_path_factory):
     """A runs folder holding real short runs, made once: a PowerSGD run with several buckets,
     error measurement and saved gradients, and a plain allreduce baseline."""
     root = tmp_path_factory.mktemp("runs")
-    common = dict(workload="mlp", steps=24, world_size=2, runs_dir=str(root), bucket_cap_mb=0.05)
+    # A generous stall timeout: on a busy 2-core machine a rank can take minutes to import torch.
+    common = dict(workload="mlp", steps=24, world_size=2, runs_dir=str(root), bucket_cap_mb=0.05,
+                  stall_timeout_s=600)
     powersgd = run(RunConfig(hook="powersgd", start_powerSGD_iter=4, matrix_approximation_rank=2,
-                             error_every=4, save_grads_at=[8, 9, 10], **common), timeout=240)
-    baseline = run(RunConfig(hook="allreduce", **common), timeout=240)
+                             error_every=4, save_grads_at=[8, 9, 10], **common), timeout=900)
+    baseline = run(RunConfig(hook="allreduce", **common), timeout=900)
     assert powersgd.status() == "finished", powersgd.status_record()
     assert baseline.status() == "finished", baseline.status_record()
     return root
