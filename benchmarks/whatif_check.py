@@ -1,16 +1,18 @@
 """The what-if model against runs over emulated links on this machine.
 
-    python benchmarks/whatif_check.py [--world-sizes 2,3] [--bandwidths-gbps 0.1,0.3,1]
+    python benchmarks/whatif_check.py [--world-sizes 2,3] [--bandwidths-gbps 0.02,0.05,0.2]
 
-For each world size: one run per hook on the real (loopback) link calibrates the model (compute,
-arithmetic, bytes); then every hook runs again over each emulated link, and the model, which saw
-only the calibration runs, predicts each one's median step time.  Runs alternate hook by hook
-(A B A B), so a change in the machine's load falls on both.  Prints predicted against measured
-and their ratio; the issue's target is within 20%.
+For each world size, bandwidth and hook, two runs back to back: one on the real (loopback) link,
+which calibrates the model (compute, arithmetic, bytes), then the same settings over the emulated
+link, whose median step time the model predicts without having seen it.  Pairs alternate hook by
+hook (A A' B B' ...): this machine is shared and its load drifts by 2x within minutes, so the
+calibration is taken as close in time to the measurement as possible.  Prints predicted against
+measured and their ratio; the issue's target is within 20%.
 
-Bandwidths are chosen so the emulated link dominates loopback (the emulation holds a collective
-until the link would finish, and cannot make loopback faster); at 0.1-1 Gb/s the mlp's 340 kB
-allreduce takes 3-27 ms, against well under a millisecond of loopback.
+The emulation holds a collective until the link would finish; it cannot make loopback faster, so
+on this machine a collective takes the longer of the two, and the prediction here does the same
+(the "loopback" column).  Bandwidths are chosen low enough for the link to dominate for allreduce;
+PowerSGD's few kilobytes never dominate, so its checks test compute and arithmetic.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="mlp")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--world-sizes", default="2,3")
-    p.add_argument("--bandwidths-gbps", default="0.1,0.3,1")
+    p.add_argument("--bandwidths-gbps", default="0.02,0.05,0.2")
     p.add_argument("--latency-us", type=float, default=20.0)
     p.add_argument("--rank", type=int, default=1, help="PowerSGD's matrix_approximation_rank")
     p.add_argument("--start", type=int, default=5, help="PowerSGD's start_powerSGD_iter")
@@ -41,33 +43,35 @@ def main(argv: list[str] | None = None) -> int:
     hooks = {"allreduce": {"hook": "allreduce"},
              "powersgd": {"hook": "powersgd", "matrix_approximation_rank": args.rank,
                           "start_powerSGD_iter": args.start}}
-    links = [(0.0, 0.0)] + [(bw, args.latency_us) for bw in parse_list(args.bandwidths_gbps, float, "bw")]
     done = []
     t0 = time.monotonic()
     for n in parse_list(args.world_sizes, int, "world_sizes"):
-        for bw, lat in links:
+        for bw in parse_list(args.bandwidths_gbps, float, "bandwidths_gbps"):
             for name, settings in hooks.items():
-                cfg = RunConfig(workload=args.workload, steps=args.steps, world_size=n,
-                                runs_dir=runs_dir, stall_timeout_s=900, emulate_bandwidth_gbps=bw,
-                                emulate_latency_us=lat, **settings)
-                r = run(cfg)
-                print(f"[{time.monotonic() - t0:6.0f} s] N={n} {name:<9} "
-                      f"{whatif.link_label(bw, lat) or 'loopback':<28} {r.status()}  {r.id}",
-                      file=sys.stderr, flush=True)
-                if r.status() != "finished":
-                    print(f"run {r.id} ended {r.status()}: {r.status_record().get('error')}",
-                          file=sys.stderr)
-                    return 1
-                done.append(r)
+                for link in ((0.0, 0.0), (bw, args.latency_us)):
+                    cfg = RunConfig(workload=args.workload, steps=args.steps, world_size=n,
+                                    runs_dir=runs_dir, stall_timeout_s=900,
+                                    emulate_bandwidth_gbps=link[0], emulate_latency_us=link[1],
+                                    **settings)
+                    r = run(cfg)
+                    print(f"[{time.monotonic() - t0:6.0f} s] N={n} {name:<9} "
+                          f"{whatif.link_label(*link) or 'loopback':<28} {r.status()}  {r.id}",
+                          file=sys.stderr, flush=True)
+                    if r.status() != "finished":
+                        print(f"run {r.id} ended {r.status()}: {r.status_record().get('error')}",
+                              file=sys.stderr)
+                        return 1
+                    done.append(r)
 
     rows = whatif.checks(done)
     print(f"\nruns in {runs_dir}; latency {args.latency_us:g} µs per hop; median of steady steps\n")
     print(f"{'N':>2} {'Gb/s':>5} {'hook':<22} {'predicted ms':>12} {'measured ms':>12} {'ratio':>6}"
-          f"   (compute + arithmetic + link, ms)")
+          f"   compute + arithmetic + max(link, loopback), ms")
     for r in rows:
         print(f"{r['world_size']:>2} {r['bandwidth_gbps']:>5g} {r['label']:<22} "
               f"{r['predicted_s'] * 1e3:>12.2f} {r['measured_s'] * 1e3:>12.2f} {r['ratio']:>6.2f}"
-              f"   ({r['compute_s'] * 1e3:.2f} + {r['arithmetic_s'] * 1e3:.2f} + {r['comm_s'] * 1e3:.2f})")
+              f"   {r['compute_s'] * 1e3:.1f} + {r['arithmetic_s'] * 1e3:.1f} + "
+              f"max({r['link_s'] * 1e3:.1f}, {r['loopback_s'] * 1e3:.1f})")
     within = sum(abs(r["ratio"] - 1) <= args.tolerance for r in rows)
     worst = max(rows, key=lambda r: abs(r["ratio"] - 1))
     print(f"\n{within}/{len(rows)} within {args.tolerance:.0%}; worst {worst['label']} at "

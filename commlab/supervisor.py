@@ -20,6 +20,9 @@ from . import procs, store
 from .launch import torchrun_command, worker_env
 
 POLL_S = 0.2
+# Before the first step the workers import torch and build DDP, which takes minutes on a busy
+# machine: a short stall timeout applies from the first step on.
+STARTUP_ALLOWANCE_S = 300.0
 CRASH_GRACE_S = 2.0  # after a rank's error file appears, time for torchrun to end the rest itself
 
 
@@ -54,7 +57,8 @@ def supervise(run_dir: Path) -> int:
             last_size, last_progress = size, now
         if stop_requested:
             ending = {"status": "stopped", "error": "stopped by the user"}
-        elif now - last_progress > cfg.stall_timeout_s:
+        elif now - last_progress > (cfg.stall_timeout_s if last_size else
+                                    max(cfg.stall_timeout_s, STARTUP_ALLOWANCE_S)):
             ending = _stalled(folder, cfg, now - last_progress)
         elif crash_seen is None and any(run_dir.glob("rank*.error.json")):
             crash_seen = now
