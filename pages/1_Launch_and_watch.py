@@ -160,7 +160,7 @@ st.title("Launch and watch")
 runs = live.watch_choices()
 if st.session_state.pop("fold_form", False) or "form_open" not in st.session_state:
     st.session_state.form_open = not (runs and runs[0]["status"] == "running")
-with st.expander("New run", key="form_open", icon=":material/tune:"):
+with st.expander("New run", key="form_open", on_change="rerun", icon=":material/tune:"):
     values = settings()
     config, problems = live.config_from_form(values)
     launch_area(config, problems)

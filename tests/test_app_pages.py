@@ -111,6 +111,7 @@ def test_every_page_says_what_to_do_first_without_runs(tmp_path, monkeypatch):
     side = " ".join(c.value for c in at.sidebar.caption)
     assert desc["backend"] in side and torch.__version__ in side and f"{desc['gpus']} CUDA GPU" in side
     assert "No runs yet" in texts(at) and "Launch" in texts(at)
+    assert at.expander[0].proto.expanded  # the form is open: there is nothing to watch yet
     for page in (BUCKETS, RUNS):
         at.switch_page(page).run()
         assert not at.exception, [e.value for e in at.exception]
@@ -235,6 +236,7 @@ def test_reload_reattaches_refreshes_from_new_lines_and_stops(tmp_path, monkeypa
     running = fake_running_run(runs, sleeper)
     at = open_app(monkeypatch, runs)  # a fresh session, as after a reload or a restart
     assert "**Status: running** · step 2 of 50" in texts(at)
+    assert not at.expander[0].proto.expanded  # the form is folded: the live panel is in view
     view = at.session_state["views"][str(running.path)]
     assert len(view.rows) == 3
     append_steps(running, range(3, 7))

@@ -180,7 +180,6 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 choose(page, "hook", "powersgd", exact=True)
                 choose(page, "built-in workload", "mlp: multilayer")
                 set_number(page, "steps", 5000)
-                set_number(page, "start_powerSGD_iter", 4)
                 set_number(page, "bucket cap (MiB)", 0.05)
                 set_number(page, "stall_timeout_s", 900)
                 expect(page.get_by_text("Hook implementation: commlab")).to_be_visible()

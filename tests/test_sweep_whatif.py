@@ -183,6 +183,39 @@ def test_predictions_winners_and_break_even():
     assert whatif.break_even_gbps(allreduce, free, 64, 5) == math.inf
 
 
+class FakeRun:
+    """What ``whatif.checks`` reads of a run folder."""
+
+    def __init__(self, run_id: str, cfg: RunConfig, records: list[dict]):
+        self.id, self._cfg, self._records = run_id, cfg.to_dict(), records
+
+    def config_dict(self) -> dict:
+        return self._cfg
+
+    def metrics_records(self) -> list[dict]:
+        return self._records
+
+
+def test_checks_predict_each_emulated_run_from_its_latest_twin_on_the_real_link():
+    job = dict(hook="allreduce", workload="mlp")
+    old = FakeRun("20260101-000000-allreduce-aaaa", RunConfig(**job), _records(0.050, 0.150, 400_000, 1))
+    twin = FakeRun("20260101-000100-allreduce-bbbb", RunConfig(**job), _records(0.004, 0.014, 400_000, 1))
+    slow = FakeRun("20260101-000200-allreduce-cccc", RunConfig(**job, emulate_bandwidth_gbps=0.1),
+                   _records(0.033, 0.043, 400_000, 1))
+    fast = FakeRun("20260101-000300-allreduce-dddd", RunConfig(**job, emulate_bandwidth_gbps=1.0),
+                   _records(0.005, 0.015, 400_000, 1))
+    other = FakeRun("20260101-000400-fp16-eeee", RunConfig(hook="fp16", emulate_bandwidth_gbps=1.0),
+                    _records(0.005, 0.015, 200_000, 1))
+    rows = {r["run_id"]: r for r in whatif.checks([fast, other, slow, twin, old])}
+    assert set(rows) == {slow.id, fast.id}  # fp16 has no twin on the real link
+    assert {r["calibration_run_id"] for r in rows.values()} == {twin.id}
+    link = whatif.ring_allreduce_s(400_000, 2, 0.1)
+    assert rows[slow.id]["predicted_s"] == pytest.approx(0.010 + link)  # 32 ms of link
+    # 3.2 ms of link at 1 Gb/s, but loopback took 4 ms here: the slower of the two counts
+    assert rows[fast.id]["predicted_s"] == pytest.approx(0.014)
+    assert rows[fast.id]["measured_s"] == pytest.approx(0.015)
+
+
 # =========================================================================== a real sweep
 def _end(proc: subprocess.Popen, runs_dir: Path) -> None:
     """Whatever happened, leave nothing running: stop the sweep, then every run it started."""
