@@ -145,9 +145,11 @@ class LiveView:
         """Which hook implementation ran and why (planned, until rank 0 reports it)."""
         meta, planned = self.run.meta(), self.run.launch_info()
         source = meta if meta.get("hook_impl") else planned
-        return {"ran": bool(meta.get("hook_impl")), "hook_impl": source.get("hook_impl"),
-                "hook_name": meta.get("hook_name"), "hook_reason": source.get("hook_reason"),
-                "backend": source.get("backend"), "warning": planned.get("warning")}
+        impl = source.get("hook_impl")
+        return {"ran": bool(meta.get("hook_impl")), "hook_impl": impl,
+                "owner": {"stock": "PyTorch's", "commlab": "commlab's"}.get(impl, impl),
+                "hook_reason": source.get("hook_reason"), "backend": source.get("backend"),
+                "warning": planned.get("warning")}
 
     def headline(self) -> dict:
         """The numbers above the charts, defined as ``RunFolder.summary`` defines them."""

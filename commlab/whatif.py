@@ -162,10 +162,11 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
                          compute_s: float | None = None) -> HookProfile:
     """A hook's profile from a run's metrics (pure).
 
-    The hook's own link time is subtracted from its measured time to leave its arithmetic: exactly
-    the emulated link's time when the run had one (it dominates loopback by design), else
-    ``loopback_s_per_byte`` times the wire bytes (from a plain allreduce run, whose hook does no
-    arithmetic to speak of); without either the whole hook time counts as arithmetic, an upper bound.
+    The time the hook's collectives took is subtracted from its measured time to leave its
+    arithmetic: on loopback, ``loopback_s_per_byte`` times the wire bytes (read from a plain
+    allreduce run, whose hook does no arithmetic to speak of); over an emulated link, the longer of
+    the link's time and loopback's (the emulation holds completion back, it cannot make loopback
+    faster).  Without a loopback rate, loopback counts as arithmetic, which overstates it.
     ``compute_s`` overrides the run's own (to share one baseline's across hooks).
     """
     if records and "payload_bytes" not in records[0]:
@@ -179,11 +180,10 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     payload = statistics.median(r["payload_bytes"] for r in steady)
     calls = statistics.median(r["collectives"] for r in steady)
     emulated = config_link_label(cfg)
+    link_s = (loopback_s_per_byte or 0.0) * wire_bytes(payload, world)
     if emulated:
-        link_s = ring_allreduce_s(payload, world, cfg.get("emulate_bandwidth_gbps", 0.0),
-                                  cfg.get("emulate_latency_us", 0.0), calls)
-    else:
-        link_s = (loopback_s_per_byte or 0.0) * wire_bytes(payload, world)
+        link_s = max(link_s, ring_allreduce_s(payload, world, cfg.get("emulate_bandwidth_gbps", 0.0),
+                                              cfg.get("emulate_latency_us", 0.0), calls))
     own_compute = statistics.median(r["step_s"] - r["hook_s"] for r in steady)
     return HookProfile(
         label=label or cfg_label(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),

@@ -114,7 +114,9 @@ def watch_panel(choices: list[dict]) -> None:
                         format_func=lambda p: f"{by_path[p]['label']} — {by_path[p]['status']}")
     st.session_state.watch = path
     views = st.session_state.setdefault("views", {})
-    view = views.setdefault(path, live.LiveView(path))
+    if path not in views:
+        views[path] = live.LiveView(path)
+    view = views[path]
     running = by_path[path]["status"] == "running"
     st.fragment(run_every=REFRESH_S if running else None)(panel)(view, running)
 
@@ -130,9 +132,9 @@ def panel(view: live.LiveView, was_running: bool) -> None:
                 f" of {h['steps_planned']}")
     if status.get("error") and status["status"] != "running":
         st.error(status["error"])
-    ran = "ran" if impl["ran"] else "will run (planned; rank 0 has not reported yet)"
-    st.caption(f"Implementation that {ran} on {impl['backend']}: **{impl['hook_impl']}** "
-               f"{impl['hook_name'] or ''}: {impl['hook_reason']}")
+    ran = "ran" if impl["ran"] else "will run (planned: rank 0 has not reported yet)"
+    st.caption(f"Hook implementation that {ran} on {impl['backend']}: **{impl['owner']}** "
+               f"({impl['hook_impl']}). Why: {impl['hook_reason']}.")
     if impl["warning"]:
         st.warning(impl["warning"])
     if status["status"] == "running" and st.button("Stop", key="stop"):

@@ -379,6 +379,27 @@ def test_ctrl_c_stops_the_sweep_and_its_run(tmp_path):
     assert sweep.status() == "stopped" and [r.status() for r in sweep.runs()] == ["stopped"]
 
 
+@pytest.mark.timeout(1800)
+def test_sweep_page_shows_progress_and_stops_a_running_sweep(tmp_path, monkeypatch):
+    """A sweep that this test pretends to execute (its own PID owns it): the page's fragment draws
+    the progress bar, and its Stop button raises the stop flag the executor polls."""
+    import psutil
+    from streamlit.testing.v1 import AppTest
+
+    sweep = sw.create(sw.SweepSpec(base=RunConfig(workload="mlp", steps=10, runs_dir=str(tmp_path)),
+                                   matrix_approximation_rank=[1, 2]))
+    me = psutil.Process()
+    sw._write_state(sweep, pid=me.pid, create_time=me.create_time())
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+    at.switch_page("pages/8_Sweep.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    (bar,) = at.get("progress")
+    assert "[1/3] allreduce: starting, step 0/10" in bar.proto.text
+    next(b for b in at.button if b.label == "Stop sweep").click().run()
+    assert sweep.stop_requested()
+
+
 # =========================================================================== pages with no runs
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("page,title", [("pages/8_Sweep.py", "Sweep"), ("pages/9_What_if.py", "What if")])
