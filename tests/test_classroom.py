@@ -247,16 +247,24 @@ def test_failing_rank_raises_and_leaves_nothing():
         classroom.run_collectives([bad])
 
 
-def test_interrupted_run_leaves_nothing():
+def test_ranks_listen_on_loopback_only_and_an_interrupted_run_leaves_nothing():
     class Stop(Exception):
         pass
 
-    def stop_at_first_report(_):
+    listening = []
+
+    def look_then_stop(_):  # at the first report every rank has joined: store and Gloo are up
+        for p in psutil.Process().children(recursive=True):
+            try:
+                listening.extend(c.laddr.ip for c in p.net_connections(kind="inet")
+                                 if c.status == psutil.CONN_LISTEN)
+            except psutil.NoSuchProcess:
+                pass
         raise Stop  # what a page that is navigated away from does: the ranks are still training
 
     with pytest.raises(Stop):
-        classroom.run_ranks(classroom._grad_rank, 2, (100_000, 0.01, 0),
-                            on_message=stop_at_first_report)
+        classroom.run_ranks(classroom._grad_rank, 2, (100_000, 0.01, 0), on_message=look_then_stop)
+    assert listening and set(listening) <= {"127.0.0.1", "::1"}, listening
 
 
 def test_timeout_leaves_nothing():
