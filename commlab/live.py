@@ -265,6 +265,22 @@ def bucket_table(rows: list[dict]) -> list[dict]:
              "parameters": ", ".join(p["name"] for p in b["params"])} for b in rows]
 
 
+def ddp_logged_sizes(buckets: dict) -> dict[str, dict]:
+    """DDP's own log of bucket sizes (``_get_ddp_logging_data``) next to the recorded layouts.
+
+    DDP logs the rebuilt sizes only once it has rebuilt, and the run folder holds the log as it
+    stood when buckets.json was last written (after step 1 and at the end of the run)."""
+    logged = buckets.get("ddp_logging") or {}
+    out = {}
+    for (key, title), field in zip(LAYOUTS.items(), ("bucket_sizes", "rebuilt_bucket_sizes")):
+        text = logged.get(field)
+        sizes = [int(x) for x in str(text).split(",")] if text else None
+        recorded = [b["bytes"] for b in sorted(buckets.get(key) or [], key=lambda b: b["index"])]
+        out[title] = {"field": field, "logged": sizes, "recorded": recorded,
+                      "agrees": sizes == recorded if sizes else None}
+    return out
+
+
 def cap_bytes(buckets: dict) -> int | None:
     cap = buckets.get("bucket_cap_mb")
     return None if cap is None else int(cap * MIB)

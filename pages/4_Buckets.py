@@ -36,7 +36,10 @@ for col, (title, rows) in zip(st.columns(len(layouts)), layouts.items()):
                       column_config={"share of cap": st.column_config.NumberColumn(format="percent")})
     else:
         col.caption("not recorded")
-logged = buckets.get("ddp_logging", {})
-if logged:
-    st.caption(f"DDP's own log agrees: bucket_sizes {logged.get('bucket_sizes')}; "
-               f"rebuilt_bucket_sizes {logged.get('rebuilt_bucket_sizes')}.")
+for title, log in live.ddp_logged_sizes(buckets).items():
+    if log["logged"] is None:
+        st.caption(f"DDP's log has no {log['field']} yet ({title}).")
+    else:
+        verdict = "agrees with" if log["agrees"] else "differs from"
+        st.caption(f"DDP's own {log['field']} {log['logged']} {verdict} the {title} layout "
+                   f"recorded in the hook {log['recorded']}.")

@@ -188,6 +188,9 @@ def test_buckets_page_draws_the_run_folders_layouts(runs_dir, powersgd_run, monk
         assert list(df["bytes"]) == [b["bytes"] for b in buckets]
         assert list(df["share of cap"]) == pytest.approx([b["bytes"] / cap for b in buckets])
     assert len(recorded["rebuilt"]) > len(recorded["iter0"])  # the cap split the rebuilt layout
+    assert "DDP's own bucket_sizes [%s] agrees with the iteration 0 layout" % ", ".join(
+        str(b["bytes"]) for b in recorded["iter0"]) in texts(at)
+    assert "rebuilt_bucket_sizes" in texts(at) and "differs" not in texts(at)
 
 
 def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatch):

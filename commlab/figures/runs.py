@@ -54,9 +54,9 @@ def live_figure(df) -> go.Figure:
 def buckets_figure(layouts: dict[str, list[dict]], cap_bytes: int | None) -> go.Figure:
     """Layouts side by side (title -> buckets from ``live.bucket_layouts``): one bar per bucket,
     split into its parameters, each parameter the same colour in both layouts; the dashed line
-    is the cap; buckets are listed top to bottom in the order DDP reduces them."""
+    is the cap; buckets run top to bottom in the order DDP reduces them (bucket index order)."""
     titles = list(layouts)
-    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.12)
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.15)
     names = sorted({p["name"] for rows in layouts.values() for b in rows for p in b["params"]})
     palette = plotly.colors.qualitative.Plotly
     colour = {n: palette[i % len(palette)] for i, n in enumerate(names)}
@@ -79,7 +79,9 @@ def buckets_figure(layouts: dict[str, list[dict]], cap_bytes: int | None) -> go.
         if cap_bytes:
             fig.add_vline(x=cap_bytes, line_dash="dash", annotation_text="cap", row=1, col=col)
         fig.update_yaxes(autorange="reversed", row=1, col=col)
-        fig.update_xaxes(title_text="bytes", row=1, col=col)
+        # Room on the right of the longest bar for its size.
+        widest = max([b["bytes"] for b in rows] + [cap_bytes or 0, 1])
+        fig.update_xaxes(title_text="bytes", range=[0, 1.6 * widest], row=1, col=col)
     fig.update_layout(barmode="overlay", height=140 + 70 * max([len(r) for r in layouts.values()] + [1]),
                       margin=dict(t=50, b=10, l=10, r=10))
     return fig
@@ -95,7 +97,7 @@ def _segments(b: dict):
 
 
 def bucket_label(b: dict) -> str:
-    return f"bucket {b['index']} · reduced #{b['order']}" + (" · last" if b["is_last"] else "")
+    return f"bucket {b['index']}" + (" · last" if b["is_last"] else "")
 
 
 def _size_text(nbytes: int, cap: int | None) -> str:
