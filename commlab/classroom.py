@@ -278,6 +278,8 @@ def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args
     import torch
     import torch.distributed as dist
 
+    from .teardown import end_process_group
+
     _die_with_parent()
     if iface:  # Gloo and NCCL would otherwise pick an address from the host name
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = iface
@@ -297,7 +299,7 @@ def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args
     try:
         target(rank, world_size, outbox.report, *args)
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def _die_with_parent() -> None:

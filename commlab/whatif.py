@@ -19,7 +19,8 @@ Summed over collectives it stays linear, so a hook is summarized by its bytes an
 count per step.
 
 Assumptions, stated where results are shown: communication does not overlap computation (exact with
-one bucket, where DDP calls the hook after the last gradient; an upper bound otherwise), every
+one bucket, where DDP calls the hook after the last gradient; with several buckets the part of
+backward that runs inside the hook's window counts as communication, an upper bound), every
 worker keeps its batch (weak scaling), so compute and arithmetic do not change with N; one flat
 ring whose slowest link has bandwidth beta.
 """

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from commlab.config import HOOKS, WRAPPERS, RunConfig
 from commlab.hooks import registry
 from commlab.hooks.instrument import CollectiveCounter
+from commlab.teardown import end_process_group
 
 STEPS = 5  # compression starts at step 2, so three compressed steps
 
@@ -66,7 +67,7 @@ def main(out: str) -> None:
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def test_watch_panel_shows_the_run_folders_numbers(runs_dir, powersgd_run, monke
     traces = {t["name"]: t for t in live_chart(at)["data"]}
     assert traces["loss"]["x"] == [r["step"] for r in rows]
     for name, column in (("loss", "loss"), ("whole step", "step_s"),
-                         ("inside the hook (all buckets)", "hook_s"),
+                         ("in the hook (first bucket in to last out)", "hook_s"),
                          ("plain allreduce would send", "plain_bytes"),
                          ("this hook sent", "payload_bytes"), ("compression ratio", "compression_ratio")):
         assert traces[name]["y"] == [r[column] for r in rows], name

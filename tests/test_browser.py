@@ -128,8 +128,18 @@ class WriteTimes(threading.Thread):
 
 
 def idle(page, timeout_ms: int = SLOW_MS) -> None:
-    """Wait until Streamlit has finished its rerun (its status widget goes away)."""
-    page.locator('[data-testid="stStatusWidget"]').wait_for(state="detached", timeout=timeout_ms)
+    """Wait until Streamlit has finished its rerun (its status widget goes away).
+
+    The widget shows up a moment after a click, so it is first given a second to appear; a
+    rerun too quick to show it has finished by then."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    widget = page.locator('[data-testid="stStatusWidget"]')
+    try:
+        widget.wait_for(state="attached", timeout=1000)
+    except PlaywrightTimeout:
+        return
+    widget.wait_for(state="detached", timeout=timeout_ms)
 
 
 def screenshot(page, name: str) -> None:

@@ -95,7 +95,7 @@ def _snippet_names(text: str) -> None:
 
 
 TRAIN = '''
-import json, sys
+import gc, json, sys
 import torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -132,6 +132,7 @@ results = {{name: train(fn) for name, fn in REGISTER.items()}}
 if dist.get_rank() == 0:
     with open(sys.argv[1], "w") as f:
         json.dump(results, f)
+gc.collect()  # DDP models gone before the group: Gloo can abort at exit otherwise
 dist.destroy_process_group()
 '''
 

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from commlab import cli
 from commlab.config import HOOKS, POWERSGD_FIELDS, WRAPPERS, RunConfig
 from commlab.hooks import compress, powersgd, registry
+from commlab.teardown import end_process_group
 
 # Unloaded, a job takes seconds; these only bound a hang, generously, as this machine is often
 # shared.  JOB_TIMEOUT_S stays below the per-test timeout (fixture setup included) so that the
@@ -54,7 +55,7 @@ def _entry(rank, job, world_size, port, out_dir):
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def _run_job(job, world_size, out_dir) -> list[dict]:

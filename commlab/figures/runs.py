@@ -37,7 +37,7 @@ def live_figure(df) -> go.Figure:
     fig.add_scatter(x=step, y=df["loss"], name="loss", mode="lines", row=1, col=1)
     fig.add_scatter(x=step, y=df["step_s"], name="whole step", mode="lines", row=1, col=2)
     if "payload_bytes" in df:  # instrumented runs only
-        fig.add_scatter(x=step, y=df["hook_s"], name="inside the hook (all buckets)", mode="lines",
+        fig.add_scatter(x=step, y=df["hook_s"], name="in the hook (first bucket in to last out)", mode="lines",
                         row=1, col=2)
         fig.add_scatter(x=step, y=df["plain_bytes"], name="plain allreduce would send",
                         mode="lines", line=dict(dash="dash"), row=2, col=1)

@@ -3,10 +3,11 @@
 Bytes are counted where they are handed over: ``torch.distributed.all_reduce`` is wrapped for
 the life of a run, so PyTorch's hooks and commlab's are measured by the same ruler (both call it
 through the module attribute).  The wrapper also records DDP's bucket layouts, the time from a
-hook's call to its future's completion, and every K steps the approximation error against the
-exact mean gradient, from one extra allreduce whose bytes are counted apart.  An emulated link,
-when set, makes each counted collective complete no earlier than latency + bytes / bandwidth
-after it started.
+first hook call of a step to its last future's completion, and every K steps the approximation
+error against the exact mean gradient, from one extra allreduce whose bytes are counted apart.  An
+emulated link, when set, makes each counted collective complete no earlier than latency + bytes /
+bandwidth after it started; collectives share the one link, so a collective issued while another
+is on it waits for the link to be free, as on a real network card.
 """
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ class CollectiveCounter:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._original = None
+        self._link_free = 0.0  # when the emulated link has carried everything handed to it so far
         self.reset()
 
     def reset(self) -> None:
@@ -114,9 +116,11 @@ class CollectiveCounter:
             with counter._lock:
                 counter.bytes[cat] += nbytes
                 counter.calls[cat] += 1
+                if cat == HOOK and counter.link.on:
+                    start = max(time.perf_counter(), counter._link_free)
+                    deadline = counter._link_free = start + counter.link.seconds(nbytes, counter.world_size)
             if cat != HOOK or not counter.link.on:
                 return original(tensor, *args, **kwargs)
-            deadline = time.perf_counter() + counter.link.seconds(nbytes, counter.world_size)
             work = original(tensor, *args, **kwargs)
             if work is None:  # a blocking call: the caller waits for the link too
                 _sleep_until(deadline)
@@ -136,12 +140,20 @@ class CollectiveCounter:
 class StepRecord:
     """What the instrumented hook saw during one step (filled from several threads)."""
 
-    hook_s: float = 0.0
+    first_call: float | None = None  # perf_counter at the step's first hook call
+    last_result: float | None = None  # ... and at its last bucket's result
     plain_bytes: int = 0  # what DDP's default allreduce would hand over: the buckets, as they are
     layouts: list = field(default_factory=list)
     bucket_errors: list = field(default_factory=list)
     layer_errors: list = field(default_factory=list)
     grads: dict = field(default_factory=dict)
+
+    @property
+    def hook_s(self) -> float:
+        """The step's communication window: buckets overlap, so their own times are not summed."""
+        if self.first_call is None or self.last_result is None:
+            return 0.0
+        return self.last_result - self.first_call
 
 
 class HookInstrument:
@@ -171,6 +183,8 @@ class HookInstrument:
                  for i, p in enumerate(bucket.parameters())]
         shapes = [tuple(g.shape) for g in bucket.gradients()]
         with self._lock:
+            if rec.first_call is None:
+                rec.first_call = t0
             rec.plain_bytes += buf.numel() * buf.element_size()
             if self.record_layout:
                 rec.layouts.append(_layout(bucket, names, shapes, buf))
@@ -191,7 +205,7 @@ class HookInstrument:
             if exact is not None:
                 self._compare(rec, index, names, shapes, out, exact)
             with self._lock:
-                rec.hook_s += time.perf_counter() - t0
+                rec.last_result = max(rec.last_result or 0.0, time.perf_counter())
             return out
 
         return fut.then(finish)
