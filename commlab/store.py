@@ -104,8 +104,11 @@ def new_run_dir(runs_dir: str | os.PathLike, label: str) -> Path:
             continue
 
 
-class RunFolder:
-    """Read access to one run folder; cheap to construct, reads lazily."""
+class Folder:
+    """A folder named by its id whose ``MARKER`` file says it is complete; cheap to construct,
+    reads lazily."""
+
+    MARKER = ""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -118,7 +121,13 @@ class RunFolder:
         return self.path / name
 
     def exists(self) -> bool:
-        return self.file("config.json").exists()
+        return self.file(self.MARKER).exists()
+
+
+class RunFolder(Folder):
+    """Read access to one run folder."""
+
+    MARKER = "config.json"
 
     def config_dict(self) -> dict:
         return read_json(self.file("config.json"), {})

@@ -130,21 +130,10 @@ class Progress:
 
 
 # ============================================================================ the sweep folder
-class Sweep:
-    """One sweep's folder: its plan, its state, its runs; cheap to construct, reads lazily."""
+class Sweep(store.Folder):
+    """One sweep's folder: its plan, its state, its runs."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-
-    @property
-    def id(self) -> str:
-        return self.path.name
-
-    def file(self, name: str) -> Path:
-        return self.path / name
-
-    def exists(self) -> bool:
-        return self.file("sweep.json").exists()
+    MARKER = "sweep.json"
 
     def spec(self) -> SweepSpec:
         return SweepSpec.from_dict(store.read_json(self.file("sweep.json"))["spec"])

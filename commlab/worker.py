@@ -7,7 +7,6 @@ the run folder (see ``commlab.store``).  Every rank writes its own traceback if 
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import math
 import os
@@ -89,11 +88,6 @@ def train(run_dir: Path) -> None:
     t_start = time.perf_counter()
     batches = work.batches()
     save_at = set(cfg.save_grads_at)
-    # Each step's mean loss over ranks is reduced in the background while the next step runs, and
-    # rank 0 writes the step's line the moment it arrives; all ranks read the same mean, so they
-    # agree on divergence at the same step.  (Waiting for it in the step cost 3% of a charlm step
-    # on 2 cores; see benchmarks/overhead.py.)
-    pending = diverged = None
     for step in range(cfg.steps):
         x, y = next(batches)
         x, y = x.to(device), y.to(device)
@@ -105,15 +99,23 @@ def train(run_dir: Path) -> None:
         loss = workloads.loss_fn(ddp(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP waits here for every bucket's hook future
-        if pending and not math.isfinite(value := pending.value()):
-            diverged = (pending.step, value)
-            break
         optimizer.step()
+        # The mean loss over ranks: every rank then agrees on divergence at the same step.
+        mean_loss = loss.detach().clone()
+        if counter:
+            with counter.category(OTHER):
+                dist.all_reduce(mean_loss)
+        else:
+            dist.all_reduce(mean_loss)
+        loss_value = mean_loss.item() / world
         step_s = time.perf_counter() - t0
-        row = None
-        if rank == 0:
-            row = {"step": step, "loss": None, "step_s": step_s, "t": time.perf_counter() - t_start}
-        if instrument and rank == 0:
+        if rank != 0:
+            if not math.isfinite(loss_value):
+                break
+            continue
+        row = {"step": step, "loss": loss_value, "step_s": step_s,
+               "t": time.perf_counter() - t_start}
+        if instrument:
             nbytes, calls = counter.take()
             rec = instrument.record
             sent_total += nbytes["hook"]
@@ -134,16 +136,14 @@ def train(run_dir: Path) -> None:
             if rec.grads:
                 folder.file("grads").mkdir(exist_ok=True)
                 torch.save({k: v.cpu() for k, v in rec.grads.items()}, folder.file(f"grads/step_{step}.pt"))
-        with counter.category(OTHER) if counter else contextlib.nullcontext():
-            pending = _MeanLoss(step, loss, world, row, writer)
-    if pending and not diverged and not math.isfinite(value := pending.value()):
-        diverged = (pending.step, value)
-    if rank == 0:
-        if diverged:
+        writer.write(row)
+        if not math.isfinite(loss_value):
             store.write_json(folder.file("status.json"), {
-                "status": "diverged", "step": diverged[0],
-                "error": f"loss became {diverged[1]} at step {diverged[0]}; the run was stopped there"})
-        else:
+                "status": "diverged", "step": step,
+                "error": f"loss became {loss_value} at step {step}; the run was stopped there"})
+            break
+    else:
+        if rank == 0:
             store.write_json(folder.file("status.json"), {"status": "finished", "step": cfg.steps - 1})
     if instrument and rank == 0:
         store.write_json(folder.file("buckets.json"), _bucket_file(layouts, cfg, ddp))
@@ -151,27 +151,6 @@ def train(run_dir: Path) -> None:
         counter.uninstall()
     del ddp, instrument, hook
     end_process_group()
-
-
-class _MeanLoss:
-    """One step's loss averaged over ranks in the background; rank 0's line for the step is
-    written, loss included, as soon as the average arrives."""
-
-    def __init__(self, step: int, loss: torch.Tensor, world: int, row: dict | None,
-                 writer: store.JsonlWriter | None):
-        self.step = step
-        total = loss.detach().clone()
-
-        def arrived(_) -> float:
-            value = total.item() / world
-            if row is not None:
-                writer.write({**row, "loss": value})
-            return value
-
-        self._future = dist.all_reduce(total, async_op=True).get_future().then(arrived)
-
-    def value(self) -> float:
-        return self._future.wait()
 
 
 def _bucket_file(layouts: dict, cfg: RunConfig, ddp: DDP) -> dict:

@@ -60,7 +60,9 @@ st.title("Compression rule")
 st.markdown(
     "PowerSGD views each gradient as an n×m matrix (`shape[0]` × the rest), takes "
     "r = min(n, m, rank), and compresses it only when **(n + m)·r·min_compression_rate < n·m**; "
-    "vectors are always allreduced as they are. A compressed layer sends P and Q, (n + m)·r elements.")
+    "a vector of length k is a k×1 matrix, so with min_compression_rate ≥ 1 it is never compressed "
+    "(the documentation says never; below 1, torch 2.13 compresses it, and so does commlab). "
+    "A compressed layer sends P and Q, (n + m)·r elements.")
 
 try:
     named = chosen_shapes()

@@ -128,6 +128,33 @@ def test_the_model_prices_a_collective_as_the_emulated_link_holds_it(nbytes, wor
         Link(bw, lat).seconds(nbytes, world))
 
 
+def test_collectives_issued_together_share_the_emulated_link():
+    """Two buckets' collectives handed over at once leave the link one after the other, as on a
+    real network card: the second completes no earlier than two transfers after the first began."""
+    import torch
+    import torch.distributed as dist
+
+    from commlab.hooks.instrument import CollectiveCounter
+    from commlab.teardown import end_process_group
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    # The counter prices the link for 2 ranks; one process is enough to hold collectives back.
+    counter = CollectiveCounter(Link(bandwidth_gbps=0.08, latency_us=0.0), world_size=2).install()
+    try:
+        one = Link(0.08, 0.0).seconds(40_000, 2)  # 40 kB over 10 MB/s: 4 ms
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(torch.zeros(10_000), async_op=True) for _ in range(2)]
+        done = []
+        for w in works:
+            w.wait()
+            done.append(time.perf_counter() - t0)
+        assert done[0] >= one * 0.999 and done[1] >= 2 * one * 0.999, (done, one)
+        assert counter.take()[0]["hook"] == 80_000
+    finally:
+        counter.uninstall()
+        end_process_group()
+
+
 def test_ring_allreduce_time_by_hand():
     # 2(N-1)·α + 2(N-1)/N·S/β with N=4, α=10 µs, S=1 MB, β=8 Gb/s = 1 GB/s
     assert whatif.ring_allreduce_s(1e6, 4, 8.0, 10.0) == pytest.approx(6 * 10e-6 + 1.5 * 1e-3)

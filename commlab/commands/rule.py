@@ -4,7 +4,7 @@ from __future__ import annotations
 
 def _rule(args) -> int:
     from .. import shapes
-    from ..cli import EXIT_BAD_INPUT, emit
+    from ..cli import emit
     from ..config import ConfigError
     from ..rule import apply_rule
 
