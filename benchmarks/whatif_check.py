@@ -29,7 +29,7 @@ from commlab.sweep import parse_list
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="mlp")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--world-sizes", default="2,3")
     p.add_argument("--bandwidths-gbps", default="0.02,0.05,0.2")
     p.add_argument("--latency-us", type=float, default=20.0)

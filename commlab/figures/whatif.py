@@ -36,8 +36,8 @@ def workers_figure(rows: list[dict], bandwidth_gbps: float) -> go.Figure:
     mine = [r for r in rows if r["bandwidth_gbps"] == bandwidth_gbps]
     latency = mine[0]["latency_us"] if mine else 0
     return _layout(_lines(mine, "world_size"),
-                   f"Predicted step time against workers at {bandwidth_gbps:g} Gb/s, {latency:g} µs "
-                   f"per hop<br><sup>{ASSUMPTION}</sup>", "workers (N)")
+                   f"Step time vs workers · {bandwidth_gbps:g} Gb/s, {latency:g} µs/hop"
+                   f"<br><sup>{ASSUMPTION}</sup>", "workers (N)")
 
 
 def bandwidth_figure(rows: list[dict], world_size: int) -> go.Figure:
@@ -45,8 +45,8 @@ def bandwidth_figure(rows: list[dict], world_size: int) -> go.Figure:
     mine = [r for r in rows if r["world_size"] == world_size]
     latency = mine[0]["latency_us"] if mine else 0
     return _layout(_lines(mine, "bandwidth_gbps"),
-                   f"Predicted step time against bandwidth on {world_size} workers, {latency:g} µs "
-                   f"per hop<br><sup>{ASSUMPTION}</sup>", "link bandwidth, Gb/s")
+                   f"Step time vs bandwidth · {world_size} workers, {latency:g} µs/hop"
+                   f"<br><sup>{ASSUMPTION}</sup>", "link bandwidth, Gb/s")
 
 
 def winner_map(cells: list[dict]) -> go.Figure:
