@@ -1,7 +1,7 @@
 """A bare DDP training script, the yardstick for commlab's overhead (nanoGPT's loop, no lab).
 
-    python -m torch.distributed.run --nproc-per-node 2 --rdzv-backend c10d \
-        --rdzv-endpoint 127.0.0.1:0 benchmarks/bare_ddp.py --workload charlm --steps 100 --out t.json
+    python -m commlab.torchrun --nproc-per-node 2 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 benchmarks/bare_ddp.py --workload charlm --steps 100 --out t.json
 
 Same model, data, optimizer, seed and hook as ``commlab run``; PyTorch's own allreduce_hook.
 Rank 0 writes, per step, the time at which it ended (seconds from the start) to --out.

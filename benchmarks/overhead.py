@@ -36,8 +36,8 @@ def bare(cfg: RunConfig, out: Path) -> float:
     # The workers' environment is commlab's own (loopback, threads per rank), so that only the
     # lab's own work differs between the two.
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.world_size),
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+        [sys.executable, "-m", "commlab.torchrun", "--nproc-per-node", str(cfg.world_size),
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
          str(ROOT / "benchmarks" / "bare_ddp.py"), "--workload", cfg.workload,
          "--steps", str(cfg.steps), "--batch-size", str(cfg.batch_size), "--lr", str(cfg.lr),
          "--seed", str(cfg.seed), "--bucket-cap-mb", str(cfg.bucket_cap_mb), "--out", str(out)],

@@ -38,10 +38,11 @@ def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
 
 
 def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:
-    """The exact argv that runs the workers: standalone, rendezvous on loopback, no restarts."""
-    return [python, "-m", "torch.distributed.run",
+    """The exact argv that runs the workers: torchrun (its stores kept on loopback, see
+    ``commlab.torchrun``), one node, rendezvous at 127.0.0.1 on a free port, no restarts."""
+    return [python, "-m", "commlab.torchrun",
             "--nnodes", "1", "--nproc-per-node", str(cfg.world_size),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
             "--max-restarts", "0", "--monitor-interval", "0.5",
             "-m", "commlab.worker", str(run_dir)]
 
@@ -54,7 +55,8 @@ def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
     # Share the cores out instead of letting each rank start a thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.world_size)))
     env["MASTER_ADDR"] = "127.0.0.1"
-    env["GLOO_SOCKET_IFNAME"] = env.get("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

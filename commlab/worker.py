@@ -1,6 +1,7 @@
 """One rank's training loop: the program torchrun runs for a commlab run.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m commlab.worker RUN_DIR
+    python -m commlab.torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \
+        --local-addr 127.0.0.1 -m commlab.worker RUN_DIR
 
 The launcher writes RUN_DIR/config.json and launch.json first; rank 0 alone writes the rest of
 the run folder (see ``commlab.store``).  Every rank writes its own traceback if it dies.

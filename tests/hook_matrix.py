@@ -1,7 +1,7 @@
 """Every hook x wrapper that commlab offers, trained for a few steps on Gloo with several buckets.
 
-    python -m torch.distributed.run --nproc-per-node 3 --rdzv-backend c10d \
-        --rdzv-endpoint 127.0.0.1:0 tests/hook_matrix.py OUT.json
+    python -m commlab.torchrun --nproc-per-node 3 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 tests/hook_matrix.py OUT.json
 
 One torchrun job covers every combination (start-up costs seconds here).  Rank 0 writes, per
 combination: the implementation used, the number of buckets after DDP's rebuild, the bytes

@@ -18,8 +18,9 @@ HERE = __import__("pathlib").Path(__file__).parent
 def test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets(tmp_path, world_size):
     out = tmp_path / "matrix.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size),
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "0",
+        [sys.executable, "-m", "commlab.torchrun", "--nproc-per-node", str(world_size),
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
+         "--max-restarts", "0",
          str(HERE / "hook_matrix.py"), str(out)],
         capture_output=True, text=True, timeout=400, cwd=HERE.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -45,8 +46,9 @@ def test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets(tmp_path, wo
 
 def test_torchrun_command_is_loopback_and_exact(tmp_path):
     cmd = torchrun_command(RunConfig(world_size=3), tmp_path, python="py")
-    assert cmd == ["py", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "3",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts",
+    assert cmd == ["py", "-m", "commlab.torchrun", "--nnodes", "1", "--nproc-per-node", "3",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                   "--local-addr", "127.0.0.1", "--max-restarts",
                    "0", "--monitor-interval", "0.5", "-m", "commlab.worker", str(tmp_path)]
 
 
@@ -121,6 +123,10 @@ def test_stop_leaves_no_process_even_a_worker_ignoring_sigterm(tmp_path):
     sup = json.loads((r.path / "supervisor.json").read_text())
     pids = [sup["pid"], sup["torchrun_pid"], *sup["worker_pids"]]
     assert len(sup["worker_pids"]) >= 2
+    # Training: torchrun's stores and Gloo are up, and none of them is reachable from outside.
+    listening = [c.laddr.ip for pid in pids for c in psutil.Process(pid).net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= 2 and set(listening) <= {"127.0.0.1", "::1"}, listening
     assert r.stop() == "stopped"
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert len(open_run(r.path).metrics_records()) >= 2  # what it measured is kept
