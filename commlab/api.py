@@ -32,9 +32,10 @@ class Run(store.RunFolder):
         self._wait_for_supervisor()
         return self.status()
 
-    def _wait_for_supervisor(self, timeout: float = 15) -> None:
-        # The worker writes "finished" a moment before its processes are gone; callers that
-        # go on to count processes, or start the next run, want them gone.
+    def _wait_for_supervisor(self, timeout: float = 120) -> None:
+        # The worker writes "finished" a moment before its processes are gone (longer on a busy
+        # machine); callers that go on to count processes, or start the next run (whose step
+        # times the leftovers would spoil), want them gone.
         from .procs import alive
 
         sup = store.read_json(self.file("supervisor.json"), {})

@@ -63,8 +63,9 @@ class RunConfig:
     error_every: int = 0  # record the approximation error every K steps; 0 = never
     save_grads_at: list[int] = field(default_factory=list)  # steps whose gradients are saved
     stall_timeout_s: float = 120.0
-    # -- an emulated network link (0 = off): each collective completes no earlier than
-    #    latency + bytes / bandwidth after it started
+    # -- an emulated network link (0 = off): each collective the hook issues completes no
+    #    earlier than a ring allreduce over it would, 2(N-1)·latency + 2(N-1)/N·bytes/bandwidth,
+    #    after it started; collectives share the one link (see commlab.hooks.instrument)
     emulate_bandwidth_gbps: float = 0.0
     emulate_latency_us: float = 0.0
     runs_dir: str = field(default_factory=default_runs_dir)
@@ -251,7 +252,9 @@ def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
     if c.world_size < 1:
         e["world_size"] = f"must be at least 1 process, got {c.world_size}"
     elif c.backend == "nccl":
-        gpus = _gpu_count() if gpu_count is None else gpu_count
+        from .launch import gpu_count as count_gpus
+
+        gpus = count_gpus() if gpu_count is None else gpu_count
         if c.world_size > gpus:
             e["world_size"] = (f"{c.world_size} NCCL ranks need {c.world_size} GPUs, this machine "
                                f"has {gpus}: NCCL runs one rank per GPU (use backend gloo or auto)")
@@ -274,16 +277,17 @@ def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
         e["emulate_bandwidth_gbps"] = f"must be 0 (off) or a bandwidth in Gb/s, got {c.emulate_bandwidth_gbps}"
     if c.emulate_latency_us < 0 or not math.isfinite(c.emulate_latency_us):
         e["emulate_latency_us"] = f"must be 0 or more microseconds, got {c.emulate_latency_us}"
-    if "workload" not in e:
-        from .workloads import workload_error
+    if not c.instrument:
+        # These are carried out by the instrumentation; without it they would be silently ignored.
+        for name, on in (("error_every", c.error_every > 0), ("save_grads_at", bool(c.save_grads_at)),
+                         ("emulate_bandwidth_gbps", c.emulate_bandwidth_gbps > 0),
+                         ("emulate_latency_us", c.emulate_latency_us > 0)):
+            if on:
+                e[name] = f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})"
+    from .workloads import workload_error
 
-        msg = workload_error(c.workload)
-        if msg:
-            e["workload"] = msg
+    msg = workload_error(c.workload)
+    if msg:
+        e["workload"] = msg
     return e
 
-
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0

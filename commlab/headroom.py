@@ -11,7 +11,6 @@ first steps of each are skipped: they include start-up work and DDP's bucket reb
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -102,16 +101,4 @@ def _run_to_end(cfg, timeout_s: float):
     if status != "finished":
         error = run.status_record().get("error") or "no error recorded"
         raise RuntimeError(f"the {cfg.hook} run ended {status}: {error} (run folder {run.path})")
-    _wait_until_gone(run)
     return run
-
-
-def _wait_until_gone(run, timeout_s: float = 120.0) -> None:
-    """A finished run's processes take a moment to exit (longer on a busy machine); the next
-    run must not start while they still hold the cores, or its step times would be off."""
-    from . import procs, store
-
-    sup = store.read_json(run.file("supervisor.json"), {})
-    deadline = time.monotonic() + timeout_s
-    while procs.alive(sup.get("pid"), sup.get("create_time")) and time.monotonic() < deadline:
-        time.sleep(0.1)

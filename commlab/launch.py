@@ -110,13 +110,20 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
         everyone = procs.tree(pid)  # collected first: workers live in their own sessions
         procs.terminate(everyone[:1], grace_s=grace_s + 5)  # the supervisor stops its own tree
         procs.terminate([p for p in everyone[1:] if p.is_running()], grace_s=1)
-    for pid in sup.get("worker_pids", []):
-        if procs.alive(pid):
-            procs.kill_tree(pid, grace_s=1)
+    for pid in workers_alive(sup):
+        procs.kill_tree(pid, grace_s=1)
     if folder.status() in ("running", "lost"):
         store.write_json(folder.file("status.json"), {
             **folder.status_record(), "status": "stopped", "error": "stopped by the user"})
     return folder.status()
+
+
+def workers_alive(sup: dict) -> list[int]:
+    """The run's worker PIDs (from its supervisor.json) that still run those very workers."""
+    from . import procs
+
+    created = sup.get("worker_create_times", {})
+    return [pid for pid in sup.get("worker_pids", []) if procs.alive(pid, created.get(str(pid)))]
 
 
 def _wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:

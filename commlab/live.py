@@ -17,8 +17,9 @@ import shutil
 import statistics
 from pathlib import Path
 
-from . import api, procs, store
+from . import api, store
 from .config import ConfigError, RunConfig, default_runs_dir
+from .launch import workers_alive
 
 MIB = 1024 * 1024  # DDP's bucket_cap_mb counts MiB
 
@@ -37,8 +38,9 @@ HELP = {
             "the loss is good enough; with a warm-up, no fewer than the warm-up steps. At least "
             "2 with error feedback or warm start (DDP rebuilds its buckets after step 0).",
     "min_compression_rate": "A gradient viewed as an n x m matrix is compressed only when "
-            "(n + m) * r * min_compression_rate < n * m; otherwise (and always for 1-D tensors) "
-            "it is allreduced uncompressed.",
+            "(n + m) * r * min_compression_rate < n * m; otherwise it is allreduced uncompressed. "
+            "A 1-D tensor of length k is k x 1: never compressed at a rate of 1 or more (torch "
+            "2.13 compresses it below 1).",
     "use_error_feedback": "Keep what compression lost and add it to the next step's gradient.",
     "warm_start": "Reuse last step's Q as the start of this step's power iteration.",
     "orthogonalization_epsilon": "Added to each column norm when orthogonalizing P, against "
@@ -235,8 +237,7 @@ def delete_run(path: str | Path, runs_dir: str | None = None) -> None:
         raise ValueError(f"{p} is not a commlab run folder (no config.json); nothing was deleted")
     if run.status() == "running":
         raise ValueError(f"run {run.id} is still running: stop it first")
-    workers = store.read_json(run.file("supervisor.json"), {}).get("worker_pids", [])
-    if any(procs.alive(pid) for pid in workers):
+    if workers_alive(store.read_json(run.file("supervisor.json"), {})):
         raise ValueError(f"run {run.id} has worker processes still alive: stop it first")
     shutil.rmtree(run.path)
 

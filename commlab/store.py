@@ -4,6 +4,7 @@ Layout of ``<runs_dir>/<run_id>/``:
   config.json      the resolved RunConfig            launch.json   backend, hook plan, command
   meta.json        torch version, hook implementation (written by rank 0 once DDP is up)
   status.json      running | finished | failed | diverged | stopped | stalled, with the error
+                   (read as "lost" when it says running but the supervisor is gone)
   metrics.jsonl    one line per step, appended and flushed by rank 0
   errors.jsonl     approximation error every K steps      buckets.json  DDP's bucket layouts
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
@@ -22,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("running", "finished", "failed", "diverged", "stopped", "stalled", "lost")
 FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
 
 

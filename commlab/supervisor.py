@@ -37,21 +37,22 @@ def supervise(run_dir: Path) -> int:
                              stderr=subprocess.STDOUT, env=worker_env(cfg))
     me = psutil.Process()
     store.write_json(folder.file("supervisor.json"), {
-        "pid": me.pid, "create_time": me.create_time(), "torchrun_pid": child.pid, "worker_pids": []})
+        "pid": me.pid, "create_time": me.create_time(), "torchrun_pid": child.pid, "worker_pids": [],
+        "worker_create_times": {}})
 
     metrics = folder.file("metrics.jsonl")
     last_progress, last_size, crash_seen = time.time(), 0, None
-    worker_pids: set[int] = set()
+    workers: dict[int, float] = {}  # pid -> create time, so that a reused PID is never taken for one
     ending = None
     while child.poll() is None:
         time.sleep(POLL_S)
         now = time.time()
-        known = {p.pid for p in procs.tree(child.pid)[1:]}
-        if known - worker_pids:
-            worker_pids |= known
+        known = {p.pid: p.create_time() for p in procs.tree(child.pid)[1:]}
+        if known.keys() - workers.keys():
+            workers |= known
             store.write_json(folder.file("supervisor.json"), {
                 "pid": me.pid, "create_time": me.create_time(), "torchrun_pid": child.pid,
-                "worker_pids": sorted(worker_pids)})
+                "worker_pids": sorted(workers), "worker_create_times": {str(k): v for k, v in workers.items()}})
         size = metrics.stat().st_size if metrics.exists() else 0
         if size != last_size:
             last_size, last_progress = size, now
@@ -66,7 +67,7 @@ def supervise(run_dir: Path) -> int:
             ending = {}  # torchrun was slow to end the others: do it, then read the tracebacks
         if ending is not None:
             break
-    _end_all(child, worker_pids)
+    _end_all(child, workers)
     log.close()
 
     final = folder.status_record()
@@ -78,8 +79,9 @@ def supervise(run_dir: Path) -> int:
     return 0
 
 
-def _end_all(child: subprocess.Popen, worker_pids: set[int]) -> None:
-    everyone = procs.tree(child.pid) + [p for pid in worker_pids for p in procs.tree(pid)]
+def _end_all(child: subprocess.Popen, workers: dict[int, float]) -> None:
+    mine = [pid for pid, created in workers.items() if procs.alive(pid, created)]
+    everyone = procs.tree(child.pid) + [p for pid in mine for p in procs.tree(pid)]
     procs.terminate({p.pid: p for p in everyone}.values(), grace_s=3.0)
     child.wait(timeout=10)
 

@@ -137,12 +137,16 @@ def panel(view: live.LiveView, was_running: bool) -> None:
                f"({impl['hook_impl']}). Why: {impl['hook_reason']}.")
     if impl["warning"]:
         st.warning(impl["warning"])
-    if status["status"] == "running" and st.button("Stop", key="stop"):
+    # A lost run's supervisor is gone, but torchrun or workers may outlive it: Stop ends them.
+    if status["status"] in ("running", "lost") and st.button("Stop", key="stop"):
         api.open_run(view.run.path).stop()
         st.rerun()
     if not view.rows:
-        st.info("Waiting for the first step: starting the ranks takes a few seconds "
-                "(longer on a busy machine).")
+        if status["status"] == "running":
+            st.info("Waiting for the first step: starting the ranks takes a few seconds "
+                    "(longer on a busy machine).")
+        else:
+            st.info(f"The run ended ({status['status']}) before its first step: nothing was measured.")
         return
     cols = st.columns(4)
     cols[0].metric("loss", f"{h['loss']:.4f}")

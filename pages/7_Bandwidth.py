@@ -107,7 +107,8 @@ def headroom_section() -> None:
     if h:
         c1, c2, c3 = st.columns(3)
         c1.metric("allreduce step", f"{h.step_s_allreduce * 1e3:.2f} ms")
-        c2.metric("noop step", f"{h.step_s_noop * 1e3:.2f} ms", f"{-h.speedup:.0%}",
+        # The delta is the change in step time from allreduce to noop: -comm_share, not -speedup.
+        c2.metric("noop step", f"{h.step_s_noop * 1e3:.2f} ms", f"{-h.comm_share:.0%} vs allreduce",
                   delta_color="off")
         c3.metric("communication share", f"{h.comm_share:.0%}")
         (st.warning if h.allreduce_is_bottleneck else st.success)(h.verdict)

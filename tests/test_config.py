@@ -35,6 +35,8 @@ def test_defaults_are_valid():
     (dict(workload="collections:OrderedDict"), "workload", "must return (model, batches)"),
     (dict(workload="json:nothere"), "workload", "has no function"),
     (dict(workload="resnet"), "workload", "charlm, mlp, cnn, wide"),
+    (dict(instrument=False, emulate_bandwidth_gbps=1.0), "emulate_bandwidth_gbps", "needs instrument on"),
+    (dict(instrument=False, error_every=5), "error_every", "needs instrument on"),
 ])
 def test_refusals_name_the_field_and_what_is_allowed(kw, field, words):
     errs = errors_of(**kw)

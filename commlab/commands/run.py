@@ -69,13 +69,19 @@ def _run(args: argparse.Namespace) -> int:
     from ..cli import emit
 
     cfg = config_from_args(args).check()
+    # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
+    # while the run is still being started (the handle does not exist yet).
+    pressed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: pressed.append(True))
     run = launch(cfg)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: run.stop())
+    if pressed:
+        run.stop()
     warning = run.launch_info().get("warning")
     if warning and not args.json:
         print(f"warning: {warning}", file=sys.stderr)
-    # Ctrl-C or a TERM to this foreground command stops the run it started.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: run.stop())
     if not args.json:
         info = run.launch_info()
         print(f"run {run.id}: {cfg.label()} on {cfg.world_size} {info['backend']} rank(s) "

@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 import torch.distributed as dist
+
+from ..lowrank import relative_error
 
 HOOK, MEASURE, OTHER = "hook", "measure", "other"
 
@@ -191,7 +192,7 @@ class HookInstrument:
         exact = None
         if self.measure or self.save_grads:
             # Issued in the hook body, before the hook's own collectives: the same order on every
-            # rank, which Gloo needs (see DESIGN.md).
+            # rank, which Gloo needs (it pairs collectives across ranks by the order they come in).
             exact = buf.detach().clone()
             with self.counter.category(MEASURE):
                 dist.all_reduce(exact)
@@ -218,21 +219,15 @@ class HookInstrument:
             e = exact[offset:offset + n]
             if self.measure and name in self.compressed:
                 layer_rows.append({"bucket": index, "layer": name,
-                                   "rel_error": _rel(out[offset:offset + n], e)})
+                                   "rel_error": relative_error(out[offset:offset + n], e)})
             if self.save_grads:
                 grads[name] = e.reshape(shape).clone()
             offset += n
         with self._lock:
             if self.measure:
-                rec.bucket_errors.append({"bucket": index, "rel_error": _rel(out[:offset], exact[:offset])})
+                rec.bucket_errors.append({"bucket": index, "rel_error": relative_error(out[:offset], exact[:offset])})
                 rec.layer_errors.extend(layer_rows)
             rec.grads.update(grads)
-
-
-def _rel(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    denom = exact.float().norm().item()
-    diff = (approx.float() - exact.float()).norm().item()
-    return diff / denom if denom > 0 else (0.0 if diff == 0 else math.inf)
 
 
 def _layout(bucket, names, shapes, buf) -> dict:

@@ -76,7 +76,7 @@ def _random_fill(state: PowerSGDState, matrices: list[torch.Tensor]) -> None:
 def _finish_state(state: PowerSGDState, bucket: dist.GradBucket, bucket_index: int,
                   original: torch.Tensor | None, decompressed: torch.Tensor) -> None:
     """The bookkeeping that ends a compressed step; it communicates nothing."""
-    if torch.cuda.is_available():
+    if decompressed.is_cuda:
         # PyTorch synchronizes here too: the error below must see the finished decompression.
         torch.cuda.synchronize(decompressed.device)
     if state.use_error_feedback:

@@ -11,7 +11,7 @@ is chosen on its own:
   or none at all, so they are already safe and are used as they are.
 
 ``HookChoice.impl`` is "commlab" when any piece is commlab's.  What fails where was measured on
-torch 2.13 (DESIGN.md); tests/test_hooks.py re-checks the bf16 and batched causes.  ``plan``,
+torch 2.13 (README, "Which hook actually runs"); tests/test_hooks.py re-checks the bf16 and batched causes.  ``plan``,
 ``stock_warning`` and ``support_table`` are pure and import no torch, for the CLI and the UI.
 """
 from __future__ import annotations
@@ -144,9 +144,6 @@ def stock_warning(cfg: RunConfig, backend: str) -> str | None:
         if (*piece, backend) in _ONE_BUCKET_FAILS:
             advice = ("run with bucket_cap_mb large enough to hold every gradient in one bucket, "
                       "or impl=auto")
-            if cfg.start_powerSGD_iter == 0:
-                advice += (" (with start_powerSGD_iter 0, iteration 0 compresses too, and DDP's "
-                           "first iteration always uses a 1 MiB first bucket)")
         elif piece == ("hook", "batched_powersgd"):
             advice = f"the run fails at step {cfg.start_powerSGD_iter}; use impl=auto or commlab"
         else:
