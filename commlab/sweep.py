@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -213,16 +212,12 @@ def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
 def create(spec: SweepSpec) -> Sweep:
     """Validate the whole grid, then write the sweep's folder; raises ConfigError first."""
     configs = grid(spec)
-    root = Path(spec.base.runs_dir) / SWEEPS
-    root.mkdir(parents=True, exist_ok=True)
-    while True:
-        path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep-{secrets.token_hex(2)}"
-        try:
-            path.mkdir()
-            break
-        except FileExistsError:
-            continue
-    sweep = Sweep(path)
+    going = [s.id for s in list_sweeps(spec.base.runs_dir) if s.status() == "running"]
+    if going:
+        raise ConfigError({"sweep": f"sweep {going[0]} is still running: two sweeps at once would "
+                                    "share the cores and spoil each other's step times; stop it "
+                                    "or let it finish first"})
+    sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep"))
     store.write_json(sweep.file("sweep.json"), {
         "spec": spec.to_dict(), "labels": [run_label(c.to_dict()) for c in configs],
         "created_at": time.time()})

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from commlab import cli, whatif
@@ -56,6 +57,20 @@ def test_a_bad_grid_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="comma-separated list of int"):
         sw.parse_list("1,two", int, "matrix_approximation_rank")
     assert not any(tmp_path.iterdir())
+    # A hook that is not PowerSGD's would be swapped for it: refused instead, naming the field.
+    assert cli.main(["sweep", "--hook", "fp16", "--runs-dir", str(tmp_path), "--dry-run"]) == 2
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_second_sweep_waits_for_the_first(tmp_path):
+    spec = sw.SweepSpec(base=RunConfig(runs_dir=str(tmp_path)), matrix_approximation_rank=[1])
+    first = sw.create(spec)
+    sw._write_state(first, pid=__import__("os").getpid(), create_time=psutil.Process().create_time())
+    assert first.status() == "running"
+    with pytest.raises(ConfigError, match=f"sweep {first.id} is still running"):
+        sw.create(spec)
+    sw._write_state(first, status="finished")  # an ended (or lost) sweep no longer blocks
+    assert sw.create(spec).status() == "running"
 
 
 def test_cli_dry_run_prints_the_plan(capsys):

@@ -24,8 +24,13 @@ LIST_FLAGS = {  # flag -> (SweepSpec field, type)
 
 
 def spec_from_args(args: argparse.Namespace):
+    from ..config import POWERSGD_HOOKS, ConfigError
     from ..sweep import SweepSpec
 
+    if args.hook is not None and args.hook not in POWERSGD_HOOKS:
+        raise ConfigError({"hook": f"a sweep varies PowerSGD's settings: --hook must be one of "
+                                   f"{', '.join(POWERSGD_HOOKS)} (the allreduce baseline is added "
+                                   f"by itself), got {args.hook!r}"})
     # The run options parse these flags as lists here; the shared base takes none of them.
     base_args = argparse.Namespace(**{**vars(args), **{flag: None for flag in LIST_FLAGS}})
     lists = {field: parse_list(getattr(args, flag), kind, field)
