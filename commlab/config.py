@@ -165,10 +165,18 @@ class RunConfig:
         return {k: getattr(self, k) for k in POWERSGD_FIELDS}
 
     def label(self) -> str:
-        name = self.hook if self.wrapper == "none" else f"{self.wrapper}_wrapper({self.hook})"
-        if self.is_powersgd:
-            name += f" r={self.matrix_approximation_rank} start={self.start_powerSGD_iter}"
-        return name
+        return label_of(self.to_dict())
+
+
+def label_of(cfg: dict) -> str:
+    """A run's settings in a few words, from its config as stored (any version of it)."""
+    hook, wrapper = cfg.get("hook", "?"), cfg.get("wrapper", "none")
+    name = hook if wrapper == "none" else f"{wrapper}_wrapper({hook})"
+    if hook in POWERSGD_HOOKS:
+        name += f" r={cfg.get('matrix_approximation_rank')} start={cfg.get('start_powerSGD_iter')}"
+        if cfg.get("min_compression_rate", 2.0) != 2.0:
+            name += f" rate={cfg['min_compression_rate']:g}"
+    return name
 
 
 class ConfigError(ValueError):

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from . import api, store
-from .config import ConfigError, RunConfig, default_runs_dir
+from .config import ConfigError, RunConfig, default_runs_dir, label_of
 from .launch import workers_alive
 
 MIB = 1024 * 1024  # DDP's bucket_cap_mb counts MiB
@@ -177,7 +177,7 @@ def watch_choices(runs_dir: str | None = None) -> list[dict]:
 
 def run_label(run: store.RunFolder) -> str:
     """The settings that tell runs apart, and the run id's random tail that tells twins apart."""
-    return f"{run.config().label()} · {run.id[-4:]}"
+    return f"{label_of(run.config_dict())} · {run.id[-4:]}"
 
 
 # ---------------------------------------------------------------------------- the run table

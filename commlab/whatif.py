@@ -31,6 +31,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
+from .config import label_of as cfg_label
+
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
 DEFAULT_LATENCY_US = 5.0
@@ -207,17 +209,6 @@ def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = SKIP) ->
         return None
     wire = wire_bytes(statistics.median(r["payload_bytes"] for r in steady), cfg.get("world_size", 2))
     return statistics.median(r["hook_s"] for r in steady) / wire if wire else None
-
-
-def cfg_label(cfg: dict) -> str:
-    """The label ``RunConfig.label`` gives, from a config dict."""
-    hook, wrapper = cfg.get("hook", "?"), cfg.get("wrapper", "none")
-    name = hook if wrapper == "none" else f"{wrapper}_wrapper({hook})"
-    if hook in ("powersgd", "batched_powersgd"):
-        name += f" r={cfg.get('matrix_approximation_rank')} start={cfg.get('start_powerSGD_iter')}"
-        if cfg.get("min_compression_rate", 2.0) != 2.0:
-            name += f" rate={cfg['min_compression_rate']:g}"
-    return name
 
 
 def _same_job(a: dict, b: dict) -> bool:
