@@ -66,10 +66,6 @@ def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
     from .hooks import registry
 
     cfg.check()
-    if request_id:
-        for run in store.list_runs(cfg.runs_dir):
-            if run.launch_info().get("request_id") == request_id:
-                return run
     backend, why = resolve_backend(cfg)
     impl, impl_reason = registry.plan(cfg, backend)
     run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())
@@ -88,9 +84,12 @@ def start(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
     a second browser tab) returns the run the first one started.
     """
+    if request_id:
+        cfg.check()  # bad settings are refused even when the id was seen before
+        for run in store.list_runs(cfg.runs_dir):
+            if run.launch_info().get("request_id") == request_id:
+                return run  # started (or being started) by the first call: never a second supervisor
     folder = prepare(cfg, request_id)
-    if (folder.path / "supervisor.json").exists():
-        return folder
     log = open(folder.file("supervisor.log"), "ab")
     subprocess.Popen([sys.executable, "-m", "commlab.supervisor", str(folder.path.resolve())],
                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
