@@ -3,10 +3,10 @@ gradient averaging sits in a training step.  Thin: widgets in, commlab.classroom
 import inspect
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from commlab import classroom
+from commlab.figures import classroom as figs
 from commlab.config import ConfigError
 
 
@@ -15,93 +15,12 @@ def show_errors(e: ConfigError) -> None:
         st.error(f"**{field}**: {msg}")
 
 
-def fmt(values) -> str:
-    return ", ".join(f"{x:g}" for x in values)
-
-
-# ---------------------------------------------------------------------------- figures and tables
-def rank_table(result: classroom.CollectiveResult) -> pd.DataFrame:
-    return pd.DataFrame([{"rank": r.rank, "before": fmt(r.before), "after": fmt(r.after),
-                          "finished (ms after first)": r.finished_ms} for r in result.ranks])
-
-
-def before_after_chart(result: classroom.CollectiveResult, title: str) -> go.Figure:
-    labels = [f"rank {r.rank}" + (f"[{i}]" if len(r.before) > 1 else "")
-              for r in result.ranks for i in range(len(r.before))]
-    fig = go.Figure([go.Bar(name=when, x=labels,
-                            y=[x for r in result.ranks for x in getattr(r, when)])
-                     for when in ("before", "after")])
-    fig.update_layout(title=title, barmode="group", height=320, margin=dict(t=40, b=10))
-    return fig
-
-
-def arrival_chart(result: classroom.CollectiveResult) -> go.Figure:
-    finished = {r.rank: r.finished_ms for r in result.ranks}
-    order = result.arrival_order
-    fig = go.Figure(go.Bar(x=[finished[r] for r in order], y=[f"rank {r}" for r in order],
-                           orientation="h", text=[f"{finished[r]:.2f} ms" for r in order]))
-    fig.update_layout(title="When each rank finished (first at the top)",
-                      xaxis_title="ms after the first rank", yaxis_autorange="reversed",
-                      height=80 + 40 * len(order), margin=dict(t=40, b=10))
-    return fig
-
-
-def holdings_figure(trace: classroom.Trace, k: int) -> go.Figure:
-    """Ranks x chunks after step k: the values, and how many ranks' data each chunk holds."""
-    n, chunks = trace.world_size, range(len(trace.chunks))
-    held = trace.initial if k == 0 else trace.steps[k - 1].holdings
-    who = [[(r,)] * len(chunks) for r in range(n)] if k == 0 else trace.steps[k - 1].contributors
-    fig = go.Figure(go.Heatmap(
-        z=[[len(who[r][c]) for c in chunks] for r in range(n)],
-        text=[[f"{fmt(held[r][c]) or '—'}<br>from {'+'.join(map(str, who[r][c]))}"
-               for c in chunks] for r in range(n)],
-        texttemplate="%{text}", zmin=1, zmax=n, colorscale="Blues",
-        x=[f"chunk {c} [{a}:{b}]" for c, (a, b) in enumerate(trace.chunks)],
-        y=[f"rank {r}" for r in range(n)], colorbar=dict(title="ranks<br>folded in")))
-    fig.update_layout(title="what each rank holds", yaxis_autorange="reversed",
-                      height=120 + 45 * n, margin=dict(t=40, b=10))
-    return fig
-
-
-def transfers_table(trace: classroom.Trace, k: int) -> pd.DataFrame:
-    moves = trace.steps[k - 1].transfers if k else ()
-    return pd.DataFrame([{"from": t.src, "to": t.dst, "chunk": t.chunk, "values": fmt(t.values),
-                          "bytes": t.nbytes, "receiver": t.action} for t in moves],
-                        columns=["from", "to", "chunk", "values", "bytes", "receiver"])
-
-
 def scheme_panel(trace: classroom.Trace, k: int) -> None:
     phase = trace.steps[k - 1].phase if k else "before anything moves"
     st.subheader(f"{trace.scheme.capitalize()} — step {k}/{len(trace.steps)}: {phase}")
-    st.plotly_chart(holdings_figure(trace, k))
-    st.dataframe(transfers_table(trace, k), hide_index=True)
+    st.plotly_chart(figs.holdings_figure(trace, k))
+    st.dataframe(figs.transfers_table(trace, k), hide_index=True)
 
-
-def bytes_chart(ring: classroom.Trace, naive: classroom.Trace) -> go.Figure:
-    ranks = [f"rank {r}" for r in range(ring.world_size)]
-    fig = go.Figure([go.Bar(name=t.scheme, x=ranks, y=t.bytes_sent) for t in (ring, naive)])
-    fig.update_layout(barmode="group", height=300, yaxis_title="bytes sent",
-                      margin=dict(t=20, b=10))
-    return fig
-
-
-def costs_table(size_mb: float, n: int) -> pd.DataFrame:
-    rows = [{"scheme": c.scheme, "steps": c.steps, "MB per message": c.message_bytes / 1e6,
-             "MB sent by the busiest rank": c.max_sent_bytes / 1e6,
-             "serial MB (time on one link)": c.serial_bytes / 1e6}
-            for c in classroom.scheme_costs(size_mb * 1e6, n)]
-    return pd.DataFrame(rows)
-
-
-def distance_chart(rows: pd.DataFrame) -> go.Figure:
-    fig = go.Figure([go.Scatter(x=rows["step"], y=rows[f"distance_{v}"], name=name,
-                                mode="lines+markers")
-                     for v, name in (("no_allreduce", "no allreduce"),
-                                     ("by_hand", "all_reduce by hand"), ("ddp", "DDP"))])
-    fig.update_layout(title="How far apart the ranks' models are", xaxis_title="step",
-                      yaxis_title="‖params(rank r) − params(rank 0)‖, farthest rank",
-                      height=380, margin=dict(t=40, b=10))
-    return fig
 
 
 # ---------------------------------------------------------------------------- the three sections
@@ -112,7 +31,7 @@ def real_collectives() -> classroom.Collective | None:
     op = c2.selectbox("Reduce op for all_reduce", classroom.OPS, format_func=str.upper)
     src = c3.number_input("Broadcast from rank", 0, world_size - 1, 0)
     values = st.text_area("Each rank's tensor: one line per rank, numbers split by commas",
-                          "\n".join(fmt(v) for v in classroom.default_values(world_size)),
+                          "\n".join(figs.fmt(v) for v in classroom.default_values(world_size)),
                           key=f"values_{world_size}", height=80 + 12 * world_size)
     try:
         jobs = [classroom.all_reduce_job(world_size, op, values),
@@ -132,15 +51,15 @@ def real_collectives() -> classroom.Collective | None:
         left, right = st.columns(2)
         with left:
             st.subheader(f"dist.all_reduce(op={reduced.op.upper()})")
-            st.dataframe(rank_table(reduced), hide_index=True)
-            st.plotly_chart(before_after_chart(reduced, "every rank ends with the same"))
+            st.dataframe(figs.rank_table(reduced), hide_index=True)
+            st.plotly_chart(figs.before_after_chart(reduced, "every rank ends with the same"))
         with right:
             st.subheader(f"dist.broadcast(src={sent.src})")
-            st.dataframe(rank_table(sent), hide_index=True)
-            st.plotly_chart(before_after_chart(sent, f"rank {sent.src}'s tensor everywhere"))
+            st.dataframe(figs.rank_table(sent), hide_index=True)
+            st.plotly_chart(figs.before_after_chart(sent, f"rank {sent.src}'s tensor everywhere"))
         st.markdown("**Order in which the ranks reported back from all_reduce:** "
                     + " → ".join(f"rank {r}" for r in reduced.arrival_order))
-        st.plotly_chart(arrival_chart(reduced))
+        st.plotly_chart(figs.arrival_chart(reduced))
         st.info(classroom.ARRIVAL_NOTE + " Press Run again and compare.")
     return jobs[0]
 
@@ -170,9 +89,9 @@ def ring_walkthrough(job: classroom.Collective | None) -> None:
         with right:
             scheme_panel(naive, k)
         st.subheader("Bytes each rank sends")
-        st.plotly_chart(bytes_chart(ring, naive))
+        st.plotly_chart(figs.bytes_chart(ring, naive))
         size_mb = st.number_input("Tensor size for this table (MB)", 1.0, 1e5, 100.0)
-        st.dataframe(costs_table(size_mb, n), hide_index=True)
+        st.dataframe(figs.costs_table(size_mb, n), hide_index=True)
         st.caption("Both take 2(N−1) steps, but a ring step moves S/N over every link at once "
                    "while a naive step pushes all of S through rank 0's link: if a link moves "
                    "one message at a time, the ring finishes N times sooner.")
@@ -230,7 +149,7 @@ def gradient_averaging() -> None:
             f"Largest |DDP gradient − hand-averaged gradient| over {demo.steps} steps and "
             f"{demo.world_size} ranks: {demo.max_grad_diff:.2e} (they must agree to 1e-6).")
         rows = pd.DataFrame(demo.rows)
-        st.plotly_chart(distance_chart(rows))
+        st.plotly_chart(figs.distance_chart(rows))
         st.caption("With the allreduce every rank applies the same averaged gradient, so the "
                    "distance stays exactly 0. Without it each rank follows its own data and the "
                    "replicas drift apart: they are no longer one model.")

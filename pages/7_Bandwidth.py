@@ -1,10 +1,9 @@
 """Allreduce bandwidth by message size (algbw, busbw, the memory-copy ceiling) and the noop
 headroom test.  Thin: widgets in, commlab.bench / commlab.headroom, plotly out."""
-import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from commlab import bench
+from commlab.figures import bench as figs
 from commlab.config import ConfigError
 from commlab.workloads import BUILTIN
 
@@ -14,37 +13,6 @@ SIZES = ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
 def show_errors(e: ConfigError) -> None:
     for field, msg in e.errors.items():
         st.error(f"**{field}**: {msg}")
-
-
-def bench_table(result: bench.BenchResult) -> pd.DataFrame:
-    return pd.DataFrame([{"size": r.size, "bytes": r.size_bytes, "iters": r.iters,
-                          "time (µs)": r.time_us, "algbw (GB/s)": r.algbw_gbps,
-                          "busbw (GB/s)": r.busbw_gbps, "memcpy (GB/s)": r.memcpy_gbps}
-                         for r in result.rows])
-
-
-def bandwidth_chart(table: pd.DataFrame, backend: str) -> go.Figure:
-    fig = go.Figure([
-        go.Scatter(x=table["bytes"], y=table["busbw (GB/s)"], name=f"busbw ({backend})",
-                   mode="lines+markers"),
-        go.Scatter(x=table["bytes"], y=table["algbw (GB/s)"], name="algbw", mode="lines+markers"),
-        go.Scatter(x=table["bytes"], y=table["memcpy (GB/s)"], name="memory copy (ceiling)",
-                   mode="lines+markers", line=dict(dash="dash"))])
-    fig.update_layout(title="Bandwidth against message size", xaxis_type="log",
-                      xaxis_title="message size (bytes)", yaxis_title="GB/s", height=420,
-                      margin=dict(t=40, b=10))
-    fig.update_xaxes(tickvals=table["bytes"], ticktext=table["size"])
-    return fig
-
-
-def time_chart(table: pd.DataFrame) -> go.Figure:
-    fig = go.Figure(go.Scatter(x=table["bytes"], y=table["time (µs)"], mode="lines+markers",
-                               name="one allreduce"))
-    fig.update_layout(title="Time per allreduce", xaxis_type="log", yaxis_type="log",
-                      xaxis_title="message size (bytes)", yaxis_title="µs", height=360,
-                      margin=dict(t=40, b=10))
-    fig.update_xaxes(tickvals=table["bytes"], ticktext=table["size"])
-    return fig
 
 
 def bandwidth_section() -> None:
@@ -75,11 +43,11 @@ def bandwidth_section() -> None:
         progress.empty()
     result = st.session_state.get("bench")
     if result:
-        table = bench_table(result)
+        table = figs.bench_table(result)
         st.markdown(f"**{result.world_size} rank(s) on {result.backend}**; busbw = algbw × "
                     f"2(N−1)/N = algbw × {bench.bus_factor(result.world_size):.2f}")
-        st.plotly_chart(bandwidth_chart(table, result.backend))
-        st.plotly_chart(time_chart(table))
+        st.plotly_chart(figs.bandwidth_chart(table, result.backend))
+        st.plotly_chart(figs.time_chart(table))
         st.dataframe(table, hide_index=True)
 
 
@@ -112,10 +80,7 @@ def headroom_section() -> None:
                   delta_color="off")
         c3.metric("communication share", f"{h.comm_share:.0%}")
         (st.warning if h.allreduce_is_bottleneck else st.success)(h.verdict)
-        fig = go.Figure(go.Bar(x=["allreduce", "noop"],
-                               y=[h.step_s_allreduce * 1e3, h.step_s_noop * 1e3]))
-        fig.update_layout(yaxis_title="median ms per step", height=300, margin=dict(t=20, b=10))
-        st.plotly_chart(fig)
+        st.plotly_chart(figs.headroom_chart(h))
         st.caption(f"Median of steps {h.skip}–{h.steps - 1} of {h.workload} on {h.world_size} "
                    f"rank(s); runs {h.run_ids['allreduce']} and {h.run_ids['noop']}.")
 

@@ -290,6 +290,9 @@ def test_headroom_runs_noop_and_allreduce(tmp_path):
     assert h.step_s_allreduce > 0 and h.step_s_noop > 0
     assert h.comm_share == pytest.approx(1 - h.step_s_noop / h.step_s_allreduce)
     assert set(h.run_ids) == {"allreduce", "noop"}
+    from commlab.figures.bench import headroom_chart
+
+    assert list(headroom_chart(h).data[0].y) == pytest.approx([h.step_s_allreduce * 1e3, h.step_s_noop * 1e3])
 
 
 @pytest.mark.gpu
@@ -324,3 +327,22 @@ def test_bandwidth_page_renders_and_names_bad_input():
     assert not at.exception and at.title[0].value == "Bandwidth"
     at.multiselect[0].set_value([]).run()
     assert any("sizes" in e.value for e in at.error)
+
+
+def test_pages_show_real_collectives_and_a_real_benchmark():
+    """The buttons that start real processes, and the figures drawn from what they return."""
+    app_test = pytest.importorskip("streamlit.testing.v1").AppTest
+    at = app_test.from_file(str(PAGES / "6_Classroom.py"), default_timeout=300).run()
+    next(b for b in at.button if b.label == "Run on real processes").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    reduced = at.dataframe[0].value
+    assert list(reduced["before"]) == ["0", "1", "2"] and list(reduced["after"]) == ["3"] * 3
+    assert len(at.get("plotly_chart")) >= 3  # before/after twice, and the arrival order
+
+    at = app_test.from_file(str(PAGES / "7_Bandwidth.py"), default_timeout=300).run()
+    at.multiselect[0].set_value(["1KB", "4KB"]).run()
+    next(b for b in at.button if b.label == "Measure").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    assert list(table["bytes"]) == [1024, 4096] and (table["busbw (GB/s)"] > 0).all()
+    assert len(at.get("plotly_chart")) >= 2
