@@ -207,6 +207,15 @@ def compressed_names(layers: list[dict]) -> list[str]:
     return [d["name"] for d in layers if d.get("compressed")]
 
 
+def layers_to_analyse(layers: list[dict]) -> tuple[list[str], bool]:
+    """(names, all_matrices): the compressed layers, or, where the rule compressed none at the
+    run's settings, every matrix (so that the page still has something to compare)."""
+    names = compressed_names(layers)
+    if names:
+        return names, False
+    return [d["name"] for d in layers if len(d["shape"]) > 1], True
+
+
 def measured_rows(error_records: list[dict]) -> list[dict]:
     """``errors.jsonl`` in long form: one row per step and layer or bucket."""
     rows = []

@@ -55,9 +55,8 @@ def offline_section(run, cfg: dict) -> None:
         st.info("This run saved no gradients. Start one with `--save-grads-at` (or "
                 "`RunConfig.save_grads_at`) to compare PowerSGD with the optimum.")
         return
-    names = lowrank.compressed_names(run.layers())
-    if not names:
-        names = [d["name"] for d in run.layers() if len(d["shape"]) > 1]
+    names, all_matrices = lowrank.layers_to_analyse(run.layers())
+    if all_matrices:
         st.caption("At this run's settings PowerSGD compresses no layer; every matrix is shown.")
     c1, c2 = st.columns(2)
     step = c1.selectbox("Saved step", steps, index=len(steps) - 1)

@@ -88,6 +88,11 @@ def test_shapes_seeds_and_helpers():
     assert lowrank.ef_residual_norms(records) == [(4, 2.0)]
     assert lowrank.compressed_names([{"name": "a", "compressed": True},
                                      {"name": "b", "compressed": False}]) == ["a"]
+    layers = [{"name": "w", "shape": [4, 3], "compressed": False},
+              {"name": "b", "shape": [4], "compressed": False}]
+    assert lowrank.layers_to_analyse(layers) == (["w"], True)  # nothing compressed: every matrix
+    layers[0]["compressed"] = True
+    assert lowrank.layers_to_analyse(layers) == (["w"], False)
 
 
 # ------------------------------------------------------------------ against the hooks themselves
