@@ -20,7 +20,7 @@ hook's, and the arithmetic is float64, so rounding never hides the algorithm's o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -200,6 +200,21 @@ def consecutive_chain(steps: Iterable[int], step: int) -> list[int]:
     while hi + 1 in saved:
         hi += 1
     return list(range(lo, hi + 1))
+
+
+def warm_start_steps(steps: Iterable[int], step: int) -> tuple[list[int], list[int]]:
+    """(chain, upto): the consecutive saved steps around ``step``, and those of them up to it.
+    Warm start at ``step`` means Q was carried from the steps just before it, so the by-rank
+    curve of that step uses ``upto``; the over-steps comparison uses the whole chain."""
+    chain = consecutive_chain(steps, step)
+    return chain, [s for s in chain if s <= step]
+
+
+def layer_over_steps(grads_at: Callable[[int], dict[str, torch.Tensor]], steps: Iterable[int],
+                     name: str) -> dict[int, torch.Tensor]:
+    """One layer's saved gradient at each of ``steps`` (``grads_at`` is e.g. ``Run.grads``): what
+    ``warm_start`` and ``warm_errors_by_rank`` take."""
+    return {s: grads_at(s)[name] for s in steps}
 
 
 def compressed_names(layers: list[dict]) -> list[str]:

@@ -1,7 +1,6 @@
 """How far PowerSGD's low-rank gradients lie from the exact ones: the optimum (truncated SVD)
 against one power iteration on a run's saved gradients, and the error the run measured.
 Thin: widgets in, commlab.lowrank over the run folder, commlab.figures.lowrank out."""
-import pandas as pd
 import streamlit as st
 
 from commlab import lowrank
@@ -31,16 +30,15 @@ def analysed(run_dir: str, step: int, names: tuple, random_seed: int,
 
 @st.cache_data(show_spinner="Warm start at every rank…")
 def warm_by_rank(run_dir: str, steps: tuple, name: str, random_seed: int, epsilon: float) -> list[float]:
-    run = open_run(run_dir)
-    return lowrank.warm_errors_by_rank({s: run.grads(s)[name] for s in steps}, random_seed,
-                                       lowrank.MAX_RANK, epsilon)
+    return lowrank.warm_errors_by_rank(lowrank.layer_over_steps(open_run(run_dir).grads, steps, name),
+                                       random_seed, lowrank.MAX_RANK, epsilon)
 
 
 @st.cache_data(show_spinner="Warm start over consecutive steps…")
 def warm_started(run_dir: str, steps: tuple, name: str, rank: int, random_seed: int,
                  epsilon: float) -> lowrank.WarmStart:
-    run = open_run(run_dir)
-    return lowrank.warm_start(name, {s: run.grads(s)[name] for s in steps}, rank, random_seed, epsilon)
+    return lowrank.warm_start(name, lowrank.layer_over_steps(open_run(run_dir).grads, steps, name),
+                              rank, random_seed, epsilon)
 
 
 def has_errors(run) -> bool:
@@ -76,11 +74,9 @@ def offline_section(run, cfg: dict) -> None:
 
     chosen = st.selectbox("Layer", [le.name for le in layers])
     layer = next(le for le in layers if le.name == chosen)
-    chain = lowrank.consecutive_chain(steps, step)
-    # Warm start at this step means Q was carried from the saved steps just before it.
-    upto = tuple(s for s in chain if s <= step)
-    warm = warm_by_rank(str(run.path), upto, chosen, seed, epsilon) if len(upto) > 1 else None
-    st.plotly_chart(figs.layer_by_rank(layer, warm, list(upto)))
+    chain, upto = lowrank.warm_start_steps(steps, step)
+    warm = warm_by_rank(str(run.path), tuple(upto), chosen, seed, epsilon) if len(upto) > 1 else None
+    st.plotly_chart(figs.layer_by_rank(layer, warm, upto))
     st.plotly_chart(figs.spectrum(layer, rank))
     if len(chain) < 2:
         st.caption(f"Warm start carries Q from one step to the next: step {step} has no saved "
@@ -92,9 +88,7 @@ def offline_section(run, cfg: dict) -> None:
                "against a fresh Q every step. The run itself began at start_powerSGD_iter and "
                "its Q also saw error feedback's residual.")
     st.plotly_chart(figs.warm_start_figure(ws))
-    st.dataframe(pd.DataFrame({"step": ws.steps, "optimum (SVD)": ws.optimum,
-                               "PowerSGD, new Q each step": ws.cold,
-                               "PowerSGD, warm start": ws.warm}), hide_index=True)
+    st.dataframe(figs.warm_start_table(ws), hide_index=True)
 
 
 def measured_section(run) -> None:
@@ -109,8 +103,7 @@ def measured_section(run) -> None:
                "error feedback included; zero before start_powerSGD_iter, where the hook is a "
                "plain allreduce.")
     st.plotly_chart(figs.measured_figure(rows, lowrank.ef_residual_norms(records)))
-    st.dataframe(pd.DataFrame(rows, columns=["step", "scope", "name", "bucket", "rel_error"]),
-                 hide_index=True)
+    st.dataframe(figs.measured_table(rows), hide_index=True)
 
 
 st.title("Low-rank error")

@@ -95,11 +95,23 @@ def warm_start_figure(ws: WarmStart) -> go.Figure:
     return fig
 
 
+def warm_start_table(ws: WarmStart) -> pd.DataFrame:
+    """The numbers of ``warm_start_figure``: one row per step."""
+    return pd.DataFrame({"step": ws.steps, "optimum (SVD)": ws.optimum,
+                         "PowerSGD, new Q each step": ws.cold, "PowerSGD, warm start": ws.warm})
+
+
+def measured_table(rows: list[dict]) -> pd.DataFrame:
+    """``lowrank.measured_rows`` as a frame; the columns stay when no row came, so that
+    ``measured_figure`` can group an empty one."""
+    return pd.DataFrame(rows, columns=["step", "scope", "name", "bucket", "rel_error"])
+
+
 def measured_figure(rows: list[dict], ef_norms: list[tuple[int, float]] | None = None) -> go.Figure:
     """Error of the hook's output against the exact mean gradient, as the run measured it
     (error feedback included), per compressed layer and per bucket; error feedback's residual
     norm on the right axis."""
-    frame = pd.DataFrame(rows, columns=["step", "scope", "name", "bucket", "rel_error"])
+    frame = measured_table(rows)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for (scope, name), part in frame.groupby(["scope", "name"], sort=False):
         fig.add_scatter(x=part["step"], y=part["rel_error"], name=name, mode="lines+markers",
