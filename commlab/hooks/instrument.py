@@ -5,9 +5,10 @@ the life of a run, so PyTorch's hooks and commlab's are measured by the same rul
 through the module attribute).  The wrapper also records DDP's bucket layouts, the time from a
 first hook call of a step to its last future's completion, and every K steps the approximation
 error against the exact mean gradient, from one extra allreduce whose bytes are counted apart.  An
-emulated link, when set, makes each counted collective complete no earlier than latency + bytes /
-bandwidth after it started; collectives share the one link, so a collective issued while another
-is on it waits for the link to be free, as on a real network card.
+emulated link, when set, makes each collective the hook issues complete no earlier than a ring
+allreduce of its bytes over that link would (``Link.seconds``) after it started; collectives share
+the one link, so a collective issued while another is on it waits for the link to be free, as on
+a real network card.
 """
 from __future__ import annotations
 
