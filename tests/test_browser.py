@@ -241,12 +241,8 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
         for leftover in api.list_runs(runs_dir):  # a failed test must not leave its run going
             if leftover.is_running():
                 leftover.stop()
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        procs.kill_tree(server.pid, grace_s=60)  # TERM, then KILL what is left after 60 s
+        server.wait()
 
 
 def write_to_screen(written: dict[int, float], shown: dict[int, float], now: float) -> dict:
