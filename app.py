@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from commlab.machine import describe
+from commlab.engine.machine import describe
 
 st.set_page_config(page_title="commlab", layout="wide")
 

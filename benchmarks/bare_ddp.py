@@ -1,6 +1,6 @@
 """A bare DDP training script, the yardstick for commlab's overhead (nanoGPT's loop, no lab).
 
-    python -m commlab.torchrun --nproc-per-node 2 --rdzv-backend c10d \
+    python -m commlab.engine.torchrun --nproc-per-node 2 --rdzv-backend c10d \
         --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 benchmarks/bare_ddp.py --workload charlm --steps 100 --out t.json
 
 Same model, data, optimizer, seed and hook as ``commlab run``; PyTorch's own allreduce_hook.
@@ -16,7 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import workloads
-from commlab.teardown import end_process_group
+from commlab.engine.teardown import end_process_group
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from commlab.api import RunConfig, run  # noqa: E402
-from commlab.launch import worker_env  # noqa: E402
+from commlab.engine.launch import worker_env  # noqa: E402
 
 
 def median_step(ends: list[float]) -> float:
@@ -36,7 +36,7 @@ def bare(cfg: RunConfig, out: Path) -> float:
     # The workers' environment is commlab's own (loopback, threads per rank), so that only the
     # lab's own work differs between the two.
     proc = subprocess.run(
-        [sys.executable, "-m", "commlab.torchrun", "--nproc-per-node", str(cfg.world_size),
+        [sys.executable, "-m", "commlab.engine.torchrun", "--nproc-per-node", str(cfg.world_size),
          "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
          str(ROOT / "benchmarks" / "bare_ddp.py"), "--workload", cfg.workload,
          "--steps", str(cfg.steps), "--batch-size", str(cfg.batch_size), "--lr", str(cfg.lr),

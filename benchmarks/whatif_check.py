@@ -21,9 +21,9 @@ import sys
 import tempfile
 import time
 
-from commlab import whatif
 from commlab.api import RunConfig, run
-from commlab.sweep import parse_list
+from commlab.tune import whatif
+from commlab.tune.sweep import parse_list
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,3 +1,3 @@
-from .cli import main
+from commlab.cli import main
 
 raise SystemExit(main())

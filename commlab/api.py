@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import time
 
-from . import launch as _launch
-from . import store
-from .config import RunConfig, default_runs_dir
+from commlab.config import RunConfig, default_runs_dir
+from commlab.engine import launch as _launch
+from commlab.engine import store
 
 __all__ = ["RunConfig", "Run", "launch", "run", "open_run", "list_runs"]
 
@@ -36,7 +36,7 @@ class Run(store.RunFolder):
         # The worker writes "finished" a moment before its processes are gone (longer on a busy
         # machine); callers that go on to count processes, or start the next run (whose step
         # times the leftovers would spoil), want them gone.
-        from .procs import alive
+        from commlab.engine.procs import alive
 
         sup = store.read_json(self.file("supervisor.json"), {})
         deadline = time.monotonic() + timeout

@@ -11,8 +11,8 @@ import json
 import pkgutil
 import sys
 
-from . import commands
-from .config import ConfigError
+from commlab import commands
+from commlab.config import ConfigError
 
 EXIT_BAD_INPUT = 2
 

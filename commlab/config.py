@@ -79,7 +79,7 @@ class RunConfig:
         """Every problem with these settings, by field name; empty when the run may start."""
         return _field_errors(self, gpu_count)
 
-    def check(self, gpu_count: int | None = None) -> "RunConfig":
+    def check(self, gpu_count: int | None = None) -> RunConfig:
         errs = self.errors(gpu_count)
         if errs:
             raise ConfigError(errs)
@@ -90,7 +90,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
@@ -107,7 +107,7 @@ class RunConfig:
             raise ConfigError(errs)
         return cls(**values)
 
-    def with_overrides(self, **overrides: Any) -> "RunConfig":
+    def with_overrides(self, **overrides: Any) -> RunConfig:
         data = self.to_dict()
         data.update({k: v for k, v in overrides.items() if v is not None})
         return RunConfig.from_dict(data, "overrides")
@@ -121,7 +121,7 @@ class RunConfig:
         return tomli_w.dumps(self.to_dict())
 
     @classmethod
-    def from_json(cls, text: str, source: str = "JSON") -> "RunConfig":
+    def from_json(cls, text: str, source: str = "JSON") -> RunConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -133,7 +133,7 @@ class RunConfig:
         return cls.from_dict(data, source)
 
     @classmethod
-    def from_toml(cls, text: str, source: str = "TOML") -> "RunConfig":
+    def from_toml(cls, text: str, source: str = "TOML") -> RunConfig:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
@@ -141,7 +141,7 @@ class RunConfig:
         return cls.from_dict(data, source)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "RunConfig":
+    def load(cls, path: str | os.PathLike) -> RunConfig:
         p = Path(path)
         try:
             text = p.read_text()
@@ -260,7 +260,7 @@ def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
     if c.world_size < 1:
         e["world_size"] = f"must be at least 1 process, got {c.world_size}"
     elif c.backend == "nccl":
-        from .launch import gpu_count as count_gpus
+        from commlab.engine.launch import gpu_count as count_gpus
 
         gpus = count_gpus() if gpu_count is None else gpu_count
         if c.world_size > gpus:
@@ -292,7 +292,7 @@ def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
                          ("emulate_latency_us", c.emulate_latency_us > 0)):
             if on:
                 e[name] = f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})"
-    from .workloads import workload_error
+    from commlab.workloads import workload_error
 
     msg = workload_error(c.workload)
     if msg:

@@ -15,9 +15,9 @@ import math
 import os
 import sys
 import sysconfig
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn

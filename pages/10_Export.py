@@ -1,12 +1,12 @@
 """Export a run's settings, or settings entered here, for production: config files, snippets, scripts.
-Thin: widgets in, commlab.export, one copy-ready block and one download button per format."""
+Thin: widgets in, commlab.tune.export, one copy-ready block and one download button per format."""
 import shlex
 
 import streamlit as st
 
-from commlab import export
 from commlab.api import list_runs
 from commlab.config import HOOKS, WRAPPERS, ConfigError, RunConfig
+from commlab.tune import export
 
 TITLES = {"json": "JSON", "toml": "TOML", "ddp": "Plain DDP", "lightning": "Lightning",
           "accelerate": "Accelerate", "torchrun": "torchrun", "slurm": "SLURM"}

@@ -1,10 +1,19 @@
-"""Launch a real DDP run and watch it live.  Thin: widgets in, commlab.live, plotly out."""
+"""Launch a real DDP run and watch it live.  Thin: widgets in, commlab.ui.live, plotly out."""
 import streamlit as st
 
-from commlab import api, live
-from commlab.config import (BACKENDS, HOOKS, IMPLS, OPTIMIZERS, POWERSGD_HOOKS, WRAPPERS,
-                            RunConfig, default_runs_dir)
+from commlab import api
+from commlab.config import (
+    BACKENDS,
+    HOOKS,
+    IMPLS,
+    OPTIMIZERS,
+    POWERSGD_HOOKS,
+    WRAPPERS,
+    RunConfig,
+    default_runs_dir,
+)
 from commlab.figures import runs as figures
+from commlab.ui import live
 from commlab.workloads import BUILTIN, DESCRIPTIONS
 
 DEFAULTS = RunConfig()

@@ -1,13 +1,13 @@
 """PowerSGD's compression rule on any model's shapes: which layers it compresses and what a step
-sends.  Thin: widgets in, commlab.shapes and commlab.rule, commlab.figures.rule out."""
+sends.  Thin: widgets in, commlab.analysis.shapes and commlab.analysis.rule, commlab.figures.rule out."""
 import os
 import tempfile
 
 import streamlit as st
 
-from commlab import shapes
+from commlab.analysis import shapes
+from commlab.analysis.rule import apply_rule
 from commlab.figures import rule as figs
-from commlab.rule import apply_rule
 from commlab.workloads import CONTRACT, DESCRIPTIONS, MODELS
 
 SOURCES = ("Built-in workload", "Reference model", "Your module:function", "Uploaded checkpoint")

@@ -1,9 +1,9 @@
 """How far PowerSGD's low-rank gradients lie from the exact ones: the optimum (truncated SVD)
 against one power iteration on a run's saved gradients, and the error the run measured.
-Thin: widgets in, commlab.lowrank over the run folder, commlab.figures.lowrank out."""
+Thin: widgets in, commlab.analysis.lowrank over the run folder, commlab.figures.lowrank out."""
 import streamlit as st
 
-from commlab import lowrank
+from commlab.analysis import lowrank
 from commlab.api import list_runs, open_run
 from commlab.config import default_runs_dir
 from commlab.figures import lowrank as figs

@@ -1,10 +1,10 @@
 """DDP's bucket layouts of a run, at iteration 0 and after the rebuild, side by side.
-Thin: a run chosen, commlab.live's layouts and story, plotly out."""
+Thin: a run chosen, commlab.ui.live's layouts and story, plotly out."""
 import streamlit as st
 
-from commlab import live
 from commlab.api import open_run
 from commlab.figures import runs as figures
+from commlab.ui import live
 
 st.title("Buckets")
 choices = live.watch_choices()

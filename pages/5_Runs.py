@@ -1,10 +1,10 @@
 """Every run in one sortable table; overlay several; delete one after a confirmation.
-Thin: commlab.live's rows and overlays, plotly out."""
+Thin: commlab.ui.live's rows and overlays, plotly out."""
 import pandas as pd
 import streamlit as st
 
-from commlab import live
 from commlab.figures import runs as figures
+from commlab.ui import live
 
 COLUMNS = ["label", "status", "hook", "wrapper", "hook_impl", "backend", "world_size", "workload",
            "rank", "start_iter", "min_compression_rate", "use_error_feedback", "warm_start",

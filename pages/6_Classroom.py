@@ -1,13 +1,13 @@
 """Allreduce for the classroom: real collectives, a ring allreduce step by step, and where
-gradient averaging sits in a training step.  Thin: widgets in, commlab.classroom, plotly out."""
+gradient averaging sits in a training step.  Thin: widgets in, commlab.teach.classroom, plotly out."""
 import inspect
 
 import pandas as pd
 import streamlit as st
 
-from commlab import classroom
-from commlab.figures import classroom as figs
 from commlab.config import ConfigError
+from commlab.figures import classroom as figs
+from commlab.teach import classroom
 
 
 def show_errors(e: ConfigError) -> None:

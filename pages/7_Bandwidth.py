@@ -1,10 +1,10 @@
 """Allreduce bandwidth by message size (algbw, busbw, the memory-copy ceiling) and the noop
-headroom test.  Thin: widgets in, commlab.bench / commlab.headroom, plotly out."""
+headroom test.  Thin: widgets in, commlab.teach.bench / commlab.teach.headroom, plotly out."""
 import streamlit as st
 
-from commlab import bench
-from commlab.figures import bench as figs
 from commlab.config import ConfigError
+from commlab.figures import bench as figs
+from commlab.teach import bench
 from commlab.workloads import BUILTIN
 
 SIZES = ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
@@ -64,7 +64,7 @@ def headroom_section() -> None:
     if st.button("Compare noop with allreduce", type="primary"):
         with st.spinner(f"Two runs of {steps} steps, one after the other ..."):
             try:
-                from commlab.headroom import measure_headroom
+                from commlab.teach.headroom import measure_headroom
 
                 st.session_state["headroom"] = measure_headroom(workload, steps, world_size)
             except ConfigError as e:

@@ -1,10 +1,10 @@
 """A PowerSGD sweep beside an allreduce baseline: start it, watch it, stop it, read its front.
-Thin: widgets in, commlab.sweep (which runs in its own process), plotly out."""
+Thin: widgets in, commlab.tune.sweep (which runs in its own process), plotly out."""
 import streamlit as st
 
-from commlab import sweep as sw
 from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.figures.sweep import pareto_figure
+from commlab.tune import sweep as sw
 from commlab.workloads import BUILTIN
 
 

@@ -1,12 +1,12 @@
 """What a step would cost on a cluster: the alpha-beta model fed by runs measured here.
-Thin: widgets in, commlab.whatif, plotly out."""
+Thin: widgets in, commlab.tune.whatif, plotly out."""
 import pandas as pd
 import streamlit as st
 
-from commlab import whatif
 from commlab.api import list_runs
 from commlab.figures import whatif as figs
-from commlab.sweep import list_sweeps
+from commlab.tune import whatif
+from commlab.tune.sweep import list_sweeps
 
 st.title("What if")
 st.caption("Predicted step time T = compute + arithmetic + Σ ring allreduce, with a ring allreduce "

@@ -1,6 +1,6 @@
 """Every hook x wrapper that commlab offers, trained for a few steps on Gloo with several buckets.
 
-    python -m commlab.torchrun --nproc-per-node 3 --rdzv-backend c10d \
+    python -m commlab.engine.torchrun --nproc-per-node 3 --rdzv-backend c10d \
         --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 tests/hook_matrix.py OUT.json
 
 One torchrun job covers every combination (start-up costs seconds here).  Rank 0 writes, per
@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab.config import HOOKS, WRAPPERS, RunConfig
+from commlab.engine.teardown import end_process_group
 from commlab.hooks import registry
 from commlab.hooks.instrument import CollectiveCounter
-from commlab.teardown import end_process_group
 
 STEPS = 5  # compression starts at step 2, so three compressed steps
 

@@ -19,8 +19,10 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from commlab import api, launch, live, machine, procs, store
+from commlab import api
 from commlab.config import RunConfig
+from commlab.engine import launch, machine, procs, store
+from commlab.ui import live
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "app.py")
@@ -188,8 +190,8 @@ def test_buckets_page_draws_the_run_folders_layouts(runs_dir, powersgd_run, monk
         assert list(df["bytes"]) == [b["bytes"] for b in buckets]
         assert list(df["share of cap"]) == pytest.approx([b["bytes"] / cap for b in buckets])
     assert len(recorded["rebuilt"]) > len(recorded["iter0"])  # the cap split the rebuilt layout
-    assert "DDP's own bucket_sizes [%s] agrees with the iteration 0 layout" % ", ".join(
-        str(b["bytes"]) for b in recorded["iter0"]) in texts(at)
+    assert "DDP's own bucket_sizes [{}] agrees with the iteration 0 layout".format(", ".join(
+        str(b["bytes"]) for b in recorded["iter0"])) in texts(at)
     assert "rebuilt_bucket_sizes" in texts(at) and "differs" not in texts(at)
 
 
@@ -221,7 +223,7 @@ def test_delete_asks_first_then_removes_only_that_run(runs_dir, powersgd_run, al
     for run in (powersgd_run, allreduce_run):
         shutil.copytree(run.path, mine / run.id)
     at = open_app(monkeypatch, mine, page=RUNS)
-    victim = str((mine / powersgd_run.id))
+    victim = str(mine / powersgd_run.id)
     at.selectbox(key="delete_choice").set_value(victim)
     at.button(key="delete").click().run()
     assert os.path.isdir(victim) and "cannot be undone" in texts(at)

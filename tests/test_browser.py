@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from commlab import api, procs
+from commlab import api
+from commlab.engine import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"

@@ -1,4 +1,4 @@
-"""commlab.classroom, commlab.bench and commlab.headroom: pure arithmetic checked on its own, and
+"""commlab.teach.classroom, commlab.teach.bench and commlab.teach.headroom: pure arithmetic checked on its own, and
 every collective checked on real Gloo processes (no mock of torch.distributed).
 
 Starting ranks costs a torch import, so the real checks are few and each does a lot: one 8-rank
@@ -15,8 +15,9 @@ import numpy as np
 import psutil
 import pytest
 
-from commlab import bench, classroom, cli, headroom
+from commlab import cli
 from commlab.config import ConfigError
+from commlab.teach import bench, classroom, headroom
 
 REFERENCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min, "product": np.prod}
 LAUNCHER_MARK = "_launcher_main"  # in the command line of every launcher and (forked) rank
@@ -297,7 +298,7 @@ def test_headroom_runs_noop_and_allreduce(tmp_path):
 
 @pytest.mark.gpu
 def test_bench_on_nccl():
-    from commlab.launch import gpu_count
+    from commlab.engine.launch import gpu_count
 
     gpus = gpu_count()
     if not gpus:

@@ -9,7 +9,7 @@ import pytest
 
 from commlab.api import RunConfig, launch, open_run, run
 from commlab.config import HOOKS, WRAPPERS
-from commlab.launch import torchrun_command
+from commlab.engine.launch import torchrun_command
 
 HERE = __import__("pathlib").Path(__file__).parent
 
@@ -18,7 +18,7 @@ HERE = __import__("pathlib").Path(__file__).parent
 def test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets(tmp_path, world_size):
     out = tmp_path / "matrix.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "commlab.torchrun", "--nproc-per-node", str(world_size),
+        [sys.executable, "-m", "commlab.engine.torchrun", "--nproc-per-node", str(world_size),
          "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
          "--max-restarts", "0",
          str(HERE / "hook_matrix.py"), str(out)],
@@ -46,10 +46,10 @@ def test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets(tmp_path, wo
 
 def test_torchrun_command_is_loopback_and_exact(tmp_path):
     cmd = torchrun_command(RunConfig(world_size=3), tmp_path, python="py")
-    assert cmd == ["py", "-m", "commlab.torchrun", "--nnodes", "1", "--nproc-per-node", "3",
+    assert cmd == ["py", "-m", "commlab.engine.torchrun", "--nnodes", "1", "--nproc-per-node", "3",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                    "--local-addr", "127.0.0.1", "--max-restarts",
-                   "0", "--monitor-interval", "0.5", "-m", "commlab.worker", str(tmp_path)]
+                   "0", "--monitor-interval", "0.5", "-m", "commlab.engine.worker", str(tmp_path)]
 
 
 def test_powersgd_run_folder(powersgd_run):
@@ -78,7 +78,7 @@ def test_powersgd_run_folder(powersgd_run):
     first = errors[0]["buckets"]  # before compression starts the hook is exact
     assert max(b["rel_error"] for b in first) < 1e-6
     late = errors[-1]
-    assert late["layers"] and all(0 < l["rel_error"] for l in late["layers"])
+    assert late["layers"] and all(0 < layer["rel_error"] for layer in late["layers"])
     assert late["ef_residual_norm"] > 0
     assert powersgd_run.grad_steps() == [8, 9, 10]
     assert set(powersgd_run.grads(8)) == {d["name"] for d in layers}

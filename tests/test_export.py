@@ -1,4 +1,4 @@
-"""commlab.export: config files that load back identical, snippets that run or name only what exists.
+"""commlab.tune.export: config files that load back identical, snippets that run or name only what exists.
 
 The plain-DDP snippet is pasted into a minimal training script and run under torchrun on two Gloo
 ranks (one bucket, where PyTorch's PowerSGD hook works on Gloo).  The Lightning and Accelerate
@@ -19,9 +19,10 @@ from unittest import mock
 
 import pytest
 
-from commlab import cli, export
+from commlab import cli
 from commlab.config import RunConfig
-from commlab.export import ExportRefused, Target
+from commlab.tune import export
+from commlab.tune.export import ExportRefused, Target
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN_TIMEOUT_S = 900  # two ranks importing torch on a loaded two-core machine
@@ -140,7 +141,7 @@ dist.destroy_process_group()
 def training_script(snippets: dict[str, str]) -> str:
     """Each snippet pasted as it is into a function that receives ``ddp_model``."""
     functions = []
-    for i, (name, text) in enumerate(snippets.items()):
+    for i, (_name, text) in enumerate(snippets.items()):
         functions.append(f"def register_{i}(ddp_model):\n{textwrap.indent(text, '    ')}"
                          "    return locals().get('state')\n")
     table = ", ".join(f"{n!r}: register_{i}" for i, n in enumerate(snippets))
@@ -159,7 +160,7 @@ def test_ddp_snippets_train_under_torchrun_on_two_gloo_ranks(tmp_path):
     out = tmp_path / "out.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "commlab.torchrun", "--nnodes", "1", "--nproc-per-node", "2",
+        [sys.executable, "-m", "commlab.engine.torchrun", "--nnodes", "1", "--nproc-per-node", "2",
          "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
          "--max-restarts", "0",
          str(script), str(out)],

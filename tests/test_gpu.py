@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from commlab.api import RunConfig, run
-from commlab.launch import resolve_backend
+from commlab.engine.launch import resolve_backend
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and NCCL")]

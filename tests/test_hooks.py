@@ -25,8 +25,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import cli
 from commlab.config import HOOKS, POWERSGD_FIELDS, WRAPPERS, RunConfig
+from commlab.engine.teardown import end_process_group
 from commlab.hooks import compress, powersgd, registry
-from commlab.teardown import end_process_group
 
 # Unloaded, a job takes seconds; these only bound a hang, generously, as this machine is often
 # shared.  JOB_TIMEOUT_S stays below the per-test timeout (fixture setup included) so that the

@@ -1,4 +1,4 @@
-"""Invariants of commlab.lowrank, in float64, and its reproduction of PowerSGD's hooks on one matrix."""
+"""Invariants of commlab.analysis.lowrank, in float64, and its reproduction of PowerSGD's hooks on one matrix."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as stock
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from commlab import lowrank
+from commlab.analysis import lowrank
 from commlab.hooks import powersgd as ours
 
 

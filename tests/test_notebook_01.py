@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from commlab import procs
+from commlab.engine import procs
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -13,10 +13,10 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from commlab import lowrank, shapes
+from commlab.analysis import lowrank, shapes
+from commlab.analysis.rule import apply_rule
 from commlab.figures import lowrank as lowrank_figs
 from commlab.figures import rule as rule_figs
-from commlab.rule import apply_rule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULE_PAGE, LOWRANK_PAGE = "pages/2_Compression_rule.py", "pages/3_Low_rank_error.py"
@@ -51,7 +51,7 @@ def plotly_arrays(at: AppTest, index: int) -> list[dict]:
 
 
 def check_rule_page(at: AppTest, named, rank: int, rate: float) -> None:
-    """Table, metrics, byte caption and chart all equal commlab.rule's summary."""
+    """Table, metrics, byte caption and chart all equal commlab.analysis.rule's summary."""
     assert not at.exception, [e.value for e in at.exception]
     summary = apply_rule(named, rank, rate)
     table = at.dataframe[0].value

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from commlab import shapes
-from commlab.rule import apply_rule, decide, matrix_view, ring_wire_bytes
+from commlab.analysis import shapes
+from commlab.analysis.rule import apply_rule, decide, matrix_view, ring_wire_bytes
 
 
 def test_matrix_view_flattens_trailing_dimensions():

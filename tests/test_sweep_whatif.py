@@ -1,4 +1,4 @@
-"""commlab.sweep, the emulated link and commlab.whatif: pure parts on made-up numbers, then one real
+"""commlab.tune.sweep, the emulated link and commlab.tune.whatif: pure parts on made-up numbers, then one real
 tiny sweep over an emulated link, stopped during its last run, that the rest is checked against.
 
 No timing is asserted except the emulated link's floor, which is the emulation's contract: every
@@ -18,10 +18,11 @@ import pandas as pd
 import psutil
 import pytest
 
-from commlab import cli, whatif
-from commlab import sweep as sw
+from commlab import cli
 from commlab.config import ConfigError, RunConfig
 from commlab.hooks.instrument import Link
+from commlab.tune import sweep as sw
+from commlab.tune import whatif
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1200  # a run reaches its first step in 5 s idle, minutes on a loaded machine
@@ -149,8 +150,8 @@ def test_collectives_issued_together_share_the_emulated_link():
     import torch
     import torch.distributed as dist
 
+    from commlab.engine.teardown import end_process_group
     from commlab.hooks.instrument import CollectiveCounter
-    from commlab.teardown import end_process_group
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     # The counter prices the link for 2 ranks; one process is enough to hold collectives back.

@@ -27,8 +27,8 @@ def _failed(args: argparse.Namespace, e: Exception) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..bench import bench_plan, bus_factor, run_plan
-    from ..cli import emit
+    from commlab.cli import emit
+    from commlab.teach.bench import bench_plan, bus_factor, run_plan
 
     plan = bench_plan(args.world_size, args.sizes, args.backend, args.iters, args.warmup)
     if not args.json:
@@ -46,8 +46,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _headroom(args: argparse.Namespace) -> int:
-    from ..cli import emit
-    from ..headroom import measure_headroom
+    from commlab.cli import emit
+    from commlab.teach.headroom import measure_headroom
 
     try:
         h = measure_headroom(args.workload, args.steps, args.world_size, args.skip, args.timeout)

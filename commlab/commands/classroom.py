@@ -28,7 +28,7 @@ def _fmt(values: list[float]) -> str:
 
 
 def _text(result) -> str:
-    from ..classroom import ARRIVAL_NOTE
+    from commlab.teach.classroom import ARRIVAL_NOTE
 
     what = (f"all_reduce({result.op.upper()})" if result.kind == "all_reduce"
             else f"broadcast(src={result.src})")
@@ -43,8 +43,8 @@ def _text(result) -> str:
 
 
 def _run(args: argparse.Namespace, job) -> int:
-    from .. import classroom
-    from ..cli import emit
+    from commlab.cli import emit
+    from commlab.teach import classroom
 
     try:
         result = classroom.run_collectives([job], timeout_s=args.timeout)[0]
@@ -59,13 +59,13 @@ def _run(args: argparse.Namespace, job) -> int:
 
 
 def _allreduce(args: argparse.Namespace) -> int:
-    from ..classroom import all_reduce_job
+    from commlab.teach.classroom import all_reduce_job
 
     return _run(args, all_reduce_job(args.world_size, args.op, _values(args)))
 
 
 def _broadcast(args: argparse.Namespace) -> int:
-    from ..classroom import broadcast_job
+    from commlab.teach.classroom import broadcast_job
 
     return _run(args, broadcast_job(args.world_size, args.src, _values(args)))
 

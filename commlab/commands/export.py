@@ -14,14 +14,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from .run import add_run_options, config_from_args
+from commlab.commands.run import add_run_options, config_from_args
 
 
 def config_for(args: argparse.Namespace):
     """The settings to export: the run's (RUN_DIR), a file's (--config) or the flags', flags last."""
     if args.run_dir:
-        from ..api import open_run
-        from ..config import ConfigError
+        from commlab.api import open_run
+        from commlab.config import ConfigError
 
         if args.config:
             raise ConfigError({"config": "give a run folder or --config, not both"})
@@ -35,7 +35,7 @@ def config_for(args: argparse.Namespace):
 
 
 def target_from_args(args: argparse.Namespace):
-    from ..export import Target
+    from commlab.tune.export import Target
 
     return Target(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, backend=args.target_backend,
                   script=args.script, script_args=shlex.split(args.script_args or ""),
@@ -44,8 +44,8 @@ def target_from_args(args: argparse.Namespace):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_BAD_INPUT, emit
-    from ..export import render
+    from commlab.cli import EXIT_BAD_INPUT, emit
+    from commlab.tune.export import render
 
     cfg, source = config_for(args)
     cfg.check()
@@ -69,7 +69,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from ..export import FORMATS
+    from commlab.tune.export import FORMATS
 
     p = sub.add_parser("export", help="a run's settings as a config file, a snippet or a launch script")
     p.add_argument("run_dir", nargs="?", help="a run folder (else --config or the run options)")

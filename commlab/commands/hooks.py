@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 def _hooks(args) -> int:
-    from ..cli import emit
-    from ..hooks import registry
+    from commlab.cli import emit
+    from commlab.hooks import registry
 
     backend = args.backend
     if backend is None:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 
 def _rule(args) -> int:
-    from .. import shapes
-    from ..cli import emit
-    from ..config import ConfigError
-    from ..rule import apply_rule
+    from commlab.analysis import shapes
+    from commlab.analysis.rule import apply_rule
+    from commlab.cli import emit
+    from commlab.config import ConfigError
 
     if args.matrix_approximation_rank < 1:
         raise ConfigError({"matrix_approximation_rank": f"must be at least 1, got {args.matrix_approximation_rank}"})

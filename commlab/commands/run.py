@@ -5,7 +5,7 @@ import argparse
 import signal
 import sys
 
-from ..config import RunConfig
+from commlab.config import RunConfig
 
 FLAGS = {  # flag -> RunConfig field
     "hook": "hook", "wrapper": "wrapper", "impl": "impl", "world_size": "world_size",
@@ -65,8 +65,8 @@ def result_payload(run) -> dict:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..api import launch
-    from ..cli import emit
+    from commlab.api import launch
+    from commlab.cli import emit
 
     cfg = config_from_args(args).check()
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
@@ -105,7 +105,7 @@ def _follow(run, steps: int) -> None:
     """A progress line on stderr while the run goes."""
     import time
 
-    from ..store import JsonlTail
+    from commlab.engine.store import JsonlTail
 
     tail = JsonlTail(run.file("metrics.jsonl"))
     while run.is_running():

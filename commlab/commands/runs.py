@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 def _runs(args) -> int:
-    from ..api import list_runs
-    from ..cli import emit
+    from commlab.api import list_runs
+    from commlab.cli import emit
 
     rows = [r.summary() for r in list_runs(args.runs_dir)]
     lines = [f"{r['run_id']:<60} {r['status']:<9} {r['hook']}/{r['wrapper']} "

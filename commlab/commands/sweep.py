@@ -12,8 +12,8 @@ import argparse
 import signal
 import sys
 
-from ..sweep import parse_list
-from .run import add_run_options, config_from_args
+from commlab.commands.run import add_run_options, config_from_args
+from commlab.tune.sweep import parse_list
 
 LIST_FLAGS = {  # flag -> (SweepSpec field, type)
     "matrix_approximation_rank": ("matrix_approximation_rank", int),
@@ -24,8 +24,8 @@ LIST_FLAGS = {  # flag -> (SweepSpec field, type)
 
 
 def spec_from_args(args: argparse.Namespace):
-    from ..config import POWERSGD_HOOKS, ConfigError
-    from ..sweep import SweepSpec
+    from commlab.config import POWERSGD_HOOKS, ConfigError
+    from commlab.tune.sweep import SweepSpec
 
     if args.hook is not None and args.hook not in POWERSGD_HOOKS:
         raise ConfigError({"hook": f"a sweep varies PowerSGD's settings: --hook must be one of "
@@ -40,7 +40,7 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def _payload(sweep) -> dict:
-    from ..sweep import recommend
+    from commlab.tune.sweep import recommend
 
     table = sweep.results()
     rec = recommend(table, sweep.spec().tolerance_pct)
@@ -66,13 +66,13 @@ def _text(payload: dict) -> str:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from ..cli import emit
-    from ..sweep import create, execute, grid
+    from commlab.cli import emit
+    from commlab.tune.sweep import create, execute, grid
 
     spec = spec_from_args(args)
     configs = grid(spec)
     if args.dry_run:
-        from ..sweep import run_label
+        from commlab.tune.sweep import run_label
 
         labels = [run_label(c.to_dict()) for c in configs]
         emit(args, {"runs": labels}, "\n".join(f"{i + 1}. {lab}" for i, lab in enumerate(labels)))

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..sweep import parse_list
+from commlab.tune.sweep import parse_list
 
 
 def _runs(args: argparse.Namespace) -> list:
-    from ..api import open_run
-    from ..config import ConfigError
-    from ..sweep import Sweep
+    from commlab.api import open_run
+    from commlab.config import ConfigError
+    from commlab.tune.sweep import Sweep
 
     if args.sweep:
         sweep = Sweep(args.sweep)
@@ -29,9 +29,9 @@ def _runs(args: argparse.Namespace) -> list:
 
 
 def _whatif(args: argparse.Namespace) -> int:
-    from .. import whatif
-    from ..cli import emit
-    from ..config import ConfigError
+    from commlab.cli import emit
+    from commlab.config import ConfigError
+    from commlab.tune import whatif
 
     world_sizes = parse_list(args.world_sizes, int, "world_sizes")
     bandwidths = parse_list(args.bandwidths_gbps, float, "bandwidths_gbps")
@@ -67,7 +67,7 @@ def _whatif(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from ..whatif import BANDWIDTHS_GBPS, DEFAULT_LATENCY_US, WORLD_SIZES
+    from commlab.tune.whatif import BANDWIDTHS_GBPS, DEFAULT_LATENCY_US, WORLD_SIZES
 
     p = sub.add_parser("whatif", help="predicted step time against workers and bandwidth, per hook")
     p.add_argument("run_dirs", nargs="*", help="run folders; a plain allreduce run calibrates")

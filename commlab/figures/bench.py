@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from .. import bench
+from commlab.teach import bench
 
 
 def bench_table(result: bench.BenchResult) -> pd.DataFrame:
@@ -40,7 +40,7 @@ def time_chart(table: pd.DataFrame) -> go.Figure:
 
 
 def headroom_chart(h) -> go.Figure:
-    """Median step time with allreduce and with noop (``commlab.headroom.Headroom``)."""
+    """Median step time with allreduce and with noop (``commlab.teach.headroom.Headroom``)."""
     fig = go.Figure(go.Bar(x=["allreduce", "noop"], y=[h.step_s_allreduce * 1e3, h.step_s_noop * 1e3]))
     fig.update_layout(yaxis_title="median ms per step", height=300, margin=dict(t=20, b=10))
     return fig

@@ -1,11 +1,11 @@
 """Figures and tables of the classroom: collectives before and after, the ring step by step,
-and how far apart replicas drift.  Pure: results of ``commlab.classroom`` in, plotly and pandas out."""
+and how far apart replicas drift.  Pure: results of ``commlab.teach.classroom`` in, plotly and pandas out."""
 from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from .. import classroom
+from commlab.teach import classroom
 
 
 def fmt(values) -> str:

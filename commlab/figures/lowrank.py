@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from ..lowrank import LayerError, WarmStart
+from commlab.analysis.lowrank import LayerError, WarmStart
 
 _COLORS = qualitative.Plotly
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..rule import RuleSummary
+from commlab.analysis.rule import RuleSummary
 
 FP32_BYTES = 4
 # Past this many layers the names no longer fit under the bars; they stay in the hover text.

@@ -1,6 +1,6 @@
 """Figures of runs: the live panel, loss overlays, and DDP's bucket layouts.
 
-Each takes the rows or DataFrames commlab.live and commlab.store give and returns one plotly
+Each takes the rows or DataFrames commlab.ui.live and commlab.engine.store give and returns one plotly
 figure.  ``uirevision`` stays fixed, so a zoom survives the live panel's refresh.
 """
 from __future__ import annotations

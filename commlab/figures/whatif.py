@@ -1,6 +1,6 @@
 """Figures of the what-if model: step time against workers and bandwidth, and where each hook wins.
 
-Each takes the rows ``commlab.whatif.predict`` / ``winners`` / ``check`` give.
+Each takes the rows ``commlab.tune.whatif.predict`` / ``winners`` / ``check`` give.
 """
 from __future__ import annotations
 

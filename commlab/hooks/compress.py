@@ -10,7 +10,8 @@ under other names.  PyTorch's fp16 hook and wrapper pass the check, so commlab h
 # No `from __future__ import annotations`: DDP compares a hook's annotations with dist.GradBucket
 # and Future[Tensor] objects and refuses the hook when they are strings.
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -16,12 +16,12 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch.distributed as dist
 
-from ..lowrank import relative_error
+from commlab.analysis.lowrank import relative_error
 
 HOOK, MEASURE, OTHER = "hook", "measure", "other"
 
@@ -108,7 +108,7 @@ class CollectiveCounter:
         finally:
             self._local.category = prev
 
-    def install(self) -> "CollectiveCounter":
+    def install(self) -> CollectiveCounter:
         self._original = dist.all_reduce
         original, counter = self._original, self
 

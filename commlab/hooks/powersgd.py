@@ -29,7 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
     _report_compression_stats,
 )
 
-from ..rule import decide
+from commlab.analysis.rule import decide
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
 
@@ -90,7 +90,7 @@ def _finish_state(state: PowerSGDState, bucket: dist.GradBucket, bucket_index: i
 def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Layer-wise PowerSGD, step for step PyTorch's ``powerSGD_hook``, with collectives in order.
 
-    1. Split the bucket's gradients by the compression rule (``commlab.rule.decide``).
+    1. Split the bucket's gradients by the compression rule (``commlab.analysis.rule.decide``).
     2. Allreduce the uncompressed tensors as one contiguous batch and average them.
     3. For each compressed matrix M: Q (warm-started or random, orthogonalized), P = MQ;
        allreduce the Ps; orthogonalize; Q = MᵀP; allreduce the Qs; M ≈ PQᵀ / world size.

@@ -17,10 +17,10 @@ torch 2.13 (README, "Which hook actually runs"); tests/test_hooks.py re-checks t
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from ..config import HOOKS, POWERSGD_HOOKS, WRAPPERS, RunConfig
+from commlab.config import HOOKS, POWERSGD_HOOKS, WRAPPERS, RunConfig
 
 BACKENDS = ("gloo", "nccl")
 ONE_BUCKET_ONLY = "one bucket only"

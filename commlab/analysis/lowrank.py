@@ -19,14 +19,14 @@ hook's, and the arithmetic is float64, so rounding never hides the algorithm's o
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
-from .rule import matrix_view
+from commlab.analysis.rule import matrix_view
 
 MAX_RANK = 32
 

@@ -18,7 +18,7 @@ rendezvous socket to 127.0.0.1 and *forks* the ranks, so N ranks cost one torch 
 N.  Rank 0 serves the rendezvous store on that socket.  Ranks send their reports straight to the
 caller through a pipe.
 Whatever happens -- success, an exception in a rank, a timeout, an interrupt -- every process
-started is ended through ``commlab.procs`` before ``run_ranks`` returns.
+started is ended through ``commlab.engine.procs`` before ``run_ranks`` returns.
 """
 from __future__ import annotations
 
@@ -30,13 +30,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from . import procs
-from .config import ConfigError
+from commlab.config import ConfigError
+from commlab.engine import procs
 
 OPS = ("sum", "avg", "max", "min", "product")
 MAX_WORLD_SIZE = 8
@@ -136,7 +137,7 @@ def loopback_interface() -> str | None:
 # caller's main module, and leaves no multiprocessing helper process (resource tracker) behind.
 # The job is pickled twice so that it is unpickled only once sys.path matches the caller's.
 _LAUNCHER_CODE = ("import pickle, sys; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']; "
-                  "from commlab.classroom import _launcher_main; "
+                  "from commlab.teach.classroom import _launcher_main; "
                   "_launcher_main(d['fd'], pickle.loads(d['job']))")
 
 
@@ -278,7 +279,7 @@ def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args
     import torch
     import torch.distributed as dist
 
-    from .teardown import end_process_group
+    from commlab.engine.teardown import end_process_group
 
     _die_with_parent()
     if iface:  # Gloo and NCCL would otherwise pick an address from the host name
@@ -513,7 +514,7 @@ class _Board:
         AVG those are divided by N once, there, before anyone passes them on.
         """
         sent = [(s, d, c, a, self.data[s][c].copy(), self.who[s][c]) for s, d, c, a in moves]
-        for s, d, c, action, values, who in sent:
+        for _s, d, c, action, values, who in sent:
             if action == "reduce":
                 self.data[d][c] = _COMBINE[self.op](self.data[d][c], values)
                 self.who[d][c] = self.who[d][c] | who

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
-from .config import label_of as cfg_label
+from commlab.config import label_of as cfg_label
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)

@@ -1,6 +1,6 @@
 """A PowerSGD sweep: a grid of settings beside a plain allreduce baseline, run one after another.
 
-    python -m commlab.sweep SWEEP_DIR      (started detached by ``start``, for the UI)
+    python -m commlab.tune.sweep SWEEP_DIR      (started detached by ``start``, for the UI)
 
 Every run is an ordinary run in the runs folder (its own run folder, listed with the others); the
 sweep keeps its plan and its state in ``<runs_dir>/sweeps/<sweep_id>/``:
@@ -24,13 +24,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from . import store
-from .config import POWERSGD_HOOKS, WRAPPERS, ConfigError, RunConfig, default_runs_dir
-from .whatif import cfg_label, config_link_label
+from commlab.config import POWERSGD_HOOKS, WRAPPERS, ConfigError, RunConfig, default_runs_dir
+from commlab.engine import store
+from commlab.tune.whatif import cfg_label, config_link_label
 
 SWEEPS = "sweeps"
 FINAL_WINDOW = 5  # final loss: mean over this many last steps
@@ -59,7 +59,7 @@ class SweepSpec:
         return {**asdict(self), "base": self.base.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SweepSpec":
+    def from_dict(cls, data: dict) -> SweepSpec:
         return cls(**{**data, "base": RunConfig.from_dict(data["base"], "sweep base settings")})
 
 
@@ -145,7 +145,7 @@ class Sweep(store.Folder):
 
     def status(self) -> str:
         """running | finished | stopped | lost (the process died without recording an end)."""
-        from .procs import alive
+        from commlab.engine.procs import alive
 
         state = self.state()
         status = state.get("status", "running")
@@ -170,7 +170,7 @@ class Sweep(store.Folder):
             _write_state(self, status="stopped")
 
     def runs(self) -> list:
-        from .api import Run
+        from commlab.api import Run
 
         return [Run(e["run_dir"]) for e in self.state().get("runs", []) if e.get("run_dir")]
 
@@ -239,7 +239,7 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
     """
     import psutil
 
-    from .api import launch
+    from commlab.api import launch
 
     me = psutil.Process()
     configs = sweep.configs()
@@ -289,11 +289,11 @@ def run_sweep(spec: SweepSpec, on_progress: Callable[[Progress], None] | None = 
 
 def start(spec: SweepSpec) -> Sweep:
     """Create a sweep and execute it in a detached process, which outlives the caller (the UI)."""
-    from .launch import worker_env
+    from commlab.engine.launch import worker_env
 
     sweep = create(spec)
     with open(sweep.file("sweep.log"), "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "commlab.sweep", str(sweep.path.resolve())],
+        subprocess.Popen([sys.executable, "-m", "commlab.tune.sweep", str(sweep.path.resolve())],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          env=worker_env(spec.base), start_new_session=True, close_fds=True)
     deadline = time.monotonic() + 30

@@ -2,7 +2,7 @@
 
 ``torchrun_command`` is pure and tested on its own, as Accelerate builds its launch command;
 ``start`` is the one place that spawns a run: it writes the run folder's first files and starts a
-detached supervisor (``commlab.supervisor``), which owns torchrun and records how the run ends.
+detached supervisor (``commlab.engine.supervisor``), which owns torchrun and records how the run ends.
 Because the supervisor is detached, a run outlives the app or shell that launched it, and any
 later process can stop it through the PID recorded in the folder.
 """
@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import store
-from .config import RunConfig
+from commlab.config import RunConfig
+from commlab.engine import store
 
 
 def gpu_count() -> int:
@@ -39,12 +39,12 @@ def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
 
 def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:
     """The exact argv that runs the workers: torchrun (its stores kept on loopback, see
-    ``commlab.torchrun``), one node, rendezvous at 127.0.0.1 on a free port, no restarts."""
-    return [python, "-m", "commlab.torchrun",
+    ``commlab.engine.torchrun``), one node, rendezvous at 127.0.0.1 on a free port, no restarts."""
+    return [python, "-m", "commlab.engine.torchrun",
             "--nnodes", "1", "--nproc-per-node", str(cfg.world_size),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
             "--max-restarts", "0", "--monitor-interval", "0.5",
-            "-m", "commlab.worker", str(run_dir)]
+            "-m", "commlab.engine.worker", str(run_dir)]
 
 
 def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
@@ -63,7 +63,7 @@ def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
 
 def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
     """Validate, then create the run folder with config.json and launch.json. Raises ConfigError."""
-    from .hooks import registry
+    from commlab.hooks import registry
 
     cfg.check()
     backend, why = resolve_backend(cfg)
@@ -91,7 +91,7 @@ def start(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
                 return run  # started (or being started) by the first call: never a second supervisor
     folder = prepare(cfg, request_id)
     log = open(folder.file("supervisor.log"), "ab")
-    subprocess.Popen([sys.executable, "-m", "commlab.supervisor", str(folder.path.resolve())],
+    subprocess.Popen([sys.executable, "-m", "commlab.engine.supervisor", str(folder.path.resolve())],
                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                      env=worker_env(cfg), start_new_session=True, close_fds=True)
     log.close()
@@ -101,7 +101,7 @@ def start(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
 
 def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
     """Stop a run and every process it started; returns the status it ends with."""
-    from . import procs
+    from commlab.engine import procs
 
     sup = store.read_json(folder.file("supervisor.json"), {})
     pid = sup.get("pid")
@@ -119,7 +119,7 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
 
 def workers_alive(sup: dict) -> list[int]:
     """The run's worker PIDs (from its supervisor.json) that still run those very workers."""
-    from . import procs
+    from commlab.engine import procs
 
     created = sup.get("worker_create_times", {})
     return [pid for pid in sup.get("worker_pids", []) if procs.alive(pid, created.get(str(pid)))]

@@ -6,13 +6,13 @@ checkpoints are memory-mapped, so a multi-GB state_dict is read for its shapes o
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import workloads
-from .rule import named_shapes
+from commlab import workloads
+from commlab.analysis.rule import named_shapes
 
 Shapes = list[tuple[str, tuple[int, ...]]]
 

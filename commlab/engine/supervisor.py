@@ -1,6 +1,6 @@
 """Owns one run's torchrun process and records how the run ends.
 
-    python -m commlab.supervisor RUN_DIR     (started detached by ``commlab.launch.start``)
+    python -m commlab.engine.supervisor RUN_DIR     (started detached by ``commlab.engine.launch.start``)
 
 It ends the run when the user stops it (SIGTERM), when a rank dies (the others are ended within
 seconds, and the first rank to fail is named with its traceback), and when no step completes
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from . import procs, store
-from .launch import torchrun_command, worker_env
+from commlab.engine import procs, store
+from commlab.engine.launch import torchrun_command, worker_env
 
 POLL_S = 0.2
 # Before the first step the workers import torch and build DDP, which takes minutes on a busy

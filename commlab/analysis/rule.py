@@ -10,8 +10,8 @@ Compressed, a tensor costs (n + m) * r elements on the wire (P and Q); uncompres
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ class RunFolder(Folder):
         return read_json(self.file("config.json"), {})
 
     def config(self):
-        from .config import RunConfig
+        from commlab.config import RunConfig
 
         return RunConfig.from_dict(self.config_dict(), str(self.file("config.json")))
 
@@ -155,7 +155,7 @@ class RunFolder(Folder):
         return self.status_record()["status"]
 
     def _owner_alive(self) -> bool:
-        from .procs import alive
+        from commlab.engine.procs import alive
 
         sup = read_json(self.file("supervisor.json"))
         if sup is None:

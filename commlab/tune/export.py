@@ -17,9 +17,9 @@ import shlex
 import textwrap
 from dataclasses import dataclass, field
 
-from .config import POWERSGD_FIELDS, RunConfig
-from .hooks import registry
-from .whatif import config_link_label
+from commlab.config import POWERSGD_FIELDS, RunConfig
+from commlab.hooks import registry
+from commlab.tune.whatif import config_link_label
 
 # PowerSGDState's own defaults (torch 2.13); a test holds them to the installed signature.
 TORCH_POWERSGD_DEFAULTS = {

@@ -1,6 +1,6 @@
 """torchrun with every store it serves bound to 127.0.0.1.
 
-    python -m commlab.torchrun [torchrun's own arguments]
+    python -m commlab.engine.torchrun [torchrun's own arguments]
 
 ``torch.distributed.TCPStore`` listens on every interface whatever host it is given
 (pytorch/pytorch#173909): torchrun's rendezvous at 127.0.0.1:0 still opened two stores reachable

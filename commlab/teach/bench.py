@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
-from .classroom import check_world_size, run_ranks
-from .config import ConfigError
+from commlab.config import ConfigError
+from commlab.teach.classroom import check_world_size, run_ranks
 
 BACKENDS = ("auto", "gloo", "nccl")
 # As in nccl-tests, K, M and G are powers of 1024.
@@ -119,7 +119,7 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
     if backend == "gloo":
         return backend
     if gpus is None:
-        from .launch import gpu_count
+        from commlab.engine.launch import gpu_count
 
         gpus = gpu_count()
     if backend == "nccl" and gpus < world_size:

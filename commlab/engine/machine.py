@@ -7,8 +7,8 @@ import os
 def describe() -> dict:
     import torch
 
-    from .config import RunConfig, default_runs_dir
-    from .launch import gpu_count, resolve_backend
+    from commlab.config import RunConfig, default_runs_dir
+    from commlab.engine.launch import gpu_count, resolve_backend
 
     gpus = gpu_count()
     backend, why = resolve_backend(RunConfig(), gpus)

@@ -17,9 +17,10 @@ import shutil
 import statistics
 from pathlib import Path
 
-from . import api, store
-from .config import ConfigError, RunConfig, default_runs_dir, label_of
-from .launch import workers_alive
+from commlab import api
+from commlab.config import ConfigError, RunConfig, default_runs_dir, label_of
+from commlab.engine import store
+from commlab.engine.launch import workers_alive
 
 MIB = 1024 * 1024  # DDP's bucket_cap_mb counts MiB
 
@@ -77,8 +78,8 @@ def config_from_form(values: dict) -> tuple[RunConfig | None, dict[str, str]]:
 
 def preview(cfg: RunConfig) -> dict:
     """Before launch: the backend and hook implementation this machine would use, and why."""
-    from .hooks import registry
-    from .launch import resolve_backend
+    from commlab.engine.launch import resolve_backend
+    from commlab.hooks import registry
 
     backend, backend_reason = resolve_backend(cfg)
     impl, reason = registry.plan(cfg, backend)

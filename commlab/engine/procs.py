@@ -6,7 +6,7 @@ never reaches them: collect the whole tree first, then SIGTERM, wait, and SIGKIL
 from __future__ import annotations
 
 import signal
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil
 

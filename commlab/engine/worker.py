@@ -1,10 +1,10 @@
 """One rank's training loop: the program torchrun runs for a commlab run.
 
-    python -m commlab.torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \
-        --local-addr 127.0.0.1 -m commlab.worker RUN_DIR
+    python -m commlab.engine.torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \
+        --local-addr 127.0.0.1 -m commlab.engine.worker RUN_DIR
 
 The launcher writes RUN_DIR/config.json and launch.json first; rank 0 alone writes the rest of
-the run folder (see ``commlab.store``).  Every rank writes its own traceback if it dies.
+the run folder (see ``commlab.engine.store``).  Every rank writes its own traceback if it dies.
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import store, workloads
-from .config import RunConfig
-from .hooks import registry
-from .hooks.instrument import (OTHER, CollectiveCounter, HookInstrument, Link,
-                               error_feedback_norm)
-from .rule import apply_rule, named_shapes, ring_wire_bytes
-from .teardown import end_process_group
+from commlab import workloads
+from commlab.analysis.rule import apply_rule, named_shapes, ring_wire_bytes
+from commlab.config import RunConfig
+from commlab.engine import store
+from commlab.engine.teardown import end_process_group
+from commlab.hooks import registry
+from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
 
 
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:

@@ -1,0 +1,1 @@
+"""Teaching allreduce on real processes: collectives, the ring trace, gradient averaging, bandwidth, headroom."""

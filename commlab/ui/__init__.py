@@ -1,0 +1,1 @@
+"""What the pages need, without Streamlit: the form, run lists, live views."""
