@@ -12,9 +12,8 @@ import pkgutil
 import sys
 
 from commlab import commands
+from commlab.commands import EXIT_BAD_INPUT
 from commlab.config import ConfigError
-
-EXIT_BAD_INPUT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,14 +22,6 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
     return parser
-
-
-def emit(args: argparse.Namespace, payload: dict, text: str) -> None:
-    """Print ``text`` for people, or the payload as one JSON line with ``--json``."""
-    if getattr(args, "json", False):
-        print(json.dumps(payload, default=str))
-    else:
-        print(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,8 @@ from typing import Any
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "noop")
 WRAPPERS = ("none", "fp16", "bf16")
 IMPLS = ("auto", "stock", "commlab")
-BACKENDS = ("auto", "gloo", "nccl")
+RESOLVED_BACKENDS = ("gloo", "nccl")  # what "auto" resolves to on a machine
+BACKENDS = ("auto", *RESOLVED_BACKENDS)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 POWERSGD_HOOKS = ("powersgd", "batched_powersgd")
 # The settings that PowerSGDState takes, in its own order and spelling.
@@ -168,6 +169,11 @@ class RunConfig:
         return label_of(self.to_dict())
 
 
+def is_plain_allreduce(cfg: dict) -> bool:
+    """Whether a stored config is DDP's own behaviour: the baseline every comparison is made against."""
+    return cfg.get("hook") == "allreduce" and cfg.get("wrapper", "none") == "none"
+
+
 def label_of(cfg: dict) -> str:
     """A run's settings in a few words, from its config as stored (any version of it)."""
     hook, wrapper = cfg.get("hook", "?"), cfg.get("wrapper", "none")
@@ -260,7 +266,7 @@ def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
     if c.world_size < 1:
         e["world_size"] = f"must be at least 1 process, got {c.world_size}"
     elif c.backend == "nccl":
-        from commlab.engine.launch import gpu_count as count_gpus
+        from commlab.devices import gpu_count as count_gpus
 
         gpus = count_gpus() if gpu_count is None else gpu_count
         if c.world_size > gpus:

@@ -1,4 +1,4 @@
-"""Launch a real DDP run and watch it live.  Thin: widgets in, commlab.ui.live, plotly out."""
+"""Launch a real DDP run and watch it live.  Thin: widgets in, commlab.ui.form and commlab.ui.runs, plotly out."""
 import streamlit as st
 
 from commlab import api
@@ -13,7 +13,7 @@ from commlab.config import (
     default_runs_dir,
 )
 from commlab.figures import runs as figures
-from commlab.ui import live
+from commlab.ui import form, runs
 from commlab.workloads import BUILTIN, DESCRIPTIONS
 
 DEFAULTS = RunConfig()
@@ -22,7 +22,7 @@ slots = {}  # field -> the empty slot under its widget, where its error goes
 
 
 def field(name: str, widget, label: str, **kwargs):
-    value = widget(label, key=kwargs.pop("key", f"f_{name}"), help=live.HELP.get(name), **kwargs)
+    value = widget(label, key=kwargs.pop("key", f"f_{name}"), help=form.HELP.get(name), **kwargs)
     slots[name] = st.empty()
     return value
 
@@ -59,7 +59,7 @@ def settings() -> dict:
     with workload_col.container(border=True):
         st.markdown("**Workload**")
         own = st.radio("workload", ["built-in", "my module:function"], key="f_workload_kind",
-                       help=live.HELP["workload"]) != "built-in"
+                       help=form.HELP["workload"]) != "built-in"
         if own:
             v["workload"] = field("workload", st.text_input, "module:function",
                                   placeholder="mymodel:make", key="f_workload_own")
@@ -92,15 +92,15 @@ def launch_area(cfg, errors: dict) -> None:
         st.error(f"Fix {len(errors)} setting(s) before launch: "
                  + ", ".join(f"**{k}**" for k in errors))
     else:
-        plan = live.preview(cfg)
+        plan = form.preview(cfg)
         st.info(f"Backend **{plan['backend']}** ({plan['backend_reason']}). Hook implementation: "
                 f"**{plan['hook_impl']}**: {plan['hook_reason']}.")
         if plan["warning"]:
             st.warning(plan["warning"])
     if st.button("Launch", type="primary", disabled=bool(errors), key="launch"):
-        draft = st.session_state.setdefault("draft", live.new_draft())
-        run, started = live.launch(cfg, live.request_id(cfg, draft))
-        st.session_state.draft = live.new_draft()
+        draft = st.session_state.setdefault("draft", form.new_draft())
+        run, started = form.launch(cfg, form.request_id(cfg, draft))
+        st.session_state.draft = form.new_draft()
         st.session_state.watch = str(run.path)
         st.session_state.notice = (f"Started run {run.id}." if started else
                                    f"A run with exactly these settings is already going "
@@ -124,13 +124,13 @@ def watch_panel(choices: list[dict]) -> None:
     st.session_state.watch = path
     views = st.session_state.setdefault("views", {})
     if path not in views:
-        views[path] = live.LiveView(path)
+        views[path] = runs.LiveView(path)
     view = views[path]
     running = by_path[path]["status"] == "running"
     st.fragment(run_every=REFRESH_S if running else None)(panel)(view, running)
 
 
-def panel(view: live.LiveView, was_running: bool) -> None:
+def panel(view: runs.LiveView, was_running: bool) -> None:
     view.poll()
     status = view.status()
     if was_running and status["status"] != "running":
@@ -172,12 +172,12 @@ def panel(view: live.LiveView, was_running: bool) -> None:
 st.title("Launch and watch")
 # The form is folded while a run goes, so that the live panel is in view; the expander is
 # keyed, so its state can only be set before it is drawn (hence the flag and the rerun).
-runs = live.watch_choices()
+choices = runs.watch_choices()
 if st.session_state.pop("fold_form", False) or "form_open" not in st.session_state:
-    st.session_state.form_open = not (runs and runs[0]["status"] == "running")
+    st.session_state.form_open = not (choices and choices[0]["status"] == "running")
 with st.expander("New run", key="form_open", on_change="rerun", icon=":material/tune:"):
     values = settings()
-    config, problems = live.config_from_form(values)
+    config, problems = form.config_from_form(values)
     launch_area(config, problems)
 st.subheader("Live")
-watch_panel(runs)
+watch_panel(choices)

@@ -1,10 +1,10 @@
 """Every run in one sortable table; overlay several; delete one after a confirmation.
-Thin: commlab.ui.live's rows and overlays, plotly out."""
+Thin: commlab.ui.runs' rows and overlays, plotly out."""
 import pandas as pd
 import streamlit as st
 
 from commlab.figures import runs as figures
-from commlab.ui import live
+from commlab.ui import runs
 
 COLUMNS = ["label", "status", "hook", "wrapper", "hook_impl", "backend", "world_size", "workload",
            "rank", "start_iter", "min_compression_rate", "use_error_feedback", "warm_start",
@@ -16,7 +16,7 @@ FORMATS = {"final_loss": "%.4f", "median_step_s": "%.4f", "bytes_per_step": "loc
 st.title("Runs")
 if "deleted" in st.session_state:
     st.success(st.session_state.pop("deleted"))
-rows = live.run_table()
+rows = runs.run_table()
 if not rows:
     st.info("No runs yet. Launch one on **Launch and watch**; every run is listed here, also "
             "after the app restarts.")
@@ -31,7 +31,7 @@ with_steps = [p for p, r in by_path.items() if r["steps"]]
 chosen = st.multiselect("Overlay", list(by_path), default=with_steps[:3],
                         format_func=lambda p: f"{by_path[p]['label']} — {by_path[p]['status']}")
 if chosen:
-    frames = live.overlay(chosen)
+    frames = runs.overlay(chosen)
     for tab, x in zip(st.tabs(["loss against step", "against wall time", "against bytes sent"]),
                       ["step", "t", "sent_bytes"]):
         tab.plotly_chart(figures.loss_figure(frames, x), key=f"overlay_{x}")
@@ -47,7 +47,7 @@ with st.expander("Delete a run"):
         if yes.button("Yes, delete it", type="primary", key="delete_yes"):
             del st.session_state.confirm_delete
             try:
-                live.delete_run(victim)
+                runs.delete_run(victim)
             except ValueError as e:
                 st.error(str(e))
             else:

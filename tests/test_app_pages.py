@@ -20,9 +20,10 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from commlab import api
+from commlab.analysis import buckets
 from commlab.config import RunConfig
 from commlab.engine import launch, machine, procs, store
-from commlab.ui import live
+from commlab.ui import form, runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "app.py")
@@ -171,24 +172,24 @@ def test_watch_panel_shows_the_run_folders_numbers(runs_dir, powersgd_run, monke
 def test_buckets_page_draws_the_run_folders_layouts(runs_dir, powersgd_run, monkeypatch):
     at = open_app(monkeypatch, runs_dir, page=BUCKETS, watch=powersgd_run.path)
     recorded = powersgd_run.buckets()
-    assert live.bucket_story(recorded) in texts(at)
+    assert buckets.bucket_story(recorded) in texts(at)
     fig = charts(at)[0]
     assert [a["text"] for a in fig["layout"]["annotations"][:2]] == ["iteration 0", "after the rebuild"]
     bars = [t for t in fig["data"] if t["type"] == "bar"]
     cap = int(recorded["bucket_cap_mb"] * 1024 * 1024)
     for bar, key, table in zip(bars, ("iter0", "rebuilt"), at.dataframe):
-        buckets = sorted(recorded[key], key=lambda b: b["index"])
+        layout = sorted(recorded[key], key=lambda b: b["index"])
         # Segments of one bar add up to its bucket's bytes, parameter by parameter.
         totals = {}
         for y, x, name in zip(bar["y"], bar["x"], bar["text"]):
             totals.setdefault(y, []).append((name, x))
-        assert [sum(x for _, x in segs) for segs in totals.values()] == [b["bytes"] for b in buckets]
+        assert [sum(x for _, x in segs) for segs in totals.values()] == [b["bytes"] for b in layout]
         assert [[n for n, _ in segs] for segs in totals.values()] == \
-               [[p["name"] for p in b["params"]] for b in buckets]
-        assert [y.endswith("· last") for y in totals] == [b["is_last"] for b in buckets]
+               [[p["name"] for p in b["params"]] for b in layout]
+        assert [y.endswith("· last") for y in totals] == [b["is_last"] for b in layout]
         df = table.value
-        assert list(df["bytes"]) == [b["bytes"] for b in buckets]
-        assert list(df["share of cap"]) == pytest.approx([b["bytes"] / cap for b in buckets])
+        assert list(df["bytes"]) == [b["bytes"] for b in layout]
+        assert list(df["share of cap"]) == pytest.approx([b["bytes"] / cap for b in layout])
     assert len(recorded["rebuilt"]) > len(recorded["iter0"])  # the cap split the rebuilt layout
     assert "DDP's own bucket_sizes [{}] agrees with the iteration 0 layout".format(", ".join(
         str(b["bytes"]) for b in recorded["iter0"])) in texts(at)
@@ -211,7 +212,7 @@ def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatc
         "Loss against step", "Loss against wall time", "Loss against bytes sent"]
     for trace, run in zip(overlays[2]["data"], runs):
         rows = run.metrics_records()
-        assert trace["name"] == live.run_label(run)
+        assert trace["name"] == runs.run_label(run)
         assert trace["y"] == [r["loss"] for r in rows]
         assert trace["x"] == list(np.cumsum([r["payload_bytes"] for r in rows]))
     assert overlays[1]["data"][0]["x"] == [r["t"] for r in runs[0].metrics_records()]
@@ -303,7 +304,7 @@ def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, slee
 
     monkeypatch.setattr(api, "launch", slow_launch)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(live.launch(cfg, "tab"))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(form.launch(cfg, "tab"))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -313,10 +314,10 @@ def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, slee
     assert sorted(new for _, new in results) == [False, False, True]
 
 
-# ---------------------------------------------------------------------------- live.py alone
+# ---------------------------------------------------------------------------- commlab.ui alone
 def test_live_view_reads_only_new_complete_lines(tmp_path, sleeper):
     run = fake_running_run(tmp_path, sleeper, steps_written=2)
-    view = live.LiveView(run.path)
+    view = runs.LiveView(run.path)
     assert view.poll() == 2 and view.poll() == 0
     append_steps(run, [2])
     assert view.poll() == 1 and [r["step"] for r in view.rows] == [0, 1, 2]
@@ -327,26 +328,26 @@ def test_delete_run_refuses_what_it_must_not_delete(tmp_path, sleeper):
     runs = tmp_path / "runs"
     running = fake_running_run(runs, sleeper)
     with pytest.raises(ValueError, match="still running"):
-        live.delete_run(running.path, str(runs))
+        runs.delete_run(running.path, str(runs))
     stray = runs / "not-a-run"
     stray.mkdir()
     with pytest.raises(ValueError, match="not a commlab run folder"):
-        live.delete_run(stray, str(runs))
+        runs.delete_run(stray, str(runs))
     outside = tmp_path / "elsewhere"
     shutil.copytree(running.path, outside)
     with pytest.raises(ValueError, match="not a folder directly inside"):
-        live.delete_run(outside, str(runs))
+        runs.delete_run(outside, str(runs))
     link = runs / "link"
     link.symlink_to(outside)
     with pytest.raises(ValueError, match="not a folder directly inside"):
-        live.delete_run(link, str(runs))
+        runs.delete_run(link, str(runs))
     with pytest.raises(ValueError, match="not a folder directly inside"):
-        live.delete_run(runs / running.id / ".." / running.id / "..", str(runs))
+        runs.delete_run(runs / running.id / ".." / running.id / "..", str(runs))
     assert running.exists() and outside.exists()
 
 
 def test_request_id_is_stable_per_submission(tmp_path):
     cfg = RunConfig(runs_dir=str(tmp_path))
-    assert live.request_id(cfg, "d1") == live.request_id(RunConfig(runs_dir=str(tmp_path)), "d1")
-    assert live.request_id(cfg, "d1") != live.request_id(cfg, "d2")
-    assert live.request_id(cfg, "d1") != live.request_id(RunConfig(runs_dir=str(tmp_path), steps=7), "d1")
+    assert form.request_id(cfg, "d1") == form.request_id(RunConfig(runs_dir=str(tmp_path)), "d1")
+    assert form.request_id(cfg, "d1") != form.request_id(cfg, "d2")
+    assert form.request_id(cfg, "d1") != form.request_id(RunConfig(runs_dir=str(tmp_path), steps=7), "d1")

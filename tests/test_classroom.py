@@ -298,7 +298,7 @@ def test_headroom_runs_noop_and_allreduce(tmp_path):
 
 @pytest.mark.gpu
 def test_bench_on_nccl():
-    from commlab.engine.launch import gpu_count
+    from commlab.devices import gpu_count
 
     gpus = gpu_count()
     if not gpus:

@@ -27,7 +27,7 @@ def _failed(args: argparse.Namespace, e: Exception) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from commlab.cli import emit
+    from commlab.commands import emit
     from commlab.teach.bench import bench_plan, bus_factor, run_plan
 
     plan = bench_plan(args.world_size, args.sizes, args.backend, args.iters, args.warmup)
@@ -46,7 +46,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _headroom(args: argparse.Namespace) -> int:
-    from commlab.cli import emit
+    from commlab.commands import emit
     from commlab.teach.headroom import measure_headroom
 
     try:

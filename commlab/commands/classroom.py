@@ -43,7 +43,7 @@ def _text(result) -> str:
 
 
 def _run(args: argparse.Namespace, job) -> int:
-    from commlab.cli import emit
+    from commlab.commands import emit
     from commlab.teach import classroom
 
     try:

@@ -44,7 +44,7 @@ def target_from_args(args: argparse.Namespace):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from commlab.cli import EXIT_BAD_INPUT, emit
+    from commlab.commands import EXIT_BAD_INPUT, emit
     from commlab.tune.export import render
 
     cfg, source = config_for(args)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def _hooks(args) -> int:
-    from commlab.cli import emit
+    from commlab.commands import emit
     from commlab.hooks import registry
 
     backend = args.backend

@@ -5,7 +5,7 @@ from __future__ import annotations
 def _rule(args) -> int:
     from commlab.analysis import shapes
     from commlab.analysis.rule import apply_rule
-    from commlab.cli import emit
+    from commlab.commands import emit
     from commlab.config import ConfigError
 
     if args.matrix_approximation_rank < 1:

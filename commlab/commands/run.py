@@ -66,7 +66,7 @@ def result_payload(run) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     from commlab.api import launch
-    from commlab.cli import emit
+    from commlab.commands import emit
 
     cfg = config_from_args(args).check()
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed

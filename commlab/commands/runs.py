@@ -4,7 +4,7 @@ from __future__ import annotations
 
 def _runs(args) -> int:
     from commlab.api import list_runs
-    from commlab.cli import emit
+    from commlab.commands import emit
 
     rows = [r.summary() for r in list_runs(args.runs_dir)]
     lines = [f"{r['run_id']:<60} {r['status']:<9} {r['hook']}/{r['wrapper']} "

@@ -66,7 +66,7 @@ def _text(payload: dict) -> str:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from commlab.cli import emit
+    from commlab.commands import emit
     from commlab.tune.sweep import create, execute, grid
 
     spec = spec_from_args(args)

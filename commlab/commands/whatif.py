@@ -29,7 +29,7 @@ def _runs(args: argparse.Namespace) -> list:
 
 
 def _whatif(args: argparse.Namespace) -> int:
-    from commlab.cli import emit
+    from commlab.commands import emit
     from commlab.config import ConfigError
     from commlab.tune import whatif
 

@@ -14,14 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from commlab.config import RunConfig
+from commlab.config import RunConfig, default_runs_dir
+from commlab.devices import gpu_count
 from commlab.engine import store
-
-
-def gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
@@ -78,7 +73,41 @@ def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
     return store.RunFolder(run_dir)
 
 
-def start(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
+class Run(store.RunFolder):
+    """A run folder plus control: wait for it, stop it, ask whether it still goes."""
+
+    def is_running(self) -> bool:
+        return self.status() == "running"
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> str:
+        """Block until the run ends (or ``timeout`` seconds pass); returns its status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_running():
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        self._wait_for_supervisor()
+        return self.status()
+
+    def _wait_for_supervisor(self, timeout: float = 120) -> None:
+        # The worker writes "finished" a moment before its processes are gone (longer on a busy
+        # machine); callers that go on to count processes, or start the next run (whose step
+        # times the leftovers would spoil), want them gone.
+        from commlab.engine.procs import alive
+
+        sup = store.read_json(self.file("supervisor.json"), {})
+        deadline = time.monotonic() + timeout
+        while alive(sup.get("pid"), sup.get("create_time")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> str:
+        return stop(self)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, status={self.status()!r})"
+
+
+def start(cfg: RunConfig, request_id: str | None = None) -> Run:
     """Start a run in the background and return its folder at once.
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
@@ -88,7 +117,7 @@ def start(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
         cfg.check()  # bad settings are refused even when the id was seen before
         for run in store.list_runs(cfg.runs_dir):
             if run.launch_info().get("request_id") == request_id:
-                return run  # started (or being started) by the first call: never a second supervisor
+                return Run(run.path)  # started (or being started) by the first call: never a second supervisor
     folder = prepare(cfg, request_id)
     log = open(folder.file("supervisor.log"), "ab")
     subprocess.Popen([sys.executable, "-m", "commlab.engine.supervisor", str(folder.path.resolve())],
@@ -96,7 +125,18 @@ def start(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
                      env=worker_env(cfg), start_new_session=True, close_fds=True)
     log.close()
     _wait_for(lambda: folder.file("supervisor.json").exists(), timeout=15)
-    return folder
+    return Run(folder.path)
+
+
+def open_run(path: str | os.PathLike) -> Run:
+    r = Run(path)
+    if not r.exists():
+        raise FileNotFoundError(f"{path} is not a commlab run folder (no config.json)")
+    return r
+
+
+def list_runs(runs_dir: str | os.PathLike | None = None) -> list[Run]:
+    return [Run(f.path) for f in store.list_runs(runs_dir or default_runs_dir())]
 
 
 def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:

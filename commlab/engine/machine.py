@@ -8,7 +8,8 @@ def describe() -> dict:
     import torch
 
     from commlab.config import RunConfig, default_runs_dir
-    from commlab.engine.launch import gpu_count, resolve_backend
+    from commlab.devices import gpu_count
+    from commlab.engine.launch import resolve_backend
 
     gpus = gpu_count()
     backend, why = resolve_backend(RunConfig(), gpus)

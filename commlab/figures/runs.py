@@ -1,6 +1,6 @@
 """Figures of runs: the live panel, loss overlays, and DDP's bucket layouts.
 
-Each takes the rows or DataFrames commlab.ui.live and commlab.engine.store give and returns one plotly
+Each takes the rows or DataFrames commlab.ui.runs and commlab.engine.store give and returns one plotly
 figure.  ``uirevision`` stays fixed, so a zoom survives the live panel's refresh.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def live_figure(df) -> go.Figure:
 
 
 def buckets_figure(layouts: dict[str, list[dict]], cap_bytes: int | None) -> go.Figure:
-    """Layouts side by side (title -> buckets from ``live.bucket_layouts``): one bar per bucket,
+    """Layouts side by side (title -> buckets from ``buckets.bucket_layouts``): one bar per bucket,
     split into its parameters, each parameter the same colour in both layouts; the dashed line
     is the cap; buckets run top to bottom in the order DDP reduces them (bucket index order)."""
     titles = list(layouts)

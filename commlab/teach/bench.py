@@ -119,7 +119,7 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
     if backend == "gloo":
         return backend
     if gpus is None:
-        from commlab.engine.launch import gpu_count
+        from commlab.devices import gpu_count
 
         gpus = gpu_count()
     if backend == "nccl" and gpus < world_size:

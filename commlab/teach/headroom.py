@@ -69,7 +69,7 @@ def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2
     ``settings`` are further RunConfig fields, the same for both runs.  Raises ConfigError
     before anything starts when the settings are wrong, RuntimeError when a run does not finish.
     """
-    from commlab.api import RunConfig
+    from commlab.config import RunConfig
 
     if "hook" in settings or "wrapper" in settings:
         raise ConfigError({"hook": "the comparison sets the hook itself (allreduce, then noop)"})
@@ -87,7 +87,7 @@ def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2
 
 
 def _run_to_end(cfg, timeout_s: float):
-    from commlab.api import launch
+    from commlab.engine.launch import start as launch
 
     run = launch(cfg)
     try:

@@ -170,7 +170,7 @@ class Sweep(store.Folder):
             _write_state(self, status="stopped")
 
     def runs(self) -> list:
-        from commlab.api import Run
+        from commlab.engine.launch import Run
 
         return [Run(e["run_dir"]) for e in self.state().get("runs", []) if e.get("run_dir")]
 
@@ -239,7 +239,7 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
     """
     import psutil
 
-    from commlab.api import launch
+    from commlab.engine.launch import start as launch
 
     me = psutil.Process()
     configs = sweep.configs()

@@ -1,0 +1,133 @@
+"""Runs as the pages show them, without Streamlit: a LiveView reads only the metric lines added
+since it last looked; the run picker's choices, the run table and the overlays are plain rows; a run
+folder is deleted only after checks that it is one, that it sits in the runs folder, and that
+nothing still writes to it."""
+from __future__ import annotations
+
+import functools
+import shutil
+import statistics
+from pathlib import Path
+
+from commlab.config import default_runs_dir, label_of
+from commlab.engine import store
+from commlab.engine.launch import open_run, workers_alive
+
+
+class LiveView:
+    """One run as it goes: ``poll`` appends only the metric lines written since the last poll."""
+
+    def __init__(self, path: str | Path):
+        self.run = open_run(path)
+        self._tail = store.JsonlTail(self.run.file("metrics.jsonl"))
+        self.rows: list[dict] = []
+
+    def poll(self) -> int:
+        new = self._tail.read_new()
+        self.rows.extend(new)
+        return len(new)
+
+    def status(self) -> dict:
+        return self.run.status_record()
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    def implementation(self) -> dict:
+        """Which hook implementation ran and why (planned, until rank 0 reports it)."""
+        meta, planned = self.run.meta(), self.run.launch_info()
+        source = meta if meta.get("hook_impl") else planned
+        impl = source.get("hook_impl")
+        return {"ran": bool(meta.get("hook_impl")), "hook_impl": impl,
+                "owner": {"stock": "PyTorch's", "commlab": "commlab's"}.get(impl, impl),
+                "hook_reason": source.get("hook_reason"), "backend": source.get("backend"),
+                "warning": planned.get("warning")}
+
+    def headline(self) -> dict:
+        """The numbers above the charts, defined as ``RunFolder.summary`` defines them."""
+        rows = self.rows
+        last = rows[-1] if rows else {}
+        after_warmup = rows[1:] or rows
+        return {"step": last.get("step"), "steps_planned": self.run.config_dict().get("steps"),
+                "loss": last.get("loss"),
+                "median_step_s": statistics.median(r["step_s"] for r in after_warmup) if rows else None,
+                "bytes_per_step": (statistics.median(r["payload_bytes"] for r in after_warmup)
+                                   if rows and "payload_bytes" in last else None),
+                "plain_bytes_per_step": last.get("plain_bytes"),
+                "compression_ratio": last.get("compression_ratio")}
+
+
+def watch_choices(runs_dir: str | None = None) -> list[dict]:
+    """Runs to offer in the live panel (path, label, status): those still going first, so that a
+    reloaded page re-attaches to them, then the rest; newest first within each."""
+    runs = [{"path": str(r.path), "label": run_label(r), "status": r.status()}
+            for r in store.list_runs(runs_dir or default_runs_dir())]
+    return sorted(runs, key=lambda r: r["status"] != "running")  # sorted() is stable
+
+
+def run_label(run: store.RunFolder) -> str:
+    """The settings that tell runs apart, and the run id's random tail that tells twins apart."""
+    return f"{label_of(run.config_dict())} · {run.id[-4:]}"
+
+
+def run_table(runs_dir: str | None = None) -> list[dict]:
+    """One row per run: its settings, status and headline figures (``RunFolder.summary``)."""
+    rows = []
+    for run in store.list_runs(runs_dir or default_runs_dir()):
+        cfg = run.config_dict()
+        rows.append({**_summary(run), "label": run_label(run),
+                     "min_compression_rate": cfg.get("min_compression_rate"),
+                     "use_error_feedback": cfg.get("use_error_feedback"),
+                     "warm_start": cfg.get("warm_start"), "bucket_cap_mb": cfg.get("bucket_cap_mb"),
+                     "backend": run.launch_info().get("backend")})
+    return rows
+
+
+def _summary(run: store.RunFolder) -> dict:
+    # An ended run never changes again: parse its metrics once per version of its files.
+    status = run.file("status.json")
+    if store.read_json(status, {}).get("status") in store.FINAL:
+        metrics = run.file("metrics.jsonl")
+        stamp = (status.stat().st_mtime_ns, metrics.stat().st_size if metrics.exists() else 0)
+        return dict(_final_summary(str(run.path), stamp))
+    return run.summary()
+
+
+@functools.lru_cache(maxsize=512)
+def _final_summary(path: str, stamp: tuple) -> dict:
+    return store.RunFolder(path).summary()
+
+
+def overlay(paths: list[str]) -> dict:
+    """label -> a DataFrame of the run's metrics with sent_bytes, the cumulative hook payload
+    (when the run was instrumented), for overlaying runs against step, wall time and bytes."""
+    out = {}
+    for path in paths:
+        run = store.RunFolder(path)
+        df = run.metrics()
+        if df.empty:
+            continue
+        if "payload_bytes" in df:
+            df["sent_bytes"] = df["payload_bytes"].cumsum()
+        out[run_label(run)] = df
+    return out
+
+
+def delete_run(path: str | Path, runs_dir: str | None = None) -> None:
+    """Delete one run folder; refuses (ValueError) anything that is not a finished-with run
+    folder directly inside the runs folder."""
+    p = Path(path)
+    root = Path(runs_dir or default_runs_dir()).resolve()
+    if p.is_symlink() or p.resolve().parent != root:
+        raise ValueError(f"{p} is not a folder directly inside the runs folder {root}; "
+                         "nothing was deleted")
+    run = store.RunFolder(p.resolve())
+    if not run.exists():
+        raise ValueError(f"{p} is not a commlab run folder (no config.json); nothing was deleted")
+    if run.status() == "running":
+        raise ValueError(f"run {run.id} is still running: stop it first")
+    if workers_alive(store.read_json(run.file("supervisor.json"), {})):
+        raise ValueError(f"run {run.id} has worker processes still alive: stop it first")
+    shutil.rmtree(run.path)
