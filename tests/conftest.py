@@ -3,6 +3,7 @@ process behind."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import psutil
@@ -11,6 +12,10 @@ import pytest
 from commlab.api import RunConfig, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# `streamlit run app.py` puts app.py's folder on sys.path (pages import lab_widgets from there);
+# AppTest does not, so the tests do.
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 
 def _leftovers(timeout: float = 20.0) -> list[psutil.Process]:
