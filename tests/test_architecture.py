@@ -1,0 +1,33 @@
+"""The layers of docs/architecture.md hold: the import-linter contracts in pyproject.toml (also run
+by .ci/run as `lint-imports`), checked here so that the README's one test command checks them too."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+importlinter_cli = pytest.importorskip("importlinter.cli")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_import_contracts_hold(capsys):
+    code = importlinter_cli.lint_imports(config_filename=os.path.join(ROOT, "pyproject.toml"),
+                                         no_cache=True, no_logo=True)
+    assert code == 0, capsys.readouterr().out
+
+
+def test_a_broken_layer_is_caught(tmp_path, monkeypatch):
+    """The contract is not vacuous: a package that imports upward fails it."""
+    pkg = tmp_path / "commlab_probe"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("from commlab_probe.engine import launch\n")
+    (pkg / "engine" / "__init__.py").write_text("")
+    (pkg / "engine" / "launch.py").write_text("from commlab_probe import config\n")
+    cfg = tmp_path / "probe.toml"
+    cfg.write_text('[tool.importlinter]\nroot_package = "commlab_probe"\n'
+                   '[[tool.importlinter.contracts]]\nname = "layers"\ntype = "layers"\n'
+                   'layers = ["commlab_probe.engine", "commlab_probe.config"]\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert importlinter_cli.lint_imports(config_filename=str(cfg), no_cache=True, no_logo=True) == 1
