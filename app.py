@@ -1,20 +1,25 @@
 """commlab in the browser: ``streamlit run app.py``.
 
-Navigation over the files in pages/ (the number in a file's name orders it); the sidebar says
-where runs are kept and what this machine would run on.
+The navigation is the table below, in sections that follow the work; the sidebar says where runs
+are kept and what this machine would run on.
 """
-from pathlib import Path
-
 import streamlit as st
 
 from commlab.engine.machine import describe
 
-st.set_page_config(page_title="commlab", layout="wide")
+# section -> its pages: (file, title). The order here is the order in the sidebar.
+SECTIONS = {
+    "Run": [("pages/1_Launch_and_watch.py", "Launch and watch"), ("pages/5_Runs.py", "Runs")],
+    "Understand": [("pages/2_Compression_rule.py", "Compression rule"),
+                   ("pages/3_Low_rank_error.py", "Low-rank error"), ("pages/4_Buckets.py", "Buckets")],
+    "Teach": [("pages/6_Classroom.py", "Classroom"), ("pages/7_Bandwidth.py", "Bandwidth")],
+    "Tune and export": [("pages/8_Sweep.py", "Sweep"), ("pages/9_What_if.py", "What if"),
+                        ("pages/10_Export.py", "Export")],
+}
 
-PAGES = sorted(Path(__file__).parent.joinpath("pages").glob("[0-9]*_*.py"),
-               key=lambda p: int(p.name.split("_", 1)[0]))
-nav = st.navigation([st.Page(str(p), title=p.stem.split("_", 1)[1].replace("_", " "))
-                     for p in PAGES])
+st.set_page_config(page_title="commlab", layout="wide")
+nav = st.navigation({section: [st.Page(file, title=title) for file, title in pages]
+                     for section, pages in SECTIONS.items()})
 
 with st.sidebar:
     machine = describe()

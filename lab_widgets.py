@@ -8,6 +8,10 @@ from __future__ import annotations
 import streamlit as st
 
 from commlab.config import ConfigError
+from commlab.engine.store import RunFolder
+
+# The run the pages show, whichever page chose it; Launch sets it to the run it starts.
+RUN_KEY = "watch"
 
 
 def show_errors(errors: ConfigError | dict[str, str], slots: dict | None = None) -> None:
@@ -16,3 +20,33 @@ def show_errors(errors: ConfigError | dict[str, str], slots: dict | None = None)
     for name, msg in errors.items():
         target = (slots or {}).get(name)
         (target if target is not None else st).error(f"**{name}**: {msg}")
+
+
+def run_name(run: dict) -> str:
+    """How every picker names a run (a ``commlab.ui.runs`` row): what tells it apart, then its status."""
+    return f"{run['label']} — {run['status']}"
+
+
+def pick_run(choices: list[dict], label: str = "Run") -> dict:
+    """The one run picker, over ``commlab.ui.runs.watch_choices()`` or a page's share of them.
+
+    It shows the run last chosen on any page, else the first choice: running runs come first, so
+    a reloaded page re-attaches to one. Returns the chosen row (path, label, status)."""
+    by_path = {c["path"]: c for c in choices}
+    paths = list(by_path)
+    remembered = st.session_state.get(RUN_KEY)
+    shown = paths.index(remembered) if remembered in by_path else 0
+    path = st.selectbox(label, paths, index=shown, format_func=lambda p: run_name(by_path[p]))
+    # Remember a choice, or the first run shown when none is remembered; a page that offers only
+    # some runs (Low-rank error) does not make the others forget a run it merely leaves out.
+    if path != paths[shown] or not (remembered and RunFolder(remembered).exists()):
+        st.session_state[RUN_KEY] = path
+    return by_path[path]
+
+
+def pick_runs(label: str, choices: list[dict], default: list[str]) -> list[str]:
+    """Several runs, named as ``pick_run`` names them; returns their paths."""
+    by_path = {c["path"]: c for c in choices}
+    # A default read from another listing may name a run deleted since.
+    return st.multiselect(label, list(by_path), default=[p for p in default if p in by_path],
+                          format_func=lambda p: run_name(by_path[p]))

@@ -9,12 +9,14 @@ from __future__ import annotations
 from commlab.config import RunConfig
 from commlab.engine import launch as _launch
 from commlab.engine.launch import Run, list_runs, open_run
+from commlab.engine.store import GOING
 
-__all__ = ["RunConfig", "Run", "launch", "run", "open_run", "list_runs"]
+__all__ = ["RunConfig", "Run", "GOING", "launch", "run", "open_run", "list_runs"]
 
 
 def launch(cfg: RunConfig | None = None, request_id: str | None = None, **overrides) -> Run:
-    """Validate and start a run in the background; raises ConfigError before starting anything."""
+    """Validate and start a run in the background (status ``starting``, then ``running``: both
+    in ``GOING``); raises ConfigError before starting anything."""
     cfg = (cfg or RunConfig()).with_overrides(**overrides) if overrides else (cfg or RunConfig())
     return _launch.start(cfg, request_id)
 

@@ -1,6 +1,10 @@
-"""One run's configuration: a dataclass that validates with messages a person can act on.
+"""One run's configuration: a dataclass that validates with messages a person can act on, and
+the one settings table.
 
-Settings are spelled as PyTorch spells them where PyTorch has a name (``PowerSGDState``'s
+Each field carries, beside its default, its help, its allowed values, its group and where else it
+shows (dataclass field metadata, as torchtitan's config dataclasses carry theirs); ``settings()``
+reads the table back.  The CLI flags, the Launch form, the sweep's axes and the Export page are
+generated from it, so a new setting is written here once.  Settings are spelled as PyTorch spells them where PyTorch has a name (``PowerSGDState``'s
 arguments keep their exact spelling, ``start_powerSGD_iter`` included).  Files are JSON or TOML;
 unknown keys are refused, as Accelerate's config classes refuse them.
 """
@@ -22,54 +26,120 @@ RESOLVED_BACKENDS = ("gloo", "nccl")  # what "auto" resolves to on a machine
 BACKENDS = ("auto", *RESOLVED_BACKENDS)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 POWERSGD_HOOKS = ("powersgd", "batched_powersgd")
-# The settings that PowerSGDState takes, in its own order and spelling.
-POWERSGD_FIELDS = (
-    "matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
-    "use_error_feedback", "warm_start", "orthogonalization_epsilon", "random_seed",
-    "batch_tensors_with_same_shape",
-)
+# The sections of the settings table, in the Launch form's order: group -> its heading.
+GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
+          "workload": "Workload", "instrument": "Instrumentation and an emulated link"}
 
 
 def default_runs_dir() -> str:
     return os.environ.get("COMMLAB_RUNS_DIR", "./runs")
 
 
+def setting(default: Any = dataclasses.MISSING, *, help: str, group: str, label: str | None = None,
+            choices: tuple | None = None, aliases: tuple[str, ...] = (), sweep: tuple | None = None,
+            export: bool = False, form: bool = True,
+            default_factory: Any = dataclasses.MISSING) -> Any:
+    """A RunConfig field with its row of the settings table (read back with ``settings()``).
+
+    label: the form's label (default: the name).  aliases: CLI spellings beside the flag
+    ``--name-in-dashes``; a boolean gets a ``--no-`` form of each.  sweep: None when the setting is
+    not a sweep axis, else the values a sweep tries unless told (empty: the base's value).
+    export: the production exports (snippets, launch lines) read it.  form: False for the one
+    setting the app sets itself (the runs folder it was started with).
+    """
+    if group not in GROUPS:
+        raise ValueError(f"unknown group {group!r}; groups are: {', '.join(GROUPS)}")
+    return field(default=default, default_factory=default_factory, metadata={
+        "help": help, "group": group, "label": label, "choices": choices, "aliases": aliases,
+        "sweep": sweep, "export": export, "form": form})
+
+
 @dataclass
 class RunConfig:
+    """The settings table: every setting, its default, help, allowed values and where it shows."""
+
     # -- the communication hook
-    hook: str = "allreduce"
-    wrapper: str = "none"
-    impl: str = "auto"
-    # -- PowerSGDState (only read by the PowerSGD hooks); lab defaults suit a 200-step run
-    matrix_approximation_rank: int = 1
-    start_powerSGD_iter: int = 20
-    min_compression_rate: float = 2.0
-    use_error_feedback: bool = True
-    warm_start: bool = True
-    orthogonalization_epsilon: float = 0.0
-    random_seed: int = 0
-    batch_tensors_with_same_shape: bool = False
-    # -- the job
-    world_size: int = 2
-    backend: str = "auto"
-    bucket_cap_mb: float = 25.0
-    workload: str = "charlm"
-    steps: int = 200
-    batch_size: int = 16
-    lr: float = 3e-3
-    optimizer: str = "adamw"
-    seed: int = 0
+    hook: str = setting("allreduce", choices=HOOKS, group="hook", export=True, help=(
+        "The communication hook DDP calls for every gradient bucket instead of its allreduce."))
+    wrapper: str = setting("none", choices=WRAPPERS, group="hook", export=True, sweep=(),
+                           label="compress wrapper", help=(
+        "A compress wrapper casts each bucket to fp16/bf16 around the hook and back."))
+    impl: str = setting("auto", choices=IMPLS, group="hook", label="implementation", help=(
+        "auto: PyTorch's hook wherever it works on this backend, commlab's Gloo-safe variant "
+        "where it does not. stock: PyTorch's always (it may hang or fail). commlab: "
+        "commlab's variant wherever one exists."))
+    # -- PowerSGDState's arguments (read only by the PowerSGD hooks) in its order and spelling;
+    #    the help carries the tuning advice of its docstring; lab defaults suit a 200-step run
+    matrix_approximation_rank: int = setting(1, group="powersgd", export=True, sweep=(1, 2, 4), help=(
+        "The rank r of P and Q: lower compresses more. Start at 1 and double (1, 2, 4, ...) until "
+        "the loss is good enough; usually 1-4 suffices (some NLP tasks needed 32). Higher ranks "
+        "cost compute and may not help."))
+    start_powerSGD_iter: int = setting(20, group="powersgd", export=True, sweep=(), help=(
+        "Plain allreduce until this step, PowerSGD after: early training is sensitive to inexact "
+        "gradients. Start at about 10% of the steps and raise it until the loss is good enough; "
+        "with a warm-up, no fewer than the warm-up steps. At least 2 with error feedback or warm "
+        "start (DDP rebuilds its buckets after step 0)."))
+    min_compression_rate: float = setting(2.0, group="powersgd", export=True, sweep=(), help=(
+        "A gradient viewed as an n x m matrix is compressed only when (n + m) * r * "
+        "min_compression_rate < n * m; otherwise it is allreduced uncompressed. A 1-D tensor of "
+        "length k is k x 1: never compressed at a rate of 1 or more (torch 2.13 compresses it "
+        "below 1)."))
+    use_error_feedback: bool = setting(True, group="powersgd", export=True,
+                                       aliases=("--error-feedback",), help=(
+        "Keep what compression lost and add it to the next step's gradient."))
+    warm_start: bool = setting(True, group="powersgd", export=True, help=(
+        "Reuse last step's Q as the start of this step's power iteration."))
+    orthogonalization_epsilon: float = setting(0.0, group="powersgd", export=True, help=(
+        "Added to each column norm when orthogonalizing P, against division by zero (e.g. 1e-8); "
+        "0 is best for accuracy when no column is all zeros."))
+    random_seed: int = setting(0, group="powersgd", export=True, help=(
+        "Seeds the random initial Q (the same on every rank)."))
+    batch_tensors_with_same_shape: bool = setting(False, group="powersgd", export=True, help=(
+        "Compress same-shaped tensors in one batched operation; raise the bucket cap so more of "
+        "them share a bucket. Helps when compression compute is the bottleneck."))
+    # -- the job and its workload
+    world_size: int = setting(2, group="job", export=True, label="ranks", help=(
+        "Processes (ranks) torchrun starts; NCCL needs one GPU per rank."))
+    backend: str = setting("auto", choices=BACKENDS, group="job", help=(
+        "auto: NCCL when there is a GPU per rank, Gloo on the CPU otherwise."))
+    bucket_cap_mb: float = setting(25.0, group="job", export=True, label="bucket cap (MiB)", help=(
+        "DDP's bucket_cap_mb: it starts a new bucket once one reaches this many MiB."))
+    workload: str = setting("charlm", group="workload", help=(
+        "A built-in model and data, or your own module:function returning (model, batches); the "
+        "module is imported from the folder the lab started in."))
+    steps: int = setting(200, group="job", help="Training steps; each writes one line of metrics.")
+    batch_size: int = setting(16, group="workload", label="batch size per rank", help=(
+        "Examples each rank draws per step."))
+    lr: float = setting(3e-3, group="workload", label="learning rate", help=(
+        "The learning rate the optimizer steps with on every rank."))
+    optimizer: str = setting("adamw", choices=OPTIMIZERS, group="workload", help=(
+        "The optimizer every rank steps with the averaged gradients."))
+    seed: int = setting(0, group="workload", help=(
+        "Seeds the initial weights (the same on every rank) and the data, so that runs with "
+        "different hooks draw the same batches."))
     # -- instrumentation
-    instrument: bool = True
-    error_every: int = 0  # record the approximation error every K steps; 0 = never
-    save_grads_at: list[int] = field(default_factory=list)  # steps whose gradients are saved
-    stall_timeout_s: float = 120.0
+    instrument: bool = setting(True, group="instrument",
+                               label="instrument (bytes, buckets, errors)", help=(
+        "Wrap the hook to record the bytes it hands over, the bucket layout and what it "
+        "compresses; error_every, save_grads_at and the emulated link need it."))
+    error_every: int = setting(0, group="instrument", label="error_every (steps)", help=(
+        "Measure the approximation error against the exact mean gradient every K steps (one "
+        "extra allreduce, counted apart); 0 = never."))
+    save_grads_at: list[int] = setting(default_factory=list, group="instrument",
+                                       label="save_grads_at (steps)", help=(
+        "Steps whose exact mean gradients are saved, comma-separated."))
+    stall_timeout_s: float = setting(120.0, group="instrument", help=(
+        "The run is called stalled when no step completes for this long."))
     # -- an emulated network link (0 = off): each collective the hook issues completes no
     #    earlier than a ring allreduce over it would, 2(N-1)·latency + 2(N-1)/N·bytes/bandwidth,
     #    after it started; collectives share the one link (see commlab.hooks.instrument)
-    emulate_bandwidth_gbps: float = 0.0
-    emulate_latency_us: float = 0.0
-    runs_dir: str = field(default_factory=default_runs_dir)
+    emulate_bandwidth_gbps: float = setting(0.0, group="instrument", help=(
+        "Hold each collective back as if the link moved this many Gb/s (0 = off)."))
+    emulate_latency_us: float = setting(0.0, group="instrument", help=(
+        "Add this latency per ring hop to each collective (0 = off)."))
+    runs_dir: str = setting(default_factory=default_runs_dir, group="job", form=False, help=(
+        "The folder of run folders (default: $COMMLAB_RUNS_DIR, else ./runs); the app uses the "
+        "one it was started with."))
 
     def __post_init__(self):
         if isinstance(self.save_grads_at, (list, tuple)):
@@ -169,6 +239,54 @@ class RunConfig:
         return label_of(self.to_dict())
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table, as the CLI, the form, the sweep and the exports read it."""
+
+    name: str
+    kind: str  # the field's type as written: str, int, float, bool or list[int]
+    default: Any
+    help: str
+    group: str  # a key of GROUPS
+    label: str  # the form's label
+    flag: str  # the CLI spelling: --name-in-dashes, lower case
+    aliases: tuple[str, ...]  # more CLI spellings
+    choices: tuple | None  # the allowed values, when they are a closed list
+    sweep: tuple | None  # a sweep axis' default values (empty: the base's value); None: no axis
+    export: bool  # read by the production exports
+    form: bool  # drawn on the Launch form
+
+    @property
+    def sweepable(self) -> bool:
+        return self.sweep is not None
+
+
+def settings() -> tuple[Setting, ...]:
+    """The settings table, one row per RunConfig field in its order (defaults as of now: the
+    runs folder follows $COMMLAB_RUNS_DIR)."""
+    return tuple(_setting(f) for f in dataclasses.fields(RunConfig))
+
+
+def _setting(f: dataclasses.Field) -> Setting:
+    m = f.metadata
+    if "help" not in m:
+        raise TypeError(f"RunConfig.{f.name} is not a row of the settings table: declare it with "
+                        "setting(default, help=..., group=...)")
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return Setting(name=f.name, kind=_kind(f), default=default, help=m["help"], group=m["group"],
+                   label=m["label"] or f.name, flag="--" + f.name.lower().replace("_", "-"),
+                   aliases=m["aliases"], choices=m["choices"], sweep=m["sweep"],
+                   export=m["export"], form=m["form"])
+
+
+def _kind(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+
+
+# The settings that PowerSGDState takes, in its own order and spelling.
+POWERSGD_FIELDS = tuple(s.name for s in settings() if s.group == "powersgd")
+
+
 def is_plain_allreduce(cfg: dict) -> bool:
     """Whether a stored config is DDP's own behaviour: the baseline every comparison is made against."""
     return cfg.get("hook") == "allreduce" and cfg.get("wrapper", "none") == "none"
@@ -194,7 +312,7 @@ class ConfigError(ValueError):
 
 
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    kind = _kind(f)
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -239,12 +357,11 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str | None:
 
 def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
     e: dict[str, str] = {}
-    for name, allowed, what in (("hook", HOOKS, "hook"), ("wrapper", WRAPPERS, "wrapper"),
-                                ("impl", IMPLS, "impl"), ("backend", BACKENDS, "backend"),
-                                ("optimizer", OPTIMIZERS, "optimizer")):
-        msg = _choice(getattr(c, name), allowed, what)
-        if msg:
-            e[name] = msg
+    for f in dataclasses.fields(c):
+        if f.metadata["choices"]:
+            msg = _choice(getattr(c, f.name), f.metadata["choices"], f.name)
+            if msg:
+                e[f.name] = msg
     if c.hook == "noop" and c.wrapper != "none":
         e["wrapper"] = ("a compress wrapper cannot wrap noop: noop sends nothing, so there is "
                         "nothing to compress; use wrapper 'none'")

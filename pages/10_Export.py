@@ -1,76 +1,58 @@
 """Export a run's settings, or settings entered here, for production: config files, snippets, scripts.
 Thin: widgets in, commlab.tune.export, one copy-ready block and one download button per format."""
-import shlex
-
 import streamlit as st
 
+import lab_widgets
 from commlab.api import list_runs
-from commlab.config import HOOKS, WRAPPERS, ConfigError, RunConfig
+from commlab.config import RESOLVED_BACKENDS, RunConfig, settings
 from commlab.tune import export
+from commlab.ui import form
 
 TITLES = {"json": "JSON", "toml": "TOML", "ddp": "Plain DDP", "lightning": "Lightning",
           "accelerate": "Accelerate", "torchrun": "torchrun", "slurm": "SLURM"}
+# What the form shows first: PowerSGD, the hook an export is usually for.
+PRESET = RunConfig(hook="powersgd")
 
 
 def settings_form() -> RunConfig | None:
-    d = RunConfig()
-    c1, c2, c3 = st.columns(3)
-    hook = c1.selectbox("Hook", HOOKS, index=HOOKS.index("powersgd"))
-    wrapper = c2.selectbox("Compress wrapper", WRAPPERS, disabled=hook == "noop")
-    world_size = c3.number_input("Processes (world size)", 1, 4096, d.world_size)
-    values = {"hook": hook, "wrapper": "none" if hook == "noop" else wrapper, "world_size": world_size}
-    if hook in ("powersgd", "batched_powersgd"):
-        c1, c2, c3 = st.columns(3)
-        values["matrix_approximation_rank"] = c1.number_input("matrix_approximation_rank", 1, 1024,
-                                                              d.matrix_approximation_rank)
-        values["start_powerSGD_iter"] = c2.number_input("start_powerSGD_iter", 0, 10**9,
-                                                        d.start_powerSGD_iter)
-        values["min_compression_rate"] = c3.number_input("min_compression_rate", 0.01, 1e6,
-                                                         d.min_compression_rate)
-        c1, c2, c3 = st.columns(3)
-        values["use_error_feedback"] = c1.checkbox("use_error_feedback", d.use_error_feedback)
-        values["warm_start"] = c2.checkbox("warm_start", d.warm_start)
-        values["batch_tensors_with_same_shape"] = c3.checkbox("batch_tensors_with_same_shape",
-                                                              d.batch_tensors_with_same_shape)
-        c1, c2, _ = st.columns(3)
-        values["orthogonalization_epsilon"] = c1.number_input("orthogonalization_epsilon", 0.0, 1.0,
-                                                              d.orthogonalization_epsilon, format="%g")
-        values["random_seed"] = c2.number_input("random_seed", 0, 2**31 - 1, d.random_seed)
-    values["bucket_cap_mb"] = st.number_input("DDP bucket_cap_mb", 0.01, 4096.0, 25.0)
-    try:
-        return RunConfig.from_dict(values, "these settings").check()
-    except ConfigError as e:
-        for field, msg in e.errors.items():
-            st.error(f"**{field}**: {msg}")
-        return None
+    """The settings the exports render (the table marks them), three to a row."""
+    values: dict = {}
+    columns = st.columns(3)
+    for i, s in enumerate(s for s in settings() if s.export):
+        w = form.widget(s, values, value=getattr(PRESET, s.name), prefix="export_", titled=True)
+        values[s.name] = w.draw(columns[i % len(columns)])
+    cfg, errors = form.config_from_form(values)
+    lab_widgets.show_errors(errors)
+    return None if errors else cfg
 
 
 def target_form() -> export.Target | None:
+    d = export.Target()
     with st.expander("Where it will run (torchrun, SLURM, Lightning, Accelerate)"):
         c1, c2, c3 = st.columns(3)
-        nnodes = c1.number_input("Nodes", 1, 4096, 1)
+        nnodes = c1.number_input("Nodes", 1, 4096, d.nnodes)
         nproc = c2.number_input("Processes per node (0: the run's world size)", 0, 1024, 0)
-        backend = c3.selectbox("Production backend", ["nccl", "gloo"],
+        backend = c3.selectbox("Production backend", RESOLVED_BACKENDS,
+                               index=RESOLVED_BACKENDS.index(d.backend),
                                help="decides which warnings apply to PyTorch's own hooks")
         c1, c2 = st.columns(2)
-        script = c1.text_input("Training script", "train.py")
+        script = c1.text_input("Training script", d.script)
         script_args = c2.text_input("Its arguments (shell words)", "")
         c1, c2, c3, c4 = st.columns(4)
         endpoint = c1.text_input("Rendezvous endpoint (host:port)", "",
                                  help="empty: the script reads $HEAD_NODE")
-        job_name = c2.text_input("Job name", "commlab")
-        time_limit = c3.text_input("SLURM time limit", "01:00:00")
+        job_name = c2.text_input("Job name", d.job_name)
+        time_limit = c3.text_input("SLURM time limit", d.time_limit)
         partition = c4.text_input("SLURM partition", "")
     try:
-        target = export.Target(nnodes=nnodes, nproc_per_node=nproc or None, backend=backend,
-                               script=script, script_args=shlex.split(script_args),
-                               rdzv_endpoint=endpoint or None, job_name=job_name,
-                               time_limit=time_limit, partition=partition or None)
+        target = export.Target.from_entries(
+            nnodes=nnodes, nproc_per_node=nproc or None, backend=backend, script=script,
+            script_args=script_args, rdzv_endpoint=endpoint, job_name=job_name,
+            time_limit=time_limit, partition=partition)
     except ValueError as e:
-        st.error(f"Script arguments: {e}")
+        lab_widgets.show_errors({"script_args": str(e)})
         return None
-    for field, msg in target.errors().items():
-        st.error(f"**{field}**: {msg}")
+    lab_widgets.show_errors(target.errors())
     return None if target.errors() else target
 
 

@@ -1,93 +1,42 @@
 """Launch a real DDP run and watch it live.  Thin: widgets in, commlab.ui.form and commlab.ui.runs, plotly out."""
 import streamlit as st
 
+import lab_widgets
 from commlab import api
-from commlab.config import (
-    BACKENDS,
-    HOOKS,
-    IMPLS,
-    OPTIMIZERS,
-    POWERSGD_HOOKS,
-    WRAPPERS,
-    RunConfig,
-    default_runs_dir,
-)
 from commlab.figures import runs as figures
 from commlab.ui import form, runs
-from commlab.workloads import BUILTIN, DESCRIPTIONS
 
-DEFAULTS = RunConfig()
 REFRESH_S = 0.5
 slots = {}  # field -> the empty slot under its widget, where its error goes
 
 
-def field(name: str, widget, label: str, **kwargs):
-    value = widget(label, key=kwargs.pop("key", f"f_{name}"), help=form.HELP.get(name), **kwargs)
-    slots[name] = st.empty()
+def field(w: form.Widget):
+    value = w.draw(st)
+    slots[w.name] = st.empty()
     return value
 
 
-def number(name: str, label: str, **kwargs):
-    # No min_value: the package's messages, not the browser's clamping, say what is wrong.
-    default = getattr(DEFAULTS, name)
-    return field(name, st.number_input, label, value=default, step=1 if isinstance(default, int)
-                 else None, format=None if isinstance(default, int) else "%g", **kwargs)
-
-
 def settings() -> dict:
-    v = {"runs_dir": default_runs_dir()}
-    hook_col, powersgd_col, workload_col, more_col = st.columns(4)
-    with hook_col.container(border=True):
-        st.markdown("**Hook and wrapper**")
-        v["hook"] = field("hook", st.selectbox, "hook", options=HOOKS, index=HOOKS.index(DEFAULTS.hook))
-        v["wrapper"] = field("wrapper", st.selectbox, "compress wrapper", options=WRAPPERS)
-        v["impl"] = field("impl", st.selectbox, "implementation", options=IMPLS)
-    with hook_col.container(border=True):
-        st.markdown("**Job**")
-        v["world_size"] = number("world_size", "ranks")
-        v["backend"] = field("backend", st.selectbox, "backend", options=BACKENDS)
-        v["bucket_cap_mb"] = number("bucket_cap_mb", "bucket cap (MiB)")
-        v["steps"] = number("steps", "steps")
-    off = v["hook"] not in POWERSGD_HOOKS
-    with powersgd_col.container(border=True):
-        st.markdown("**PowerSGD settings**" + (" (read only by the PowerSGD hooks)" if off else ""))
-        for name in ("matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
-                     "orthogonalization_epsilon", "random_seed"):
-            v[name] = number(name, name, disabled=off)
-        for name in ("use_error_feedback", "warm_start", "batch_tensors_with_same_shape"):
-            v[name] = field(name, st.checkbox, name, value=getattr(DEFAULTS, name), disabled=off)
-    with workload_col.container(border=True):
-        st.markdown("**Workload**")
-        own = st.radio("workload", ["built-in", "my module:function"], key="f_workload_kind",
-                       help=form.HELP["workload"]) != "built-in"
-        if own:
-            v["workload"] = field("workload", st.text_input, "module:function",
-                                  placeholder="mymodel:make", key="f_workload_own")
-        else:
-            v["workload"] = field("workload", st.selectbox, "built-in workload",
-                                  options=list(BUILTIN), key="f_workload_builtin",
-                                  index=list(BUILTIN).index(DEFAULTS.workload),
-                                  format_func=lambda k: f"{k}: {DESCRIPTIONS[k]}")
-        v["batch_size"] = number("batch_size", "batch size per rank")
-        v["lr"] = number("lr", "learning rate")
-        v["optimizer"] = field("optimizer", st.selectbox, "optimizer", options=OPTIMIZERS,
-                               index=OPTIMIZERS.index(DEFAULTS.optimizer))
-        v["seed"] = number("seed", "seed")
-    with more_col.container(border=True):
-        st.markdown("**Instrumentation and an emulated link**")
-        v["instrument"] = field("instrument", st.checkbox, "instrument (bytes, buckets, errors)",
-                                value=DEFAULTS.instrument)
-        v["error_every"] = number("error_every", "error_every (steps)")
-        v["save_grads_at"] = field("save_grads_at", st.text_input, "save_grads_at (steps)")
-        v["stall_timeout_s"] = number("stall_timeout_s", "stall_timeout_s")
-        v["emulate_bandwidth_gbps"] = number("emulate_bandwidth_gbps", "emulate_bandwidth_gbps")
-        v["emulate_latency_us"] = number("emulate_latency_us", "emulate_latency_us")
+    """The form, generated from the settings table: one bordered group per section."""
+    v = {}
+    for column, groups in zip(st.columns(len(form.COLUMNS)), form.COLUMNS):
+        for group in groups:
+            with column.container(border=True):
+                st.markdown(form.heading(group, v))
+                for s in form.form_settings(group):
+                    # The workload: a built-in or the person's own module:function, chosen first.
+                    own = s.name == "workload" and st.radio(
+                        s.label, form.WORKLOAD_KINDS, key="f_workload_kind",
+                        help=s.help) != form.WORKLOAD_KINDS[0]
+                    v[s.name] = field(form.widget(s, v, own_workload=own))
     return v
 
 
 def launch_area(cfg, errors: dict) -> None:
     for name, msg in errors.items():
-        (slots[name] if name in slots else st).error(msg)
+        if name in slots:  # under its widget, which names it
+            slots[name].error(msg)
+    lab_widgets.show_errors({k: m for k, m in errors.items() if k not in slots})
     if errors:
         st.error(f"Fix {len(errors)} setting(s) before launch: "
                  + ", ".join(f"**{k}**" for k in errors))
@@ -101,7 +50,7 @@ def launch_area(cfg, errors: dict) -> None:
         draft = st.session_state.setdefault("draft", form.new_draft())
         run, started = form.launch(cfg, form.request_id(cfg, draft))
         st.session_state.draft = form.new_draft()
-        st.session_state.watch = str(run.path)
+        st.session_state[lab_widgets.RUN_KEY] = str(run.path)
         st.session_state.notice = (f"Started run {run.id}." if started else
                                    f"A run with exactly these settings is already going "
                                    f"({run.id}): watching it instead of starting a second.")
@@ -116,30 +65,25 @@ def watch_panel(choices: list[dict]) -> None:
         return
     if "notice" in st.session_state:
         st.success(st.session_state.pop("notice"))
-    paths = [c["path"] for c in choices]
-    by_path = {c["path"]: c for c in choices}
-    current = st.session_state.get("watch")
-    path = st.selectbox("Watching", paths, index=paths.index(current) if current in paths else 0,
-                        format_func=lambda p: f"{by_path[p]['label']} — {by_path[p]['status']}")
-    st.session_state.watch = path
+    chosen = lab_widgets.pick_run(choices, "Watching")
+    path, running = chosen["path"], chosen["status"] in api.GOING
     views = st.session_state.setdefault("views", {})
     if path not in views:
         views[path] = runs.LiveView(path)
     view = views[path]
-    running = by_path[path]["status"] == "running"
     st.fragment(run_every=REFRESH_S if running else None)(panel)(view, running)
 
 
 def panel(view: runs.LiveView, was_running: bool) -> None:
     view.poll()
     status = view.status()
-    if was_running and status["status"] != "running":
+    if was_running and status["status"] not in api.GOING:
         st.rerun()  # a full rerun stops the refresh and lists the run's new status
     h = view.headline()
     impl = view.implementation()
     st.markdown(f"**Status: {status['status']}** · step {h['step'] if h['step'] is not None else '–'}"
                 f" of {h['steps_planned']}")
-    if status.get("error") and status["status"] != "running":
+    if status.get("error") and status["status"] not in api.GOING:
         st.error(status["error"])
     ran = "ran" if impl["ran"] else "will run (planned: rank 0 has not reported yet)"
     st.caption(f"Hook implementation that {ran} on {impl['backend']}: **{impl['owner']}** "
@@ -147,11 +91,11 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
     if impl["warning"]:
         st.warning(impl["warning"])
     # A lost run's supervisor is gone, but torchrun or workers may outlive it: Stop ends them.
-    if status["status"] in ("running", "lost") and st.button("Stop", key="stop"):
+    if status["status"] in (*api.GOING, "lost") and st.button("Stop", key="stop"):
         api.open_run(view.run.path).stop()
         st.rerun()
     if not view.rows:
-        if status["status"] == "running":
+        if status["status"] in api.GOING:
             st.info("Waiting for the first step: starting the ranks takes a few seconds "
                     "(longer on a busy machine).")
         else:
@@ -174,7 +118,7 @@ st.title("Launch and watch")
 # keyed, so its state can only be set before it is drawn (hence the flag and the rerun).
 choices = runs.watch_choices()
 if st.session_state.pop("fold_form", False) or "form_open" not in st.session_state:
-    st.session_state.form_open = not (choices and choices[0]["status"] == "running")
+    st.session_state.form_open = not (choices and choices[0]["status"] in api.GOING)
 with st.expander("New run", key="form_open", on_change="rerun", icon=":material/tune:"):
     values = settings()
     config, problems = form.config_from_form(values)

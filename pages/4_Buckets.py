@@ -1,7 +1,8 @@
 """DDP's bucket layouts of a run, at iteration 0 and after the rebuild, side by side.
-Thin: a run chosen, commlab.analysis.buckets' layouts and story, plotly out."""
+Thin: a run chosen with lab_widgets' picker, commlab.analysis.buckets' layouts and story, plotly out."""
 import streamlit as st
 
+import lab_widgets
 from commlab.analysis import buckets
 from commlab.api import open_run
 from commlab.figures import runs as figures
@@ -15,12 +16,7 @@ if not choices:
     st.page_link("pages/1_Launch_and_watch.py", label="Launch and watch", icon=":material/play_arrow:")
     st.stop()
 
-paths = [c["path"] for c in choices]
-by_path = {c["path"]: c for c in choices}
-current = st.session_state.get("watch")
-path = st.selectbox("Run", paths, index=paths.index(current) if current in paths else 0,
-                    format_func=lambda p: f"{by_path[p]['label']} — {by_path[p]['status']}")
-recorded = open_run(path).buckets()
+recorded = open_run(lab_widgets.pick_run(choices)["path"]).buckets()
 st.write(buckets.bucket_story(recorded))
 if not recorded:
     st.stop()

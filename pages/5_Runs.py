@@ -1,8 +1,10 @@
 """Every run in one sortable table; overlay several; delete one after a confirmation.
-Thin: commlab.ui.runs' rows and overlays, plotly out."""
+Thin: commlab.ui.runs' rows and overlays, lab_widgets' pickers, plotly out."""
 import pandas as pd
 import streamlit as st
 
+import lab_widgets
+from commlab.api import Run
 from commlab.figures import runs as figures
 from commlab.ui import runs
 
@@ -26,10 +28,8 @@ if not rows:
 st.dataframe(pd.DataFrame(rows)[COLUMNS], hide_index=True, key="runs_table",
              column_config={k: st.column_config.NumberColumn(format=f) for k, f in FORMATS.items()})
 
-by_path = {r["run_dir"]: r for r in rows}
-with_steps = [p for p, r in by_path.items() if r["steps"]]
-chosen = st.multiselect("Overlay", list(by_path), default=with_steps[:3],
-                        format_func=lambda p: f"{by_path[p]['label']} — {by_path[p]['status']}")
+choices = runs.watch_choices()
+chosen = lab_widgets.pick_runs("Overlay", choices, default=[r["run_dir"] for r in rows if r["steps"]][:3])
 if chosen:
     frames = runs.overlay(chosen)
     for tab, x in zip(st.tabs(["loss against step", "against wall time", "against bytes sent"]),
@@ -37,12 +37,12 @@ if chosen:
         tab.plotly_chart(figures.loss_figure(frames, x), key=f"overlay_{x}")
 
 with st.expander("Delete a run"):
-    victim = st.selectbox("Run to delete", list(by_path), key="delete_choice",
-                          format_func=lambda p: f"{by_path[p]['label']} ({by_path[p]['run_id']})")
+    victim = lab_widgets.pick_run(choices, "Run to delete")["path"]
+    victim_id = Run(victim).id
     if st.button("Delete…", key="delete"):
         st.session_state.confirm_delete = victim
     if st.session_state.get("confirm_delete") == victim:
-        st.warning(f"Delete run {by_path[victim]['run_id']} and every file in it? This cannot be undone.")
+        st.warning(f"Delete run {victim_id} and every file in it? This cannot be undone.")
         yes, no = st.columns(2)
         if yes.button("Yes, delete it", type="primary", key="delete_yes"):
             del st.session_state.confirm_delete
@@ -51,7 +51,7 @@ with st.expander("Delete a run"):
             except ValueError as e:
                 st.error(str(e))
             else:
-                st.session_state.deleted = f"Deleted run {by_path[victim]['run_id']}."
+                st.session_state.deleted = f"Deleted run {victim_id}."
                 st.rerun()
         if no.button("Cancel", key="delete_no"):
             del st.session_state.confirm_delete

@@ -5,14 +5,10 @@ import inspect
 import pandas as pd
 import streamlit as st
 
+import lab_widgets
 from commlab.config import ConfigError
 from commlab.figures import classroom as figs
 from commlab.teach import classroom
-
-
-def show_errors(e: ConfigError) -> None:
-    for field, msg in e.errors.items():
-        st.error(f"**{field}**: {msg}")
 
 
 def scheme_panel(trace: classroom.Trace, k: int) -> None:
@@ -37,7 +33,7 @@ def real_collectives() -> classroom.Collective | None:
         jobs = [classroom.all_reduce_job(world_size, op, values),
                 classroom.broadcast_job(world_size, src, values)]
     except ConfigError as e:
-        show_errors(e)
+        lab_widgets.show_errors(e)
         return None
     if st.button("Run on real processes", type="primary"):
         with st.spinner(f"Starting {world_size} Gloo process(es): dist.all_reduce, then "

@@ -2,17 +2,13 @@
 headroom test.  Thin: widgets in, commlab.teach.bench / commlab.teach.headroom, plotly out."""
 import streamlit as st
 
+import lab_widgets
 from commlab.config import ConfigError
 from commlab.figures import bench as figs
-from commlab.teach import bench
+from commlab.teach import bench, headroom
 from commlab.workloads import BUILTIN
 
 SIZES = ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
-
-
-def show_errors(e: ConfigError) -> None:
-    for field, msg in e.errors.items():
-        st.error(f"**{field}**: {msg}")
 
 
 def bandwidth_section() -> None:
@@ -25,7 +21,7 @@ def bandwidth_section() -> None:
     try:
         plan = bench.bench_plan(world_size, sizes, backend, iters or None)
     except ConfigError as e:
-        show_errors(e)
+        lab_widgets.show_errors(e)
         return
     if st.button("Measure", type="primary"):
         progress = st.progress(0.0, text=f"Starting {world_size} process(es) on {plan.backend} ...")
@@ -64,11 +60,9 @@ def headroom_section() -> None:
     if st.button("Compare noop with allreduce", type="primary"):
         with st.spinner(f"Two runs of {steps} steps, one after the other ..."):
             try:
-                from commlab.teach.headroom import measure_headroom
-
-                st.session_state["headroom"] = measure_headroom(workload, steps, world_size)
+                st.session_state["headroom"] = headroom.measure_headroom(workload, steps, world_size)
             except ConfigError as e:
-                show_errors(e)
+                lab_widgets.show_errors(e)
             except (RuntimeError, TimeoutError) as e:
                 st.error(f"A run failed: {e}")
     h = st.session_state.get("headroom")

@@ -2,46 +2,37 @@
 Thin: widgets in, commlab.tune.sweep (which runs in its own process), plotly out."""
 import streamlit as st
 
-from commlab.config import ConfigError, RunConfig, default_runs_dir
+import lab_widgets
+from commlab.config import ConfigError, RunConfig, default_runs_dir, settings
 from commlab.figures.sweep import pareto_figure
+from commlab.tune import pareto
 from commlab.tune import sweep as sw
-from commlab.workloads import BUILTIN
+from commlab.ui import form
 
-
-def show_errors(e: ConfigError) -> None:
-    for field, msg in e.errors.items():
-        st.error(f"**{field}**: {msg}")
+# What the form shows first: a short job, PowerSGD from step 10.
+PRESET = RunConfig(workload="mlp", steps=60, start_powerSGD_iter=10)
+# The job every run of the sweep shares (the rest keeps its defaults); the axes come from the table.
+JOB = ("workload", "steps", "world_size", "emulate_bandwidth_gbps", "emulate_latency_us")
 
 
 def spec_form() -> sw.SweepSpec | None:
+    table = {s.name: s for s in settings()}
     with st.form("sweep"):
-        c1, c2, c3 = st.columns(3)
-        workload = c1.selectbox("Workload", list(BUILTIN), index=list(BUILTIN).index("mlp"))
-        steps = c2.number_input("Steps per run", 5, 100_000, 60)
-        world_size = c3.number_input("Ranks", 1, 8, 2)
-        c1, c2, c3, c4 = st.columns(4)
-        ranks = c1.multiselect("matrix_approximation_rank", [1, 2, 4, 8, 16, 32], [1, 2, 4])
-        starts = c2.text_input("start_powerSGD_iter (comma-separated)", "10")
-        rates = c3.text_input("min_compression_rate (comma-separated)", "2")
-        wrappers = c4.multiselect("Compress wrapper", ["none", "fp16", "bf16"], ["none"])
-        c1, c2, c3 = st.columns(3)
-        bandwidth = c1.number_input("Emulated bandwidth, Gb/s (0: off)", 0.0, 10_000.0, 0.0,
-                                    help="every collective the hook issues completes no earlier "
-                                         "than 2(N−1)·latency + 2(N−1)/N·bytes/bandwidth after it "
-                                         "starts")
-        latency = c2.number_input("Emulated latency per hop, µs", 0.0, 1e6, 0.0)
-        baseline = c3.checkbox("Plain allreduce baseline first", True)
+        job = {name: form.widget(table[name], value=getattr(PRESET, name), prefix="sweep_",
+                                 titled=True).draw(col)
+               for col, name in zip(st.columns(len(JOB)), JOB)}
+        axes = {s.name: form.axis_widget(s, PRESET).draw(col)
+                for col, s in zip(st.columns(len(sw.AXES)), sw.AXES)}
+        baseline = st.checkbox("Plain allreduce baseline first", True)
         if not st.form_submit_button("Start sweep", type="primary"):
             return None
     try:
-        base = RunConfig(workload=workload, steps=steps, world_size=world_size,
-                         emulate_bandwidth_gbps=bandwidth, emulate_latency_us=latency)
-        return sw.SweepSpec(base=base, matrix_approximation_rank=ranks,
-                            start_powerSGD_iter=sw.parse_list(starts, int, "start_powerSGD_iter"),
-                            min_compression_rate=sw.parse_list(rates, float, "min_compression_rate"),
-                            wrapper=wrappers, baseline=baseline)
+        values = {s.name: axes[s.name] if s.choices else sw.axis_values(s, axes[s.name])
+                  for s in sw.AXES}  # several choices picked, or comma-separated text
+        return sw.SweepSpec(base=RunConfig.from_dict(job, "the sweep's job"), baseline=baseline,
+                            **values)
     except ConfigError as e:
-        show_errors(e)
+        lab_widgets.show_errors(e)
         return None
 
 
@@ -67,7 +58,7 @@ def results(sweep: sw.Sweep) -> None:
         return
     tolerance = st.slider("X: a setting qualifies when its final loss is within X% of allreduce's",
                           0.0, 50.0, float(sweep.spec().tolerance_pct), 0.5)
-    rec = sw.recommend(table, tolerance)
+    rec = pareto.recommend(table, tolerance)
     st.success(f"**Recommendation** ({rec.rule}): {rec.text}")
     links = set(table["link"]) - {"loopback"}
     if links:
@@ -90,7 +81,7 @@ if spec is not None:
         started = sw.start(spec)
         st.session_state["sweep"] = str(started.path)
     except ConfigError as e:
-        show_errors(e)
+        lab_widgets.show_errors(e)
 
 sweeps = sw.list_sweeps()
 if not sweeps:

@@ -3,10 +3,12 @@ Thin: widgets in, commlab.tune.whatif, plotly out."""
 import pandas as pd
 import streamlit as st
 
-from commlab.api import list_runs
+import lab_widgets
+from commlab.api import open_run
 from commlab.figures import whatif as figs
 from commlab.tune import whatif
 from commlab.tune.sweep import list_sweeps
+from commlab.ui import runs
 
 st.title("What if")
 st.caption("Predicted step time T = compute + arithmetic + Σ ring allreduce, with a ring allreduce "
@@ -14,8 +16,8 @@ st.caption("Predicted step time T = compute + arithmetic + Σ ring allreduce, wi
            "arithmetic are measured in the runs, each hook's bytes are its own count. On this "
            "machine loopback is fast next to compression's arithmetic; on a cluster it is not.")
 
-sweeps, runs = list_sweeps(), list_runs()
-if not runs:
+sweeps, choices = list_sweeps(), runs.watch_choices()
+if not choices:
     st.info("No runs yet: a sweep (page **Sweep**) gives the model what it needs — a plain "
             "allreduce baseline and PowerSGD settings of the same job.")
     st.stop()
@@ -24,7 +26,8 @@ kind = st.radio("Measure from", kinds, horizontal=True)
 if kind == "a sweep":
     chosen = st.selectbox("Sweep", sweeps, format_func=lambda s: f"{s.id} ({s.status()})").runs()
 else:
-    chosen = st.multiselect("Runs", runs, runs[:3], format_func=lambda r: f"{r.id} ({r.status()})")
+    paths = lab_widgets.pick_runs("Runs", choices, default=[c["path"] for c in choices[:3]])
+    chosen = [open_run(p) for p in paths]
 profiles = whatif.profiles_from_runs(chosen)
 if not profiles:
     st.warning("None of these runs has steady steps to measure (runs too short, or PowerSGD never "

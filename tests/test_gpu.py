@@ -5,7 +5,7 @@ import torch
 from commlab.api import RunConfig, run
 from commlab.engine.launch import resolve_backend
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and NCCL")]
 
 

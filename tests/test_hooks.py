@@ -337,6 +337,7 @@ def _assert_equivalent(result):
     assert result["iters"] == [STEPS, STEPS]
 
 
+@pytest.mark.slow
 def test_powersgd_matches_pytorch_on_one_bucket(equivalence):
     for rank_results in equivalence:
         assert len(rank_results["equivalence"]) == len(EQUIVALENCE)
@@ -344,12 +345,14 @@ def test_powersgd_matches_pytorch_on_one_bucket(equivalence):
             _assert_equivalent(result)
 
 
+@pytest.mark.slow
 def test_fp16_wrapped_powersgd_matches_pytorch_on_one_bucket(equivalence):
     for rank_results in equivalence:
         for result in rank_results["equivalence_fp16"]:
             _assert_equivalent(result)
 
 
+@pytest.mark.slow
 def test_powersgd_matches_pytorch_with_min_compression_rate_below_one(equivalence):
     for rank_results in equivalence:
         _assert_equivalent(rank_results["equivalence_rate_below_one"])
@@ -358,6 +361,7 @@ def test_powersgd_matches_pytorch_with_min_compression_rate_below_one(equivalenc
 # --------------------------------------------------------------------------- by hand
 
 
+@pytest.mark.slow
 def test_bf16_hook_and_wrapper_equal_cast_divide_allreduce_cast_back(two_ranks):
     for rank_results in two_ranks:
         bf16 = rank_results["bf16"]
@@ -368,6 +372,7 @@ def test_bf16_hook_and_wrapper_equal_cast_divide_allreduce_cast_back(two_ranks):
         assert bf16["wrapper"]["dtype"] == "torch.bfloat16"  # PyTorch's wrapper hands back bf16 too
 
 
+@pytest.mark.slow
 def test_pytorch_bf16_hook_is_refused_on_cpu_but_commlab_is_not(two_ranks):
     # The registry's reason for commlab's bf16 hook; commlab's registered above without complaint.
     refusal = two_ranks[0]["bf16"]["stock_refused"]
@@ -376,6 +381,7 @@ def test_pytorch_bf16_hook_is_refused_on_cpu_but_commlab_is_not(two_ranks):
                                                         "bf16_compress_wrapper_hook")
 
 
+@pytest.mark.slow
 def test_batched_powersgd_equals_documented_algorithm(two_ranks):
     for rank_results in two_ranks:
         for result in rank_results["batched"]:
@@ -402,11 +408,13 @@ def _assert_multi_bucket(results):
         assert r["finite"] and r["replicas_equal"], r
 
 
+@pytest.mark.slow
 def test_multi_bucket_two_ranks(two_ranks):
     for rank_results in two_ranks:
         _assert_multi_bucket(rank_results["multi_bucket"])
 
 
+@pytest.mark.slow
 def test_multi_bucket_three_ranks(tmp_path):
     for rank_results in _run_job(three_rank_job, 3, tmp_path):
         _assert_multi_bucket(rank_results["multi_bucket"])

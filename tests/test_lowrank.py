@@ -8,6 +8,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as stock
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab.analysis import lowrank
+from commlab.analysis.metrics import relative_error
 from commlab.hooks import powersgd as ours
 
 
@@ -25,7 +26,7 @@ def test_optimum_is_the_truncated_svd(n, m):
     matrix = decaying(n, m)
     u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
     ranks = list(range(1, min(n, m) + 1))
-    truncated = [lowrank.relative_error(u[:, :r] @ torch.diag(s[:r]) @ vh[:r], matrix) for r in ranks]
+    truncated = [relative_error(u[:, :r] @ torch.diag(s[:r]) @ vh[:r], matrix) for r in ranks]
     assert lowrank.optimum_errors(lowrank.singular_values(matrix), ranks) == pytest.approx(truncated, abs=1e-12)
 
 
@@ -149,7 +150,7 @@ def test_one_power_iteration_is_what_the_hook_sends(one_process_group, hook, ran
             # The hook works in float32, the reproduction in float64.
             torch.testing.assert_close(out, approx, rtol=1e-4, atol=1e-5)
         ws = lowrank.warm_start("weight", grads, rank, random_seed=5)
-        measured = [lowrank.relative_error(o, lowrank.as_matrix(g)) for o, g in zip(outs, exact)]
+        measured = [relative_error(o, lowrank.as_matrix(g)) for o, g in zip(outs, exact)]
         assert (ws.warm if warm else ws.cold) == pytest.approx(measured, rel=1e-4, abs=1e-6)
         if not warm:
             first = lowrank.layer_error("weight", exact[0], random_seed=5, max_rank=rank)

@@ -16,6 +16,7 @@ nbclient = pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_allreduce.ipynb"
+pytestmark = pytest.mark.slow  # a Jupyter kernel, and the processes the notebook starts
 
 
 def _ranks_since(since: float) -> list[psutil.Process]:

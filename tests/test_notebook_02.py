@@ -11,6 +11,7 @@ nbclient = pytest.importorskip("nbclient")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "02_tune_powersgd.ipynb")
+pytestmark = pytest.mark.slow  # a Jupyter kernel, and the processes the notebook starts
 
 
 @pytest.mark.timeout(3600)

@@ -9,6 +9,7 @@ from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "03_rule_buckets_error.ipynb")
+pytestmark = pytest.mark.slow  # a Jupyter kernel, and the processes the notebook starts
 
 
 @pytest.mark.timeout(1800)

@@ -13,10 +13,12 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+import lab_widgets
 from commlab.analysis import lowrank, shapes
 from commlab.analysis.rule import apply_rule
 from commlab.figures import lowrank as lowrank_figs
 from commlab.figures import rule as rule_figs
+from commlab.ui import runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULE_PAGE, LOWRANK_PAGE = "pages/2_Compression_rule.py", "pages/3_Low_rank_error.py"
@@ -146,10 +148,11 @@ def test_rule_page_on_the_1_5b_reference_model(monkeypatch, tmp_path):
 def test_lowrank_page_numbers_equal_the_run_folder(monkeypatch, runs_dir, powersgd_run, allreduce_run):
     at = open_page(monkeypatch, runs_dir, LOWRANK_PAGE)
     run_box = widget(at.selectbox, "Run")
+    names = {c["path"]: lab_widgets.run_name(c) for c in runs.watch_choices(runs_dir)}
     # The allreduce baseline saved nothing and measured nothing: it is not offered.
-    assert any(powersgd_run.id in o for o in run_box.options)
-    assert not any(allreduce_run.id in o for o in run_box.options)
-    run_box.set_value(powersgd_run.id).run()
+    assert names[str(powersgd_run.path)] in run_box.options
+    assert names[str(allreduce_run.path)] not in run_box.options
+    run_box.set_value(str(powersgd_run.path)).run()
     assert not at.exception, [e.value for e in at.exception]
 
     cfg = powersgd_run.config_dict()

@@ -19,10 +19,11 @@ import psutil
 import pytest
 
 from commlab import cli
+from commlab.analysis import ring
 from commlab.config import ConfigError, RunConfig
 from commlab.hooks.instrument import Link
+from commlab.tune import pareto, whatif
 from commlab.tune import sweep as sw
-from commlab.tune import whatif
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1200  # a run reaches its first step in 5 s idle, minutes on a loaded machine
@@ -93,12 +94,12 @@ def _row(label, loss, nbytes, secs, status="finished", baseline=False):
 
 
 def test_pareto_front_keeps_what_nothing_beats_on_both_axes():
-    assert sw.pareto_front([1, 2, 3, 4], [4, 3, 3.5, 1]) == [True, True, False, True]
-    assert sw.pareto_front([1, 1], [2, 2]) == [True, True]  # equal points do not beat each other
+    assert pareto.pareto_front([1, 2, 3, 4], [4, 3, 3.5, 1]) == [True, True, False, True]
+    assert pareto.pareto_front([1, 1], [2, 2]) == [True, True]  # equal points do not beat each other
 
 
 def test_recommendation_is_the_fewest_bytes_within_x_percent_of_allreduce():
-    table = sw.mark(pd.DataFrame([
+    table = pareto.mark(pd.DataFrame([
         _row("allreduce", 1.00, 1000, 5.0, baseline=True),
         _row("r=1", 1.08, 100, 4.0), _row("r=2", 1.04, 200, 6.0), _row("r=4", 1.01, 400, 7.0),
         _row("r=8", 0.5, 50, 1.0, status="stopped"), _row("r=16", math.nan, 20, 1.0, status="diverged"),
@@ -107,12 +108,12 @@ def test_recommendation_is_the_fewest_bytes_within_x_percent_of_allreduce():
         "allreduce": True, "r=1": True, "r=2": True, "r=4": True, "r=8": False, "r=16": False}
     assert table.set_index("label")["pareto_time"].to_dict() == {
         "allreduce": True, "r=1": True, "r=2": False, "r=4": False, "r=8": False, "r=16": False}
-    assert sw.recommend(table, 5).label == "r=2"
-    assert sw.recommend(table, 10).label == "r=1"
-    rec = sw.recommend(table, 0.5)
+    assert pareto.recommend(table, 5).label == "r=2"
+    assert pareto.recommend(table, 10).label == "r=1"
+    rec = pareto.recommend(table, 0.5)
     assert rec.label == "allreduce" and rec.text.startswith("keep allreduce")
     assert "within 0.5% of the allreduce baseline" in rec.rule
-    assert sw.recommend(table[~table["baseline"]], 5).run_id is None
+    assert pareto.recommend(table[~table["baseline"]], 5).run_id is None
 
 
 def test_summarize_reads_final_loss_bytes_and_time_from_metrics():
@@ -126,6 +127,7 @@ def test_summarize_reads_final_loss_bytes_and_time_from_metrics():
     assert row["link"] == "emulated unlimited bandwidth, 5 µs" and not row["baseline"]
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_process_is_gone_is_lost_and_stops_here(tmp_path):
     sweep = sw.create(sw.SweepSpec(base=RunConfig(runs_dir=str(tmp_path)), matrix_approximation_rank=[1]))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -140,7 +142,7 @@ def test_a_sweep_whose_process_is_gone_is_lost_and_stops_here(tmp_path):
 @pytest.mark.parametrize("nbytes,world,bw,lat", [
     (340_008, 2, 0.05, 20.0), (4_000_000, 3, 10.0, 5.0), (123, 8, 400.0, 0.0), (10**6, 1, 1.0, 9.0)])
 def test_the_model_prices_a_collective_as_the_emulated_link_holds_it(nbytes, world, bw, lat):
-    assert whatif.ring_allreduce_s(nbytes, world, bw, lat) == pytest.approx(
+    assert ring.allreduce_s(nbytes, world, bw, lat) == pytest.approx(
         Link(bw, lat).seconds(nbytes, world))
 
 
@@ -173,8 +175,8 @@ def test_collectives_issued_together_share_the_emulated_link():
 
 def test_ring_allreduce_time_by_hand():
     # 2(N-1)·α + 2(N-1)/N·S/β with N=4, α=10 µs, S=1 MB, β=8 Gb/s = 1 GB/s
-    assert whatif.ring_allreduce_s(1e6, 4, 8.0, 10.0) == pytest.approx(6 * 10e-6 + 1.5 * 1e-3)
-    assert whatif.ring_allreduce_s(1e6, 4, 8.0, 10.0, collectives=3) == pytest.approx(
+    assert ring.allreduce_s(1e6, 4, 8.0, 10.0) == pytest.approx(6 * 10e-6 + 1.5 * 1e-3)
+    assert ring.allreduce_s(1e6, 4, 8.0, 10.0, collectives=3) == pytest.approx(
         3 * 6 * 10e-6 + 1.5 * 1e-3)
 
 
@@ -185,7 +187,7 @@ def _records(hook_s, step_s, payload, calls, n=10, start=0):
 
 
 def test_profiles_take_the_link_off_the_hook_time_to_leave_the_arithmetic():
-    link = whatif.ring_allreduce_s(8000, 2, 0.1, 50.0, collectives=3)
+    link = ring.allreduce_s(8000, 2, 0.1, 50.0, collectives=3)
     cfg = RunConfig(hook="powersgd", start_powerSGD_iter=4, emulate_bandwidth_gbps=0.1,
                     emulate_latency_us=50.0).to_dict()
     p = whatif.profile_from_records(_records(link + 0.002, 0.010 + link + 0.002, 8000, 3, start=4), cfg)
@@ -214,7 +216,7 @@ def test_predictions_winners_and_break_even():
     assert len(rows) == 8
     by = {(r["label"], r["world_size"], r["bandwidth_gbps"]): r for r in rows}
     slow = by[("allreduce", 64, 1)]
-    assert slow["step_s"] == pytest.approx(0.010 + whatif.ring_allreduce_s(100e6, 64, 1, 5))
+    assert slow["step_s"] == pytest.approx(0.010 + ring.allreduce_s(100e6, 64, 1, 5))
     best = {(c["world_size"], c["bandwidth_gbps"]): c for c in whatif.winners(rows)}
     assert best[(64, 1)]["best"] == "powersgd r=1" and best[(64, 1)]["speedup"] > 40
     assert best[(2, 400)]["best"] == "allreduce" and best[(2, 400)]["speedup"] == 1
@@ -252,7 +254,7 @@ def test_checks_predict_each_emulated_run_from_its_latest_twin_on_the_real_link(
     rows = {r["run_id"]: r for r in whatif.checks([fast, other, slow, twin, old])}
     assert set(rows) == {slow.id, fast.id}  # fp16 has no twin on the real link
     assert {r["calibration_run_id"] for r in rows.values()} == {twin.id}
-    link = whatif.ring_allreduce_s(400_000, 2, 0.1)
+    link = ring.allreduce_s(400_000, 2, 0.1)
     assert rows[slow.id]["predicted_s"] == pytest.approx(0.010 + link)  # 32 ms of link
     # 3.2 ms of link at 1 Gb/s, but loopback took 4 ms here: the slower of the two counts
     assert rows[fast.id]["predicted_s"] == pytest.approx(0.014)
@@ -273,7 +275,7 @@ def _end(proc: subprocess.Popen, runs_dir: Path) -> None:
     from commlab.api import list_runs
 
     for run in list_runs(runs_dir):
-        if run.status() in ("running", "lost"):
+        if run.status() in ("starting", "running", "lost"):
             run.stop()
 
 
@@ -317,6 +319,7 @@ def stopped_sweep(tmp_path_factory):
 
 
 # The first test to use the fixture waits for two runs and part of a third.
+@pytest.mark.slow
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_a_stopped_sweep_keeps_its_finished_runs(stopped_sweep):
     sweep = stopped_sweep["sweep"]
@@ -331,6 +334,7 @@ def test_a_stopped_sweep_keeps_its_finished_runs(stopped_sweep):
     assert (p.index, p.total, p.sweep_status) == (2, 3, "stopped")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_the_sweep_table_front_and_recommendation(stopped_sweep):
     sweep = stopped_sweep["sweep"]
@@ -341,7 +345,7 @@ def test_the_sweep_table_front_and_recommendation(stopped_sweep):
     finished = table[table["status"] == "finished"]
     assert finished.iloc[0]["bytes_per_step"] > finished.iloc[1]["bytes_per_step"]
     assert finished["pareto_bytes"].any() and not table.iloc[2]["pareto_bytes"]
-    rec = sw.recommend(table, 1000)  # any loss qualifies: the fewest bytes win
+    rec = pareto.recommend(table, 1000)  # any loss qualifies: the fewest bytes win
     assert rec.run_id == finished.iloc[1]["run_id"]
     from commlab.figures.sweep import pareto_figure
 
@@ -350,6 +354,7 @@ def test_the_sweep_table_front_and_recommendation(stopped_sweep):
     assert {t.name for t in fig.data} >= {"Pareto front", "allreduce baseline", "recommended"}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_every_hook_collective_waited_for_the_emulated_link(stopped_sweep):
     for run in stopped_sweep["sweep"].runs()[:2]:
@@ -359,13 +364,14 @@ def test_every_hook_collective_waited_for_the_emulated_link(stopped_sweep):
         for row in run.metrics_records():
             # One collective carries the payload (allreduce) or the three together (PowerSGD's
             # uncompressed tensors, P and Q, one after another): the floor is their sum.
-            floor = whatif.ring_allreduce_s(row["payload_bytes"], 2, BANDWIDTH_GBPS, LATENCY_US,
-                                            row["collectives"])
+            floor = ring.allreduce_s(row["payload_bytes"], 2, BANDWIDTH_GBPS, LATENCY_US,
+                                     row["collectives"])
             if row["collectives"] == 1:
                 assert floor == pytest.approx(link.seconds(row["payload_bytes"], 2))
             assert row["hook_s"] >= floor * 0.999, (run.id, row)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_what_if_profiles_from_the_sweep(stopped_sweep):
     runs = stopped_sweep["sweep"].runs()
@@ -383,6 +389,7 @@ def test_what_if_profiles_from_the_sweep(stopped_sweep):
     assert whatif.checks(runs) == []  # every run is emulated: nothing calibrates a check
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_cli_whatif_on_the_sweep(stopped_sweep, capsys):
     rc = cli.main(["whatif", "--sweep", str(stopped_sweep["sweep"].path), "--world-sizes", "8,1024",
@@ -392,6 +399,7 @@ def test_cli_whatif_on_the_sweep(stopped_sweep, capsys):
     assert len(payload["break_even"]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_pages_show_the_sweep_and_the_model(stopped_sweep, monkeypatch):
     from streamlit.testing.v1 import AppTest
@@ -407,6 +415,7 @@ def test_pages_show_the_sweep_and_the_model(stopped_sweep, monkeypatch):
     assert len(at.get("plotly_chart")) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ctrl_c_stops_the_sweep_and_its_run(tmp_path):
     log = tmp_path / "stderr.txt"

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
+from commlab.analysis.metrics import relative_error
 from commlab.analysis.rule import matrix_view
 
 MAX_RANK = 32
@@ -49,12 +50,6 @@ def optimum_errors(sv: torch.Tensor, ranks: Iterable[int]) -> list[float]:
     if total == 0:
         return [0.0 for _ in ranks]
     return [float(tail[min(r, len(sv))].sqrt()) / total ** 0.5 for r in ranks]
-
-
-def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    denom = float(exact.norm())
-    diff = float((approx - exact).norm())
-    return diff / denom if denom > 0 else (0.0 if diff == 0 else float("inf"))
 
 
 def seeds(random_seed: int, count: int) -> list[int]:

@@ -13,6 +13,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+# The ring's 2(N-1)/N lives in commlab.analysis.ring; tests/test_rule.py still imports it from here.
+from commlab.analysis.ring import wire_bytes as ring_wire_bytes  # noqa: F401
+
 
 @dataclass(frozen=True)
 class LayerDecision:
@@ -84,11 +87,6 @@ def apply_rule(named_shapes: Iterable[tuple[str, Sequence[int]]], matrix_approxi
     layers = [decide(name, shape, matrix_approximation_rank, min_compression_rate)
               for name, shape in named_shapes]
     return RuleSummary(layers, sum(d.numel_before for d in layers), sum(d.numel_after for d in layers))
-
-
-def ring_wire_bytes(payload_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring allreduce of a payload: 2(N-1)/N of it."""
-    return 2 * (world_size - 1) / world_size * payload_bytes if world_size > 1 else 0.0
 
 
 def named_shapes(model) -> list[tuple[str, tuple[int, ...]]]:

@@ -10,7 +10,6 @@ express the settings (Accelerate has no noop, for instance); the message says wh
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -37,10 +36,10 @@ def config_for(args: argparse.Namespace):
 def target_from_args(args: argparse.Namespace):
     from commlab.tune.export import Target
 
-    return Target(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, backend=args.target_backend,
-                  script=args.script, script_args=shlex.split(args.script_args or ""),
-                  rdzv_endpoint=args.rdzv_endpoint, job_name=args.job_name,
-                  time_limit=args.time_limit, partition=args.partition)
+    return Target.from_entries(
+        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, backend=args.target_backend,
+        script=args.script, script_args=args.script_args, rdzv_endpoint=args.rdzv_endpoint,
+        job_name=args.job_name, time_limit=args.time_limit, partition=args.partition)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -69,22 +68,24 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from commlab.tune.export import FORMATS
+    from commlab.config import RESOLVED_BACKENDS
+    from commlab.tune.export import FORMATS, Target
 
+    d = Target()
     p = sub.add_parser("export", help="a run's settings as a config file, a snippet or a launch script")
     p.add_argument("run_dir", nargs="?", help="a run folder (else --config or the run options)")
     add_run_options(p)
     p.add_argument("--format", required=True, choices=list(FORMATS))
     p.add_argument("--output", help="write the text to this file instead of printing it")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun, slurm, lightning)")
+    p.add_argument("--nnodes", type=int, default=d.nnodes, help="nodes (torchrun, slurm, lightning)")
     p.add_argument("--nproc-per-node", type=int, help="processes per node (default: world size)")
-    p.add_argument("--target-backend", default="nccl", choices=["nccl", "gloo"],
+    p.add_argument("--target-backend", default=d.backend, choices=RESOLVED_BACKENDS,
                    help="the production backend, which decides the warnings")
-    p.add_argument("--script", default="train.py", help="the training script torchrun starts")
+    p.add_argument("--script", default=d.script, help="the training script torchrun starts")
     p.add_argument("--script-args", help="its arguments, as one shell-quoted string")
     p.add_argument("--rdzv-endpoint", help="host:port of the first node (default: $HEAD_NODE:29500)")
-    p.add_argument("--job-name", default="commlab", help="SLURM job name and rendezvous id")
-    p.add_argument("--time-limit", default="01:00:00", help="SLURM time limit")
+    p.add_argument("--job-name", default=d.job_name, help="SLURM job name and rendezvous id")
+    p.add_argument("--time-limit", default=d.time_limit, help="SLURM time limit")
     p.add_argument("--partition", help="SLURM partition")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_export)

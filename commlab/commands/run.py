@@ -4,57 +4,48 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Collection
 
-from commlab.config import RunConfig
+from commlab.config import RunConfig, settings
 
-FLAGS = {  # flag -> RunConfig field
-    "hook": "hook", "wrapper": "wrapper", "impl": "impl", "world_size": "world_size",
-    "steps": "steps", "workload": "workload", "matrix_approximation_rank": "matrix_approximation_rank",
-    "start_powersgd_iter": "start_powerSGD_iter", "min_compression_rate": "min_compression_rate",
-    "bucket_cap_mb": "bucket_cap_mb", "backend": "backend", "seed": "seed", "runs_dir": "runs_dir",
-    "batch_size": "batch_size", "lr": "lr", "optimizer": "optimizer", "error_every": "error_every",
-    "save_grads_at": "save_grads_at", "stall_timeout_s": "stall_timeout_s",
-    "emulate_bandwidth_gbps": "emulate_bandwidth_gbps", "emulate_latency_us": "emulate_latency_us",
-}
+FLAG_TYPES = {"int": int, "float": float}  # the rest is text, parsed as a config file's is
+METAVARS = {"int": "N", "float": "X", "list[int]": "N,N,..."}
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    """The settings flags, shared by every command that takes a run configuration."""
-    p.add_argument("--config", help="a JSON or TOML file of settings; flags override it")
-    p.add_argument("--hook")
-    p.add_argument("--wrapper")
-    p.add_argument("--impl")
-    p.add_argument("--world-size", type=int)
-    p.add_argument("--steps", type=int)
-    p.add_argument("--workload", help="charlm, mlp, cnn, wide, or module:function")
-    p.add_argument("--matrix-approximation-rank", type=int)
-    p.add_argument("--start-powersgd-iter", type=int)
-    p.add_argument("--min-compression-rate", type=float)
-    p.add_argument("--no-error-feedback", action="store_true")
-    p.add_argument("--no-warm-start", action="store_true")
-    p.add_argument("--bucket-cap-mb", type=float)
-    p.add_argument("--backend")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--optimizer")
-    p.add_argument("--error-every", type=int, help="record the approximation error every K steps")
-    p.add_argument("--save-grads-at", help="comma-separated steps whose gradients are saved")
-    p.add_argument("--stall-timeout-s", type=float)
-    p.add_argument("--emulate-bandwidth-gbps", type=float)
-    p.add_argument("--emulate-latency-us", type=float)
-    p.add_argument("--runs-dir")
+def add_run_options(p: argparse.ArgumentParser, axes: Collection[str] = ()) -> None:
+    """The settings flags, one per row of the settings table, shared by every command that takes a
+    run configuration.  The settings named in ``axes`` take comma-separated lists (a sweep's)."""
+    p.add_argument("--config", metavar="FILE", help="a JSON or TOML file of settings; flags override it")
+    for s in settings():
+        text = s.help + (f" One of: {', '.join(map(str, s.choices))}." if s.choices else "")
+        if s.name in axes:
+            default = ",".join(map(str, s.sweep)) if s.sweep else "the one --config or the defaults give"
+            p.add_argument(s.flag, *s.aliases, dest=s.name, metavar="LIST",
+                           help=_escape(f"Comma-separated values to try (default: {default}). {text}"))
+        elif s.kind == "bool":
+            p.add_argument(s.flag, *s.aliases, dest=s.name, action=argparse.BooleanOptionalAction,
+                           help=_escape(f"{text} (default: {'on' if s.default else 'off'})"))
+        else:
+            p.add_argument(s.flag, *s.aliases, dest=s.name, type=FLAG_TYPES.get(s.kind, str),
+                           metavar="NAME" if s.choices else METAVARS.get(s.kind, "TEXT"),
+                           help=_escape(f"{text} (default: {_shown(s)})"))
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
+def config_from_args(args: argparse.Namespace, axes: Collection[str] = ()) -> RunConfig:
+    """The file's settings (``--config``) or the defaults, the flags given on top; ``axes`` left out."""
     base = RunConfig.load(args.config) if getattr(args, "config", None) else RunConfig()
-    overrides = {field: getattr(args, flag) for flag, field in FLAGS.items()
-                 if getattr(args, flag, None) is not None}
-    if getattr(args, "no_error_feedback", False):
-        overrides["use_error_feedback"] = False
-    if getattr(args, "no_warm_start", False):
-        overrides["warm_start"] = False
-    return base.with_overrides(**overrides)
+    return base.with_overrides(**{s.name: getattr(args, s.name, None) for s in settings()
+                                  if s.name not in axes})
+
+
+def _shown(s) -> str:
+    if s.kind == "list[int]":
+        return ",".join(map(str, s.default)) or "none"
+    return str(s.default)
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
 def result_payload(run) -> dict:

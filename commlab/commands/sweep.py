@@ -13,29 +13,21 @@ import signal
 import sys
 
 from commlab.commands.run import add_run_options, config_from_args
-from commlab.tune.sweep import parse_list
+from commlab.config import POWERSGD_HOOKS, ConfigError
+from commlab.tune.sweep import AXES, SweepSpec, axis_values
 
-LIST_FLAGS = {  # flag -> (SweepSpec field, type)
-    "matrix_approximation_rank": ("matrix_approximation_rank", int),
-    "start_powersgd_iter": ("start_powerSGD_iter", int),
-    "min_compression_rate": ("min_compression_rate", float),
-    "wrapper": ("wrapper", str),
-}
+AXIS_NAMES = tuple(s.name for s in AXES)
 
 
-def spec_from_args(args: argparse.Namespace):
-    from commlab.config import POWERSGD_HOOKS, ConfigError
-    from commlab.tune.sweep import SweepSpec
-
+def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     if args.hook is not None and args.hook not in POWERSGD_HOOKS:
         raise ConfigError({"hook": f"a sweep varies PowerSGD's settings: --hook must be one of "
                                    f"{', '.join(POWERSGD_HOOKS)} (the allreduce baseline is added "
                                    f"by itself), got {args.hook!r}"})
-    # The run options parse these flags as lists here; the shared base takes none of them.
-    base_args = argparse.Namespace(**{**vars(args), **{flag: None for flag in LIST_FLAGS}})
-    lists = {field: parse_list(getattr(args, flag), kind, field)
-             for flag, (field, kind) in LIST_FLAGS.items()}
-    return SweepSpec(base=config_from_args(base_args), baseline=not args.no_baseline,
+    # The axes given are lists; the others keep the spec's defaults.
+    lists = {s.name: axis_values(s, getattr(args, s.name)) for s in AXES
+             if getattr(args, s.name) is not None}
+    return SweepSpec(base=config_from_args(args, axes=AXIS_NAMES), baseline=not args.no_baseline,
                      tolerance_pct=args.tolerance_pct, **lists)
 
 
@@ -96,14 +88,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="a PowerSGD grid beside an allreduce baseline, run by run",
-                       conflict_handler="resolve")
-    add_run_options(p)
-    # These replace the single-valued run options of the same names.
-    p.add_argument("--matrix-approximation-rank", default="1,2,4", help="comma-separated ranks")
-    p.add_argument("--start-powersgd-iter", help="comma-separated start iterations")
-    p.add_argument("--min-compression-rate", help="comma-separated minimum compression rates")
-    p.add_argument("--wrapper", help="comma-separated compress wrappers: none, fp16, bf16")
+    p = sub.add_parser("sweep", help="a PowerSGD grid beside an allreduce baseline, run by run")
+    add_run_options(p, axes=AXIS_NAMES)
     p.add_argument("--no-baseline", action="store_true", help="leave out the allreduce baseline")
     p.add_argument("--tolerance-pct", type=float, default=5.0,
                    help="the recommendation: fewest bytes within this %% of allreduce's final loss")

@@ -1,1 +1,1 @@
-"""Running things: the torchrun command, the supervisor that owns it, the worker loop each rank runs, the run folder, and the processes."""
+"""Running things: the torchrun command, the supervisor that owns it, the worker loop each rank runs, the run folder, the processes (one spawn, one poll) and the rank harness for demos and benches."""

@@ -1,22 +1,24 @@
 """Starting and stopping runs.
 
 ``torchrun_command`` is pure and tested on its own, as Accelerate builds its launch command;
-``start`` is the one place that spawns a run: it writes the run folder's first files and starts a
-detached supervisor (``commlab.engine.supervisor``), which owns torchrun and records how the run ends.
-Because the supervisor is detached, a run outlives the app or shell that launched it, and any
-later process can stop it through the PID recorded in the folder.
+``start`` is the one place that starts a run: it writes the run folder's first files (status
+``starting``, launch.json with the exact command) and spawns a detached supervisor
+(``commlab.engine.supervisor``), whose PID and create time it records at once; the supervisor
+runs that command, says ``running`` once it is up, and records how the run ends.  Because the
+supervisor is detached, a run outlives the app or shell that launched it, and any later process
+can stop it through the PID recorded in the folder.
 """
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from commlab.config import RunConfig, default_runs_dir
 from commlab.devices import gpu_count
-from commlab.engine import store
+from commlab.engine import procs, store
+from commlab.engine.ranks import loopback_interface
 
 
 def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
@@ -33,43 +35,58 @@ def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
 
 
 def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:
-    """The exact argv that runs the workers: torchrun (its stores kept on loopback, see
-    ``commlab.engine.torchrun``), one node, rendezvous at 127.0.0.1 on a free port, no restarts."""
+    """The exact argv that runs a run's workers (recorded in launch.json, run by the supervisor)."""
+    return torchrun_argv(cfg.world_size, ["-m", "commlab.engine.worker", str(run_dir)], python)
+
+
+def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable) -> list[str]:
+    """torchrun (its stores kept on loopback, see ``commlab.engine.torchrun``) running
+    ``program`` on ``nproc`` ranks: one node, rendezvous at 127.0.0.1 on a free port, no restarts."""
     return [python, "-m", "commlab.engine.torchrun",
-            "--nnodes", "1", "--nproc-per-node", str(cfg.world_size),
+            "--nnodes", "1", "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-            "--max-restarts", "0", "--monitor-interval", "0.5",
-            "-m", "commlab.engine.worker", str(run_dir)]
+            "--max-restarts", "0", "--monitor-interval", "0.5", *program]
 
 
 def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
-    env = dict(os.environ if base is None else base)
-    # The package and a user's workload module must import in the workers as they do here.
-    roots = [str(Path(__file__).resolve().parent.parent), os.getcwd()]
-    env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH")] if p])
+    """The environment of the supervisor, torchrun and the workers, computed once, by ``start``."""
+    env = package_env(base)
     # Share the cores out instead of letting each rank start a thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.world_size)))
     env["MASTER_ADDR"] = "127.0.0.1"
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    # Set, not defaulted: an interface already named here (a cluster's eth0) would make Gloo listen
+    # on the network.
+    env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = loopback_interface() or "lo"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
+def package_env(base: dict | None = None) -> dict:
+    """``base`` (this process's environment) with the package and a user's workload module
+    importable in a child as they are here; applying it twice changes nothing."""
+    env = dict(os.environ if base is None else base)
+    roots = [str(Path(__file__).resolve().parents[2]), os.getcwd(),
+             *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots))
+    return env
+
+
 def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
-    """Validate, then create the run folder with config.json and launch.json. Raises ConfigError."""
+    """Validate, then create the run folder, status ``starting`` and owned by this process until
+    ``start`` hands it to a supervisor; config.json, the marker, last.  Raises ConfigError."""
     from commlab.hooks import registry
 
     cfg.check()
     backend, why = resolve_backend(cfg)
     impl, impl_reason = registry.plan(cfg, backend)
     run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())
-    store.write_json(run_dir / "config.json", cfg.to_dict())
+    store.write_json(run_dir / "status.json", {"status": "starting", "step": None})
     store.write_json(run_dir / "launch.json", {
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
-        "command": torchrun_command(cfg, run_dir.resolve()), "created_at": time.time()})
-    store.write_json(run_dir / "status.json", {"status": "running", "step": None})
+        "command": torchrun_command(cfg, run_dir.resolve()), "created_at": time.time(),
+        "launcher": procs.identity(os.getpid())})
+    store.write_json(run_dir / "config.json", cfg.to_dict())
     return store.RunFolder(run_dir)
 
 
@@ -77,28 +94,21 @@ class Run(store.RunFolder):
     """A run folder plus control: wait for it, stop it, ask whether it still goes."""
 
     def is_running(self) -> bool:
-        return self.status() == "running"
+        """Still going: starting or running."""
+        return self.status() in store.GOING
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> str:
         """Block until the run ends (or ``timeout`` seconds pass); returns its status."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.is_running():
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(poll_s)
-        self._wait_for_supervisor()
+        if procs.wait_until(lambda: not self.is_running(), timeout, poll_s):
+            self._wait_for_supervisor()
         return self.status()
 
     def _wait_for_supervisor(self, timeout: float = 120) -> None:
         # The worker writes "finished" a moment before its processes are gone (longer on a busy
         # machine); callers that go on to count processes, or start the next run (whose step
         # times the leftovers would spoil), want them gone.
-        from commlab.engine.procs import alive
-
-        sup = store.read_json(self.file("supervisor.json"), {})
-        deadline = time.monotonic() + timeout
-        while alive(sup.get("pid"), sup.get("create_time")) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        sup = self.supervisor()
+        procs.wait_until(lambda: not procs.alive(sup.get("pid"), sup.get("create_time")), timeout)
 
     def stop(self) -> str:
         return stop(self)
@@ -108,7 +118,7 @@ class Run(store.RunFolder):
 
 
 def start(cfg: RunConfig, request_id: str | None = None) -> Run:
-    """Start a run in the background and return its folder at once.
+    """Start a run in the background and return its folder at once, status ``starting``.
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
     a second browser tab) returns the run the first one started.
@@ -119,12 +129,15 @@ def start(cfg: RunConfig, request_id: str | None = None) -> Run:
             if run.launch_info().get("request_id") == request_id:
                 return Run(run.path)  # started (or being started) by the first call: never a second supervisor
     folder = prepare(cfg, request_id)
-    log = open(folder.file("supervisor.log"), "ab")
-    subprocess.Popen([sys.executable, "-m", "commlab.engine.supervisor", str(folder.path.resolve())],
-                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                     env=worker_env(cfg), start_new_session=True, close_fds=True)
-    log.close()
-    _wait_for(lambda: folder.file("supervisor.json").exists(), timeout=15)
+    try:
+        child = procs.spawn([sys.executable, "-m", "commlab.engine.supervisor", str(folder.path.resolve())],
+                            log=folder.file("supervisor.log"), env=worker_env(cfg), detached=True)
+        store.write_json(folder.file("launch.json"),
+                         {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
+    except BaseException as e:  # this process owns the starting run: it must not stay starting
+        store.write_json(folder.file("status.json"), {
+            "status": "failed", "step": None, "error": f"the supervisor could not be started: {e!r}"})
+        raise
     return Run(folder.path)
 
 
@@ -140,10 +153,9 @@ def list_runs(runs_dir: str | os.PathLike | None = None) -> list[Run]:
 
 
 def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
-    """Stop a run and every process it started; returns the status it ends with."""
-    from commlab.engine import procs
-
-    sup = store.read_json(folder.file("supervisor.json"), {})
+    """Stop a run and every process it started, starting or running; returns the status it ends
+    with."""
+    sup = folder.supervisor()
     pid = sup.get("pid")
     if procs.alive(pid, sup.get("create_time")):
         everyone = procs.tree(pid)  # collected first: workers live in their own sessions
@@ -151,7 +163,7 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
         procs.terminate([p for p in everyone[1:] if p.is_running()], grace_s=1)
     for pid in workers_alive(sup):
         procs.kill_tree(pid, grace_s=1)
-    if folder.status() in ("running", "lost"):
+    if folder.status() in (*store.GOING, "lost"):
         store.write_json(folder.file("status.json"), {
             **folder.status_record(), "status": "stopped", "error": "stopped by the user"})
     return folder.status()
@@ -159,16 +171,5 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
 
 def workers_alive(sup: dict) -> list[int]:
     """The run's worker PIDs (from its supervisor.json) that still run those very workers."""
-    from commlab.engine import procs
-
     created = sup.get("worker_create_times", {})
     return [pid for pid in sup.get("worker_pids", []) if procs.alive(pid, created.get(str(pid)))]
-
-
-def _wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()

@@ -1,14 +1,19 @@
-"""The run folder: rank 0 and the supervisor write it, the UI, the CLI and notebooks read it.
+"""The run folder: the launcher, the supervisor and rank 0 write it, the UI, the CLI and
+notebooks read it.
 
 Layout of ``<runs_dir>/<run_id>/``:
-  config.json      the resolved RunConfig            launch.json   backend, hook plan, command
+  config.json      the resolved RunConfig, written last by the launcher: a folder is a run once
+                   it has one       launch.json  backend, hook plan, the command, the launching
+                   process and (once spawned) the supervisor's PID and create time
   meta.json        torch version, hook implementation (written by rank 0 once DDP is up)
-  status.json      running | finished | failed | diverged | stopped | stalled, with the error
-                   (read as "lost" when it says running but the supervisor is gone)
+  status.json      starting | running | finished | failed | diverged | stopped | stalled, with
+                   the error; read as "lost" when it says starting or running but the process
+                   answerable for it is gone (see ``RunFolder.status_record``)
   metrics.jsonl    one line per step, appended and flushed by rank 0
   errors.jsonl     approximation error every K steps      buckets.json  DDP's bucket layouts
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
-  supervisor.json  the PIDs that own the run              launcher.log  torchrun's output
+  supervisor.json  the PIDs that own the run, written by the supervisor once it is up
+  supervisor.log   the supervisor's output                launcher.log  torchrun's output
   rank<k>.error.json  a rank's traceback, written as it dies
 Small JSON files are replaced atomically; JSON-lines readers keep a byte offset and only ever
 consume complete lines, so a half-written last line never breaks them.
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
+GOING = ("starting", "running")  # starting: the folder exists, its supervisor is not up yet
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -144,24 +150,33 @@ class RunFolder(Folder):
         return read_json(self.file("meta.json"), {})
 
     def status_record(self) -> dict:
-        rec = read_json(self.file("status.json"), {"status": "running"})
-        if rec.get("status") == "running" and not self._owner_alive():
-            rec = {**rec, "status": "lost",
-                   "error": "the run's processes are gone and it never recorded an end "
-                            "(machine restarted or processes killed from outside)"}
-        return rec
+        """status.json, checked against the process answerable for a run still going: the
+        supervisor once it is up (it writes supervisor.json, then says running), before that the
+        supervisor the launcher spawned, before that the launching process itself.  When that
+        process is gone the run is lost: it can never record an end."""
+        from commlab.engine.procs import alive
+
+        rec = read_json(self.file("status.json"), {"status": "starting"})
+        if rec.get("status") not in GOING:
+            return rec
+        up = self.file("supervisor.json").exists()
+        if up:
+            rec = {**rec, "status": "running"}
+        owner = self.supervisor() or self.launch_info().get("launcher", {})
+        if alive(owner.get("pid"), owner.get("create_time")):
+            return rec
+        why = ("the run's processes are gone and it never recorded an end (machine restarted or "
+               "processes killed from outside)" if up else
+               f"its supervisor never came up (see {self.file('supervisor.log')})")
+        return {**rec, "status": "lost", "error": why}
 
     def status(self) -> str:
         return self.status_record()["status"]
 
-    def _owner_alive(self) -> bool:
-        from commlab.engine.procs import alive
-
-        sup = read_json(self.file("supervisor.json"))
-        if sup is None:
-            # Between folder creation and the supervisor writing its PID: young means starting.
-            return time.time() - self.file("config.json").stat().st_mtime < 30 if self.exists() else False
-        return alive(sup.get("pid"), sup.get("create_time"))
+    def supervisor(self) -> dict:
+        """The supervisor's record: its own (supervisor.json) once it is up, before that the PID
+        and create time the launcher recorded as it spawned it; {} before it is spawned."""
+        return read_json(self.file("supervisor.json")) or self.launch_info().get("supervisor", {})
 
     def metrics_records(self) -> list[dict]:
         return read_jsonl(self.file("metrics.jsonl"))
@@ -194,14 +209,14 @@ class RunFolder(Folder):
         return torch.load(self.file(f"grads/step_{step}.pt"), map_location="cpu", weights_only=True)
 
     def summary(self) -> dict:
-        """One row for tables and ``commlab runs``: settings, status and headline figures."""
-        import statistics
+        """One row for tables and ``commlab runs``: settings, status and headline figures
+        (``commlab.analysis.metrics.headline``)."""
+        from commlab.analysis import metrics
 
         cfg = self.config_dict()
         rows = self.metrics_records()
         status = self.status_record()
         last = rows[-1] if rows else {}
-        after_warmup = [r["step_s"] for r in rows[1:]] or [r["step_s"] for r in rows]
         return {
             "run_id": self.id,
             "run_dir": str(self.path),
@@ -215,10 +230,7 @@ class RunFolder(Folder):
             "start_iter": cfg.get("start_powerSGD_iter"),
             "steps": len(rows),
             "steps_planned": cfg.get("steps"),
-            "final_loss": last.get("loss"),
-            "median_step_s": statistics.median(after_warmup) if after_warmup else None,
-            "bytes_per_step": (statistics.median(r["payload_bytes"] for r in rows[1:] or rows)
-                               if rows and "payload_bytes" in rows[0] else None),
+            **metrics.headline(rows, cfg),
             "compression_ratio": last.get("compression_ratio"),
             "error": status.get("error"),
         }

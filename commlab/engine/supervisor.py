@@ -2,22 +2,22 @@
 
     python -m commlab.engine.supervisor RUN_DIR     (started detached by ``commlab.engine.launch.start``)
 
-It ends the run when the user stops it (SIGTERM), when a rank dies (the others are ended within
-seconds, and the first rank to fail is named with its traceback), and when no step completes
-for ``stall_timeout_s`` (status ``stalled``, naming the step and the hook).
+It runs exactly the command recorded in launch.json, in the environment ``start`` gave it, writes
+supervisor.json and says ``running`` once that command runs.  It ends the run when the user stops
+it (SIGTERM), when a rank dies (the others are ended within seconds, and the first rank to fail
+is named with its traceback), and when no step completes for ``stall_timeout_s`` (status
+``stalled``, naming the step and the hook).
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from commlab.engine import procs, store
-from commlab.engine.launch import torchrun_command, worker_env
 
 POLL_S = 0.2
 # Before the first step the workers import torch and build DDP, which takes minutes on a busy
@@ -28,55 +28,69 @@ CRASH_GRACE_S = 2.0  # after a rank's error file appears, time for torchrun to e
 
 def supervise(run_dir: Path) -> int:
     folder = store.RunFolder(run_dir)
-    cfg = folder.config()
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
-
-    log = open(folder.file("launcher.log"), "ab")
-    child = subprocess.Popen(torchrun_command(cfg, run_dir), stdin=subprocess.DEVNULL, stdout=log,
-                             stderr=subprocess.STDOUT, env=worker_env(cfg))
-    me = psutil.Process()
-    store.write_json(folder.file("supervisor.json"), {
-        "pid": me.pid, "create_time": me.create_time(), "torchrun_pid": child.pid, "worker_pids": [],
-        "worker_create_times": {}})
-
-    metrics = folder.file("metrics.jsonl")
-    last_progress, last_size, crash_seen = time.time(), 0, None
-    workers: dict[int, float] = {}  # pid -> create time, so that a reused PID is never taken for one
-    ending = None
-    while child.poll() is None:
-        time.sleep(POLL_S)
-        now = time.time()
-        known = {p.pid: p.create_time() for p in procs.tree(child.pid)[1:]}
-        if known.keys() - workers.keys():
-            workers |= known
-            store.write_json(folder.file("supervisor.json"), {
-                "pid": me.pid, "create_time": me.create_time(), "torchrun_pid": child.pid,
-                "worker_pids": sorted(workers), "worker_create_times": {str(k): v for k, v in workers.items()}})
-        size = metrics.stat().st_size if metrics.exists() else 0
-        if size != last_size:
-            last_size, last_progress = size, now
-        if stop_requested:
-            ending = {"status": "stopped", "error": "stopped by the user"}
-        elif now - last_progress > (cfg.stall_timeout_s if last_size else
-                                    max(cfg.stall_timeout_s, STARTUP_ALLOWANCE_S)):
-            ending = _stalled(folder, cfg, now - last_progress)
-        elif crash_seen is None and any(run_dir.glob("rank*.error.json")):
-            crash_seen = now
-        elif crash_seen is not None and now - crash_seen > CRASH_GRACE_S:
-            ending = {}  # torchrun was slow to end the others: do it, then read the tracebacks
-        if ending is not None:
-            break
-    _end_all(child, workers)
-    log.close()
+    said = store.read_json(folder.file("status.json"), {})
+    if said.get("status") in store.FINAL:
+        return 0  # stopped while it was starting: run nothing
+    child = procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"))
+    watch = Watch(folder, child, {**procs.identity(os.getpid()), "torchrun_pid": child.pid},
+                  stop_requested)
+    said = store.read_json(folder.file("status.json"), {})
+    if said.get("status") == "starting":  # up: supervisor.json is written, the command runs
+        store.write_json(folder.file("status.json"), {**said, "status": "running"})
+    procs.wait_until(watch, interval=POLL_S)
+    _end_all(child, watch.workers)
 
     final = folder.status_record()
-    if final.get("status") in ("finished", "diverged") and not ending:
+    if final.get("status") in ("finished", "diverged") and not watch.ending:
         return 0
-    if not ending:
-        ending = _failure(folder, child.returncode)
+    ending = watch.ending or _failure(folder, child.returncode)
     store.write_json(folder.file("status.json"), {**final, **ending, "ended_at": time.time()})
     return 0
+
+
+class Watch:
+    """One look at the run per call: records new workers in supervisor.json, and returns True once
+    the run must end (torchrun exited, or ``ending`` was set: Stop, a stall, a crash)."""
+
+    def __init__(self, folder: store.RunFolder, child: subprocess.Popen, me: dict,
+                 stop_requested: list):
+        self.folder, self.child, self.me, self.stop_requested = folder, child, me, stop_requested
+        self.cfg = folder.config()
+        self.workers: dict[int, float] = {}  # pid -> create time, so a reused PID is never taken for one
+        self.last_progress, self.last_size, self.crash_seen = time.time(), 0, None
+        self.ending: dict | None = None
+        self._record()
+
+    def _record(self) -> None:
+        store.write_json(self.folder.file("supervisor.json"), {
+            **self.me, "worker_pids": sorted(self.workers),
+            "worker_create_times": {str(k): v for k, v in self.workers.items()}})
+
+    def __call__(self) -> bool:
+        if self.child.poll() is not None:
+            return True
+        now = time.time()
+        known = {p.pid: p.create_time() for p in procs.tree(self.child.pid)[1:]}
+        if known.keys() - self.workers.keys():
+            self.workers |= known
+            self._record()
+        metrics = self.folder.file("metrics.jsonl")
+        size = metrics.stat().st_size if metrics.exists() else 0
+        if size != self.last_size:
+            self.last_size, self.last_progress = size, now
+        cfg = self.cfg
+        if self.stop_requested:
+            self.ending = {"status": "stopped", "error": "stopped by the user"}
+        elif now - self.last_progress > (cfg.stall_timeout_s if self.last_size else
+                                         max(cfg.stall_timeout_s, STARTUP_ALLOWANCE_S)):
+            self.ending = _stalled(self.folder, cfg, now - self.last_progress)
+        elif self.crash_seen is None and any(self.folder.path.glob("rank*.error.json")):
+            self.crash_seen = now
+        elif self.crash_seen is not None and now - self.crash_seen > CRASH_GRACE_S:
+            self.ending = {}  # torchrun was slow to end the others: do it, then read the tracebacks
+        return self.ending is not None
 
 
 def _end_all(child: subprocess.Popen, workers: dict[int, float]) -> None:

@@ -5,15 +5,17 @@
 ``torch.distributed.TCPStore`` listens on every interface whatever host it is given
 (pytorch/pytorch#173909): torchrun's rendezvous at 127.0.0.1:0 still opened two stores reachable
 from the network.  A TCPStore server accepts a socket that is already listening
-(``master_listen_fd``), so here each server gets one bound to 127.0.0.1 first; then this is
-``torch.distributed.run.main``, unchanged.  Clients (the workers) are untouched.
+(``master_listen_fd``), so here each server gets the engine's loopback listener
+(``commlab.engine.ranks.loopback_listener``) first; then this is ``torch.distributed.run.main``,
+unchanged.  Clients (the workers) are untouched.
 """
-import socket
 import sys
 
 import torch.distributed as dist
 from torch.distributed import run
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+from commlab.engine.ranks import loopback_listener
 
 
 class LoopbackTCPStore(dist.TCPStore):
@@ -21,9 +23,7 @@ class LoopbackTCPStore(dist.TCPStore):
 
     def __init__(self, host_name, port=0, world_size=None, is_master=False, **kwargs):
         if is_master and kwargs.get("master_listen_fd") is None:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", port))
-            sock.listen()
+            sock = loopback_listener(port)
             port = sock.getsockname()[1]  # port 0 asks for a free one
             kwargs["master_listen_fd"] = sock.detach()  # the store owns it from here
         super().__init__(host_name, port, world_size, is_master, **kwargs)

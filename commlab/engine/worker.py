@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import workloads
-from commlab.analysis.rule import apply_rule, named_shapes, ring_wire_bytes
+from commlab.analysis.ring import wire_bytes as ring_wire_bytes
+from commlab.analysis.rule import apply_rule, named_shapes
 from commlab.config import RunConfig
 from commlab.engine import store
 from commlab.engine.teardown import end_process_group

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from commlab.tune.sweep import comparable
+from commlab.tune.pareto import comparable
 
 # axis -> (front column, axis title)
 AXES = {"bytes_per_step": ("pareto_bytes", "bytes per step (handed to allreduce, mean over the run)"),

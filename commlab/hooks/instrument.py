@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from commlab.analysis.lowrank import relative_error
+from commlab.analysis import ring
+from commlab.analysis.metrics import relative_error
 
 HOOK, MEASURE, OTHER = "hook", "measure", "other"
 
@@ -67,12 +68,7 @@ class Link:
 
     def seconds(self, nbytes: int, world_size: int) -> float:
         """A ring allreduce of nbytes over this link: 2(N-1) latencies + 2(N-1)/N * S / beta."""
-        if world_size < 2:
-            return 0.0
-        hops = 2 * (world_size - 1)
-        wire = hops / world_size * nbytes
-        beta = self.bandwidth_gbps * 1e9 / 8
-        return hops * self.latency_us * 1e-6 + (wire / beta if beta > 0 else 0.0)
+        return ring.allreduce_s(nbytes, world_size, self.bandwidth_gbps, self.latency_us)
 
 
 class CollectiveCounter:

@@ -20,9 +20,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from commlab.config import HOOKS, POWERSGD_HOOKS, WRAPPERS, RunConfig
+from commlab.config import HOOKS, POWERSGD_HOOKS, RESOLVED_BACKENDS, WRAPPERS, RunConfig
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = RESOLVED_BACKENDS  # a plan is made for the backend a run resolved "auto" to
 ONE_BUCKET_ONLY = "one bucket only"
 
 _TORCH = "torch.distributed.algorithms.ddp_comm_hooks"

@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from commlab.config import ConfigError
-from commlab.teach.classroom import check_world_size, run_ranks
+from commlab.analysis import ring
+from commlab.config import BACKENDS, ConfigError
+from commlab.engine.ranks import run_ranks
+from commlab.teach.classroom import check_world_size
 
-BACKENDS = ("auto", "gloo", "nccl")
 # As in nccl-tests, K, M and G are powers of 1024.
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -69,8 +70,9 @@ def algbw(size_bytes: float, seconds: float) -> float:
 
 
 def bus_factor(world_size: int) -> float:
-    """nccl-tests' allreduce factor 2(N-1)/N: the share of S each rank sends in a ring."""
-    return 2 * (world_size - 1) / world_size
+    """nccl-tests' allreduce factor 2(N-1)/N: the share of S each rank sends in a ring
+    (``commlab.analysis.ring``)."""
+    return ring.factor(world_size)
 
 
 def busbw(algbw_bytes_per_s: float, world_size: int) -> float:

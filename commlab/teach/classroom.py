@@ -12,40 +12,29 @@ Three things live here:
   averaged by hand with ``dist.all_reduce`` between ``backward()`` and ``optimizer.step()``, and
   no allreduce at all -- so one can see that the first two agree and the third drifts apart.
 
-How ranks start (``run_ranks``): one launcher process is started as a fresh interpreter (safe
-from any threaded parent such as Streamlit or Jupyter); it imports torch once, binds the
-rendezvous socket to 127.0.0.1 and *forks* the ranks, so N ranks cost one torch import instead of
-N.  Rank 0 serves the rendezvous store on that socket.  Ranks send their reports straight to the
-caller through a pipe.
-Whatever happens -- success, an exception in a rank, a timeout, an interrupt -- every process
-started is ended through ``commlab.engine.procs`` before ``run_ranks`` returns.
+Ranks start through the engine's rank harness (``commlab.engine.ranks.run_ranks``): one fresh
+launcher interpreter imports torch once and *forks* the ranks, so N ranks cost one torch import
+instead of N, and a Streamlit or Jupyter parent never forks itself; every process it started is
+ended before it returns, whatever happened.
 """
 from __future__ import annotations
 
-import datetime
 import math
-import os
-import pickle
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from commlab.analysis import ring
 from commlab.config import ConfigError
-from commlab.engine import procs
+from commlab.engine.ranks import DEFAULT_TIMEOUT_S, run_ranks
 
 OPS = ("sum", "avg", "max", "min", "product")
 MAX_WORLD_SIZE = 8
 ITEMSIZE = 4  # the demonstrations use float32 tensors, as torch.tensor([float(rank)]) does
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-# A guard against hangs, not an expected duration: importing torch in a fresh process takes
-# seconds, and on a shared 2-core machine under load it has taken over a minute.
-DEFAULT_TIMEOUT_S = 300.0
 
 ARRIVAL_NOTE = (
     "Ranks finish at different moments, and the order changes from run to run: each rank is its "
@@ -119,200 +108,6 @@ def _parse_row(row: str | Sequence[float], rank: int) -> list[float]:
             raise ConfigError({"values": f"rank {rank}: {item!r} is not a finite float32 number"})
         out.append(x)
     return out
-
-
-# ============================================================================ starting ranks
-def loopback_interface() -> str | None:
-    """The name of the interface that holds 127.0.0.1 ('lo' on Linux), if psutil finds it."""
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addrs):
-            return name
-    return None
-
-
-# The launcher is a fresh interpreter started with an argv list, not multiprocessing's spawn:
-# it needs no ``if __name__ == "__main__"`` guard in the caller's script, does not re-run the
-# caller's main module, and leaves no multiprocessing helper process (resource tracker) behind.
-# The job is pickled twice so that it is unpickled only once sys.path matches the caller's.
-_LAUNCHER_CODE = ("import pickle, sys; d = pickle.load(sys.stdin.buffer); sys.path[:] = d['path']; "
-                  "from commlab.teach.classroom import _launcher_main; "
-                  "_launcher_main(d['fd'], pickle.loads(d['job']))")
-
-
-def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
-              backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
-              on_message: Callable[[Any], None] | None = None) -> list[Any]:
-    """Run ``target(rank, world_size, report, *args)`` on ``world_size`` real ranks.
-
-    ``target`` must be a module-level function (it is pickled by name).  Each rank has joined the
-    default process group before ``target`` runs; ``report(obj)`` sends ``obj`` back here.
-    Returns every report in the order received (``on_message`` sees each as it comes).  Raises
-    RuntimeError when a rank fails, TimeoutError after ``timeout_s``; either way, and on success,
-    no process started here is left running.
-    """
-    from multiprocessing.connection import Connection
-
-    read_fd, write_fd = os.pipe()
-    job = (target, world_size, backend, loopback_interface(), args, timeout_s)
-    try:
-        launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER_CODE], stdin=subprocess.PIPE,
-                                    pass_fds=(write_fd,))
-    finally:
-        os.close(write_fd)  # the launcher and ranks hold the only writers: EOF means all gone
-    started = procs.tree(launcher.pid)
-    inbox = Connection(read_fd)
-    finished = False
-    try:
-        launcher.stdin.write(pickle.dumps({"path": sys.path, "fd": write_fd,
-                                           "job": pickle.dumps(job)}))
-        launcher.stdin.close()
-        received = _collect(inbox, launcher, started, timeout_s, on_message)
-        finished = True
-        return received
-    finally:
-        _end(launcher, started, grace_s=5.0 if finished else 0.0)
-        inbox.close()
-
-
-def _end(launcher: subprocess.Popen, started: list, grace_s: float) -> None:
-    """Let a launcher that reported success exit by itself; then end whatever still runs."""
-    try:
-        launcher.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    # Once reaped, the launcher's PID may be someone else's: only look it up while it runs.
-    running = procs.tree(launcher.pid) if launcher.poll() is None else []
-    procs.terminate(started + running, grace_s=2.0)
-    launcher.wait(5)
-
-
-def _collect(inbox, launcher, started: list, timeout_s: float,
-             on_message: Callable[[Any], None] | None) -> list[Any]:
-    import psutil
-
-    deadline = time.monotonic() + timeout_s
-    received = []
-    while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the ranks did not finish within {timeout_s:g} s")
-        if not inbox.poll(0.1):
-            continue
-        try:
-            kind, payload = inbox.recv()
-        except EOFError:
-            raise RuntimeError(f"the rank launcher exited (code {launcher.poll()}) before the "
-                               "ranks finished") from None
-        if kind == "pids":  # recorded so that ranks are ended even if the launcher dies first
-            started += [psutil.Process(pid) for pid in payload if psutil.pid_exists(pid)]
-        elif kind == "error":
-            raise RuntimeError(payload)
-        elif kind == "done":
-            return received
-        else:
-            received.append(payload)
-            if on_message:
-                on_message(payload)
-
-
-def _launcher_main(fd: int, job: tuple) -> None:
-    """The launcher: fork the ranks, wait for them, say how it went."""
-    _die_with_parent()  # the caller's thread waits in run_ranks for as long as this runs
-    import traceback
-    from multiprocessing.connection import Connection
-
-    import torch.distributed  # noqa: F401  imported once here, so the forked ranks need not
-    import torch.multiprocessing as tmp
-    import torch.nn.parallel  # noqa: F401  (DDP)
-    from torch.multiprocessing.spawn import ProcessException
-
-    target, world_size, backend, iface, args, timeout_s = job
-    # Nothing in this fresh interpreter has started a thread yet, so forking is safe, and each
-    # rank starts with torch imported.  CUDA, though, must not be started in a parent that
-    # forks, so NCCL ranks are spawned (and import torch themselves).
-    method = "spawn" if backend == "nccl" else "fork"
-    outbox = _Outbox(Connection(fd, readable=False), tmp.get_context(method).Lock())
-    try:
-        listener = _loopback_listener()
-        ctx = tmp.start_processes(_rank_entry, nprocs=world_size, join=False, daemon=True,
-                                  start_method=method,
-                                  args=(target, world_size, listener, backend, iface, outbox,
-                                        args, timeout_s))
-        listener.close()
-        outbox.send("pids", ctx.pids())
-        while not ctx.join():
-            pass
-    except Exception as e:  # a rank raised or died; its traceback is the useful part
-        outbox.send("error", str(e) if isinstance(e, ProcessException) else traceback.format_exc())
-        return
-    outbox.send("done", None)
-
-
-class _Outbox:
-    """One pipe shared by the launcher and its ranks; the lock keeps messages whole."""
-
-    def __init__(self, conn, lock):
-        self.conn, self.lock = conn, lock
-
-    def send(self, kind: str, payload: Any) -> None:
-        with self.lock:
-            self.conn.send((kind, payload))
-
-    def report(self, payload: Any) -> None:
-        self.send("report", payload)
-
-
-def _loopback_listener() -> socket.socket:
-    """The rendezvous socket, bound to 127.0.0.1 before the ranks fork so none can race for it.
-
-    Given only a port, TCPStore would listen on every interface; given this socket, it uses it.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    return sock
-
-
-def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args,
-                timeout_s) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from commlab.engine.teardown import end_process_group
-
-    _die_with_parent()
-    if iface:  # Gloo and NCCL would otherwise pick an address from the host name
-        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = iface
-    torch.set_num_threads(1)  # ranks share the machine's few cores
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    port = listener.getsockname()[1]
-    if rank == 0:  # rank 0 serves the store on the socket it inherited, and owns it from now
-        store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timeout,
-                              master_listen_fd=listener.detach())
-    else:
-        listener.close()
-        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
-    try:
-        target(rank, world_size, outbox.report, *args)
-    finally:
-        end_process_group()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when the thread that started it ends (a crash, a kill),
-    so neither the launcher nor a rank can outlive the caller."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: run_ranks still ends every rank it recorded
 
 
 # ============================================================================ real collectives
@@ -597,8 +392,8 @@ class SchemeCost:
 
 
 def ring_bytes_per_rank(size_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring allreduce: 2(N-1) chunks of S/N."""
-    return 2 * (world_size - 1) / world_size * size_bytes
+    """Bytes each rank sends in a ring allreduce: 2(N-1) chunks of S/N (``commlab.analysis.ring``)."""
+    return ring.wire_bytes(size_bytes, world_size)
 
 
 def scheme_costs(size_bytes: float, world_size: int) -> list[SchemeCost]:
@@ -608,7 +403,7 @@ def scheme_costs(size_bytes: float, world_size: int) -> list[SchemeCost]:
     of S through rank 0.  So the ring is N times faster on bandwidth, and no rank is a hot spot.
     """
     n, s = world_size, float(size_bytes)
-    steps = 2 * (n - 1)
+    steps = ring.steps(n)
     return [SchemeCost("ring", steps, s / n, ring_bytes_per_rank(s, n), ring_bytes_per_rank(s, n),
                        steps * s / n),
             SchemeCost("naive", steps, s, (n - 1) * s, (n - 1) * s, steps * s)]

@@ -5,16 +5,18 @@ headroom analysis of allreduce optimization: if registering it speeds training u
 about 10%, allreduce is usually not the performance bottleneck.  So: run the same workload twice,
 once with the ``allreduce`` hook and once with ``noop``, and compare the median step time.
 
-The two runs go one after the other (run together they would fight over the same cores), and the
-first steps of each are skipped: they include start-up work and DDP's bucket rebuild.
+The two runs go one after the other (run together they would fight over the same cores), and each
+is read over its steady steps (``commlab.analysis.metrics``): the first ``skip`` steps include
+start-up work and DDP's bucket rebuild.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from commlab.analysis import metrics
 from commlab.config import ConfigError
+from commlab.engine import store
 
 THRESHOLD = 0.10  # PyTorch's rule of thumb for noop_hook
 
@@ -54,15 +56,8 @@ def read_headroom(step_s_allreduce: float, step_s_noop: float,
             "verdict": verdict}
 
 
-def median_step_s(metrics, skip: int) -> float:
-    """Median ``step_s`` of a run's metrics (a DataFrame), leaving out steps below ``skip``."""
-    kept = metrics[metrics["step"] >= skip]["step_s"]
-    if kept.empty:
-        raise ValueError(f"no steps left after skipping the first {skip}")
-    return float(statistics.median(kept))
-
-
-def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2, skip: int = 5,
+def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2,
+                     skip: int = metrics.WARMUP_STEPS,
                      timeout_s: float = 600.0, **settings: Any) -> Headroom:
     """Run ``workload`` with the allreduce hook, then with noop, and read the difference.
 
@@ -81,7 +76,11 @@ def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2
     times, run_ids = {}, {}
     for hook, cfg in configs.items():
         run = _run_to_end(cfg, timeout_s)
-        times[hook], run_ids[hook] = median_step_s(run.metrics(), skip), run.id
+        steady = metrics.steady_rows(run.metrics_records(), run.config_dict(), warmup=skip)
+        if not steady:
+            raise RuntimeError(f"the {hook} run has no steady step from step {skip} on (run folder "
+                               f"{run.path})")
+        times[hook], run_ids[hook] = metrics.median(steady, "step_s"), run.id
     return Headroom(workload, world_size, steps, skip, times["allreduce"], times["noop"],
                     **read_headroom(times["allreduce"], times["noop"]), run_ids=run_ids)
 
@@ -95,7 +94,7 @@ def _run_to_end(cfg, timeout_s: float):
     except BaseException:  # interrupted (Ctrl-C, a page left, a test timeout): stop the run too
         run.stop()
         raise
-    if status == "running":
+    if status in store.GOING:
         run.stop()
         raise RuntimeError(f"the {cfg.hook} run did not finish within {timeout_s:g} s; stopped it")
     if status != "finished":

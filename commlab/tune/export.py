@@ -68,6 +68,15 @@ class Target:
     time_limit: str = "01:00:00"
     partition: str | None = None
 
+    @classmethod
+    def from_entries(cls, script_args: str | None = None, **entries) -> Target:
+        """A target from what a person typed (CLI flags, a form): the script's arguments as one
+        shell-quoted string, an empty entry for an optional field meaning "not given".  Raises
+        ValueError for unbalanced quotes."""
+        optional = {f.name for f in dataclasses.fields(cls) if f.default is None}
+        given = {k: None if k in optional and v == "" else v for k, v in entries.items()}
+        return cls(script_args=shlex.split(script_args or ""), **given)
+
     def procs(self, cfg: RunConfig) -> int:
         return self.nproc_per_node or cfg.world_size
 

@@ -13,50 +13,79 @@ Between polls the executor reads the stop flag; on a stop it stops the current r
 starts no other, and keeps every finished run.  A stop asked of a sweep whose process is gone
 stops its current run directly.
 
-The analysis is pure: ``summarize`` turns a run's metrics into one row, ``pareto_front`` marks the
-settings nothing beats on both axes, ``recommend`` applies the stated rule.
+The analysis is pure: ``summarize`` turns a run's metrics into one row; ``commlab.tune.pareto``
+marks the settings nothing beats on both axes and applies the recommendation's rule.
 """
 from __future__ import annotations
 
+import fcntl
 import itertools
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from commlab.config import POWERSGD_HOOKS, WRAPPERS, ConfigError, RunConfig, default_runs_dir
-from commlab.engine import store
-from commlab.tune.whatif import cfg_label, config_link_label
+from commlab.analysis import metrics
+from commlab.config import (
+    POWERSGD_HOOKS,
+    ConfigError,
+    RunConfig,
+    Setting,
+    default_runs_dir,
+    is_plain_allreduce,
+    settings,
+)
+from commlab.engine import procs, store
+from commlab.tune.pareto import mark
+
+# recommend lives in commlab.tune.pareto; commands/sweep.py and notebook 02 still import it from here.
+from commlab.tune.pareto import recommend as recommend
+from commlab.tune.whatif import config_link_label, run_label
 
 SWEEPS = "sweeps"
 FINAL_WINDOW = 5  # final loss: mean over this many last steps
 
 
-@dataclass
-class SweepSpec:
-    """The grid: every combination of the listed values, each on top of ``base``."""
+# The sweep axes: the settings the table marks sweepable.  PowerSGD's own settings come first, in
+# PowerSGDState's order, the wrapper last: the order of the grid's runs.
+AXES = tuple(sorted((s for s in settings() if s.sweepable), key=lambda s: s.group != "powersgd"))
 
-    base: RunConfig = field(default_factory=RunConfig)
-    matrix_approximation_rank: list[int] = field(default_factory=lambda: [1, 2, 4])
-    start_powerSGD_iter: list[int] = field(default_factory=list)  # empty: base's value
-    min_compression_rate: list[float] = field(default_factory=list)  # empty: base's value
-    wrapper: list[str] = field(default_factory=list)  # empty: base's value
-    baseline: bool = True  # run plain allreduce first, with the same job and link
-    tolerance_pct: float = 5.0  # the recommendation's X
+
+@dataclass(init=False)
+class SweepSpec:
+    """The grid: every combination of the values listed per axis, each on top of ``base``.
+
+    An axis the table gives default values (the rank: 1, 2, 4) takes those unless told; the other
+    axes take base's value.  ``SweepSpec(matrix_approximation_rank=[1, 2], wrapper=["none",
+    "fp16"])`` names the axes as RunConfig names the settings.
+    """
+
+    base: RunConfig
+    values: dict[str, list]  # axis -> the values listed, by AXES
+    baseline: bool  # run plain allreduce first, with the same job and link
+    tolerance_pct: float  # the recommendation's X
+
+    def __init__(self, base: RunConfig | None = None, baseline: bool = True,
+                 tolerance_pct: float = 5.0, **values: list):
+        unknown = sorted(set(values) - {s.name for s in AXES})
+        if unknown:
+            raise TypeError(f"not a sweep axis: {', '.join(unknown)}; the axes are: "
+                            f"{', '.join(s.name for s in AXES)}")
+        self.base = RunConfig() if base is None else base
+        self.values = {s.name: list(values.get(s.name, s.sweep)) for s in AXES}
+        self.baseline, self.tolerance_pct = baseline, tolerance_pct
 
     def axes(self) -> dict[str, list]:
-        b = self.base
-        return {"matrix_approximation_rank": _unique(self.matrix_approximation_rank),
-                "start_powerSGD_iter": _unique(self.start_powerSGD_iter) or [b.start_powerSGD_iter],
-                "min_compression_rate": _unique(self.min_compression_rate) or [b.min_compression_rate],
-                "wrapper": _unique(self.wrapper) or [b.wrapper]}
+        """Each axis' values, repeats dropped; an axis with no default values falls back to base's."""
+        return {s.name: _unique(self.values[s.name]) or ([] if s.sweep else [getattr(self.base, s.name)])
+                for s in AXES}
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "base": self.base.to_dict()}
+        return {"base": self.base.to_dict(), **self.values, "baseline": self.baseline,
+                "tolerance_pct": self.tolerance_pct}
 
     @classmethod
     def from_dict(cls, data: dict) -> SweepSpec:
@@ -75,6 +104,14 @@ def parse_list(text: str | None, kind: type, name: str) -> list:
                                  f"got {text!r}"}) from None
 
 
+AXIS_TYPES = {"int": int, "float": float, "str": str}  # the kinds a sweep axis may be
+
+
+def axis_values(axis: Setting, text: str | None) -> list:
+    """One axis' values from comma-separated text (the CLI's, the page's)."""
+    return parse_list(text, AXIS_TYPES[axis.kind], axis.name)
+
+
 def _unique(values) -> list:
     return list(dict.fromkeys(values))
 
@@ -86,22 +123,21 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     for name, values in axes.items():
         if not values:
             errs[name] = "give at least one value"
-    bad = [w for w in axes["wrapper"] if w not in WRAPPERS]
-    if bad:
-        errs["wrapper"] = f"unknown wrapper(s) {bad}; valid wrappers are: {', '.join(WRAPPERS)}"
+    for s in AXES:
+        bad = [v for v in axes[s.name] if s.choices and v not in s.choices]
+        if bad:
+            errs[s.name] = f"unknown {s.name}(s) {bad}; valid {s.name}s are: {', '.join(s.choices)}"
     if not (math.isfinite(spec.tolerance_pct) and spec.tolerance_pct >= 0):
         errs["tolerance_pct"] = f"must be 0 or a positive percentage, got {spec.tolerance_pct}"
     if errs:
         raise ConfigError(errs)
     hook = spec.base.hook if spec.base.hook in POWERSGD_HOOKS else "powersgd"
     configs = [spec.base.with_overrides(hook="allreduce", wrapper="none")] if spec.baseline else []
-    for rank, start, rate, wrapper in itertools.product(*axes.values()):
-        configs.append(spec.base.with_overrides(
-            hook=hook, matrix_approximation_rank=rank, start_powerSGD_iter=start,
-            min_compression_rate=rate, wrapper=wrapper))
+    for combination in itertools.product(*axes.values()):
+        configs.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
     for cfg in configs:
         for key, msg in cfg.errors().items():
-            errs.setdefault(key, f"{cfg_label(cfg.to_dict())}: {msg}")
+            errs.setdefault(key, f"{run_label(cfg.to_dict())}: {msg}")
     if errs:
         raise ConfigError(errs)
     return configs
@@ -144,14 +180,15 @@ class Sweep(store.Folder):
         return store.read_json(self.file("state.json"), {})
 
     def status(self) -> str:
-        """running | finished | stopped | lost (the process died without recording an end)."""
+        """running | finished | stopped | lost (the process answerable for it died without
+        recording an end: the one that created it, then the one ``start`` spawned, then the one
+        executing it)."""
         from commlab.engine.procs import alive
 
         state = self.state()
         status = state.get("status", "running")
         if status == "running" and not alive(state.get("pid"), state.get("create_time")):
-            started = store.read_json(self.file("sweep.json"), {}).get("created_at", 0)
-            return "running" if not state.get("pid") and time.time() - started < 30 else "lost"
+            return "lost"
         return status
 
     def is_running(self) -> bool:
@@ -165,7 +202,7 @@ class Sweep(store.Folder):
         self.file("stop").touch()
         if self.status() == "lost":
             for run in self.runs():
-                if run.status() in ("running", "lost"):
+                if run.status() in (*store.GOING, "lost"):
                     run.stop()
             _write_state(self, status="stopped")
 
@@ -194,9 +231,7 @@ class Sweep(store.Folder):
         return mark(pd.DataFrame(rows, columns=ROW_COLUMNS))
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> str:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.is_running() and (deadline is None or time.monotonic() < deadline):
-            time.sleep(poll_s)
+        procs.wait_until(lambda: not self.is_running(), timeout, poll_s)
         return self.status()
 
 
@@ -218,16 +253,21 @@ def create(spec: SweepSpec) -> Sweep:
                                     "share the cores and spoil each other's step times; stop it "
                                     "or let it finish first"})
     sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep"))
+    # This process answers for the sweep until another executes it; sweep.json, the marker, last.
+    store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": [],
+                                                **procs.identity(os.getpid())})
     store.write_json(sweep.file("sweep.json"), {
         "spec": spec.to_dict(), "labels": [run_label(c.to_dict()) for c in configs],
         "created_at": time.time()})
-    store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": []})
     return sweep
 
 
 def _write_state(sweep: Sweep, **changes) -> dict:
-    state = {**sweep.state(), **changes}
-    store.write_json(sweep.file("state.json"), state)
+    # Read, change, replace, under a lock: the spawning process and the executing one both write.
+    with open(sweep.file(".state.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = {**sweep.state(), **changes}
+        store.write_json(sweep.file("state.json"), state)
     return state
 
 
@@ -237,14 +277,11 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
 
     ``should_stop`` is asked between polls beside the stop flag (a CLI's Ctrl-C, a test).
     """
-    import psutil
-
     from commlab.engine.launch import start as launch
 
-    me = psutil.Process()
     configs = sweep.configs()
     labels = [run_label(c.to_dict()) for c in configs]
-    _write_state(sweep, status="running", pid=me.pid, create_time=me.create_time())
+    _write_state(sweep, status="running", **procs.identity(os.getpid()))
     entries: list[dict] = []
     stopped = False
 
@@ -261,15 +298,23 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             break
         report(i, "starting", 0)
         run = launch(cfg, request_id=f"{sweep.id}-{i}")
-        entries.append({"label": labels[i], "run_dir": str(run.path), "status": "running"})
+        entries.append({"label": labels[i], "run_dir": str(run.path), "status": run.status()})
         _write_state(sweep, index=i, runs=entries)
-        while run.is_running():
+
+        def look(run=run, i=i) -> bool:
+            """True once the run has ended, or was stopped here."""
+            nonlocal stopped
+            status = run.status()
+            if status not in store.GOING:
+                return True
             if stopping():
                 stopped = True
                 run.stop()
-                break
-            report(i, "running", len(run.metrics_records()))
-            time.sleep(poll_s)
+                return True
+            report(i, status, len(run.metrics_records()))
+            return False
+
+        procs.wait_until(look, interval=poll_s)
         status = run.wait()
         entries[i]["status"] = status
         _write_state(sweep, runs=entries)
@@ -288,17 +333,14 @@ def run_sweep(spec: SweepSpec, on_progress: Callable[[Progress], None] | None = 
 
 
 def start(spec: SweepSpec) -> Sweep:
-    """Create a sweep and execute it in a detached process, which outlives the caller (the UI)."""
-    from commlab.engine.launch import worker_env
+    """Create a sweep and execute it in a detached process, which outlives the caller (the UI);
+    that process answers for the sweep from the moment it is spawned."""
+    from commlab.engine.launch import package_env
 
     sweep = create(spec)
-    with open(sweep.file("sweep.log"), "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "commlab.tune.sweep", str(sweep.path.resolve())],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         env=worker_env(spec.base), start_new_session=True, close_fds=True)
-    deadline = time.monotonic() + 30
-    while not sweep.state().get("pid") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    child = procs.spawn([sys.executable, "-m", "commlab.tune.sweep", str(sweep.path.resolve())],
+                        log=sweep.file("sweep.log"), env=package_env(), detached=True)
+    _write_state(sweep, **procs.identity(child.pid))
     return sweep
 
 
@@ -308,108 +350,30 @@ ROW_COLUMNS = ["label", "run_id", "run_dir", "status", "baseline", "hook", "wrap
                "steps", "final_loss", "bytes_per_step", "time_s", "median_step_s", "link"]
 
 
-def run_label(cfg: dict) -> str:
-    link = config_link_label(cfg)
-    return cfg_label(cfg) + (f" [{link}]" if link else "")
-
-
 def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run_dir: str = "",
               final_window: int = FINAL_WINDOW) -> dict:
-    """One sweep row from a run's metrics.
+    """One sweep row from a run's metrics: its headline (``commlab.analysis.metrics.headline``),
+    two of its figures read over other windows, for the comparison a sweep makes.
 
-    final_loss: the mean loss of the last ``final_window`` steps; every run draws the same batches
-    (they depend only on the seed), so runs are compared on the same data.  bytes_per_step: all the
-    bytes the hook handed over, divided by the steps (the allreduce steps before
-    ``start_powerSGD_iter`` count).  time_s: training time to the last step, start-up excluded.
+    final_loss: the mean loss of the last ``final_window`` steps, not the last step's alone, so that
+    one noisy batch does not rank the runs; every run draws the same batches (they depend only on
+    the seed), so runs are compared on the same data.  bytes_per_step: all the bytes the hook
+    handed over, divided by the steps, not the steady median: ``start_powerSGD_iter`` is an axis,
+    and its allreduce steps are part of what a setting costs.  time_s: training time to the last
+    step, start-up excluded.  median_step_s: over the steady steps, as in the run's headline.
     """
-    import statistics
-
-    tail = records[-final_window:]
-    losses = [r["loss"] for r in tail]
-    steady = records[1:] or records
+    figures = metrics.headline(records, cfg, final_window, bytes_over_run=True)
     return {
         "label": run_label(cfg), "run_id": run_id, "run_dir": run_dir, "status": status,
-        "baseline": cfg.get("hook") == "allreduce" and cfg.get("wrapper") == "none",
+        "baseline": is_plain_allreduce(cfg),
         "hook": cfg.get("hook"), "wrapper": cfg.get("wrapper"),
         "matrix_approximation_rank": cfg.get("matrix_approximation_rank"),
         "start_powerSGD_iter": cfg.get("start_powerSGD_iter"),
         "min_compression_rate": cfg.get("min_compression_rate"), "steps": len(records),
-        "final_loss": sum(losses) / len(losses) if losses else None,
-        "bytes_per_step": (sum(r.get("payload_bytes", 0) for r in records) / len(records)
-                           if records and "payload_bytes" in records[0] else None),
-        "time_s": records[-1]["t"] if records else None,
-        "median_step_s": statistics.median(r["step_s"] for r in steady) if steady else None,
+        "final_loss": figures["final_loss"], "bytes_per_step": figures["bytes_per_step"],
+        "time_s": records[-1]["t"] if records else None, "median_step_s": figures["median_step_s"],
         "link": config_link_label(cfg) or "loopback",
     }
-
-
-def comparable(df):
-    """Rows that may enter the front and the recommendation: finished, finite loss, bytes counted."""
-    import numpy as np
-
-    loss = df["final_loss"].astype(float)
-    return (df["status"] == "finished") & np.isfinite(loss) & df["bytes_per_step"].notna()
-
-
-def pareto_front(xs: list[float], ys: list[float]) -> list[bool]:
-    """Which points no other point beats on both (smaller is better on both axes)."""
-    return [not any((xj <= xi and yj <= yi) and (xj < xi or yj < yi)
-                    for j, (xj, yj) in enumerate(zip(xs, ys)) if j != i)
-            for i, (xi, yi) in enumerate(zip(xs, ys))]
-
-
-def mark(df):
-    """Add ``pareto_bytes`` and ``pareto_time``: on the front of final loss against that axis."""
-    df = df.copy()
-    ok = comparable(df)
-    for col, axis in (("pareto_bytes", "bytes_per_step"), ("pareto_time", "time_s")):
-        df[col] = False
-        sub = df[ok]
-        if len(sub):
-            df.loc[sub.index, col] = pareto_front(sub[axis].astype(float).tolist(),
-                                                  sub["final_loss"].astype(float).tolist())
-    return df
-
-
-@dataclass
-class Recommendation:
-    rule: str
-    run_id: str | None
-    label: str | None
-    text: str
-    bytes_per_step: float | None = None
-    final_loss: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def recommend(df, tolerance_pct: float) -> Recommendation:
-    """The fewest bytes per step among runs whose final loss is within X% of allreduce's."""
-    rule = (f"fewest bytes per step among finished runs whose final loss is within "
-            f"{tolerance_pct:g}% of the allreduce baseline's")
-    ok = df[comparable(df)]
-    base = ok[ok["baseline"].astype(bool)]
-    if not len(base):
-        return Recommendation(rule, None, None, "no finished allreduce baseline to compare with: "
-                              "run the sweep with its baseline")
-    base_loss, base_bytes = float(base["final_loss"].iloc[0]), float(base["bytes_per_step"].iloc[0])
-    limit = base_loss + abs(base_loss) * tolerance_pct / 100
-    within = ok[ok["final_loss"].astype(float) <= limit]
-    best = within.sort_values(["bytes_per_step", "final_loss"]).iloc[0]
-    if best["baseline"]:
-        return Recommendation(rule, best["run_id"], best["label"],
-                              f"keep allreduce: no compressed setting came within {tolerance_pct:g}% "
-                              f"of its final loss {base_loss:.4g}; raise X or start PowerSGD later",
-                              float(best["bytes_per_step"]), float(best["final_loss"]))
-    loss = float(best["final_loss"])
-    change = (loss - base_loss) / abs(base_loss) * 100 if base_loss else 0.0
-    return Recommendation(
-        rule, best["run_id"], best["label"],
-        f"{best['label']}: {best['bytes_per_step']:,.0f} bytes per step, "
-        f"{base_bytes / best['bytes_per_step']:.1f}x fewer than allreduce, final loss {loss:.4g} "
-        f"({change:+.1f}% against allreduce's {base_loss:.4g})",
-        float(best["bytes_per_step"]), loss)
 
 
 if __name__ == "__main__":

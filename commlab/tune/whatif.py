@@ -13,10 +13,12 @@ For one hook on N workers joined by links of bandwidth beta and per-hop latency 
 * ``S_i``: the bytes the hook handed to ``all_reduce``, from the run's own count.  PowerSGD's P and
   Q do not grow with N, nor does the plain gradient, so the count carries over to any scale.
 
-``ring`` is the cost of a ring allreduce, the formula the emulated link (``Link.seconds`` in
-``commlab.hooks.instrument``) enforces: a run over an emulated link is a measurement of this model.
-Summed over collectives it stays linear, so a hook is summarized by its bytes and its collective
-count per step.
+``ring`` is the cost of a ring allreduce (``commlab.analysis.ring.allreduce_s``), the formula the
+emulated link (``Link.seconds`` in ``commlab.hooks.instrument``) enforces: a run over an emulated
+link is a measurement of this model.  Summed over collectives it stays linear, so a hook is
+summarized by its bytes and its collective count per step, medians over the run's steady steps
+(``commlab.analysis.metrics.steady_rows``, strictly: a profile describes the hook as configured,
+so it takes no start-up step and, for PowerSGD, no step before compression started).
 
 Assumptions, stated where results are shown: communication does not overlap computation (exact with
 one bucket, where DDP calls the hook after the last gradient; with several buckets the part of
@@ -31,31 +33,16 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from commlab.config import label_of as cfg_label
+from commlab.analysis import metrics, ring
+from commlab.config import is_plain_allreduce, label_of
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
 DEFAULT_LATENCY_US = 5.0
-# Iteration 0 runs on DDP's first bucket layout and iteration 1 rebuilds it; a third step lets
-# caches warm.  Steps before these are not steady.
-SKIP = 3
+SKIP = metrics.WARMUP_STEPS  # start-up steps a profile leaves out (pages/9_What_if.py names it)
 
 
 # ============================================================================ the model (pure)
-def ring_allreduce_s(payload_bytes: float, world_size: int, bandwidth_gbps: float,
-                     latency_us: float = 0.0, collectives: float = 1) -> float:
-    """Seconds for ``collectives`` ring allreduces carrying ``payload_bytes`` in all.
-
-    2(N-1) alpha per collective + 2(N-1)/N S / beta; a bandwidth of 0 means an infinitely fast link.
-    """
-    if world_size < 2:
-        return 0.0
-    hops = 2 * (world_size - 1)
-    wire = hops / world_size * payload_bytes
-    beta = bandwidth_gbps * 1e9 / 8
-    return collectives * hops * latency_us * 1e-6 + (wire / beta if beta > 0 else 0.0)
-
-
 def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
     """'emulated 1 Gb/s, 20 µs' for a run over an emulated link, None for the real network."""
     if not (bandwidth_gbps or latency_us):
@@ -66,6 +53,13 @@ def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
 
 def config_link_label(cfg: dict) -> str | None:
     return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
+
+
+def run_label(cfg: dict) -> str:
+    """A run's settings (``config.label_of``) and, when it ran over one, its emulated link: what
+    tells apart the runs of a sweep or the profiles of a what-if."""
+    link = config_link_label(cfg)
+    return label_of(cfg) + (f" [{link}]" if link else "")
 
 
 @dataclass(frozen=True)
@@ -85,7 +79,7 @@ class HookProfile:
     steady_steps: int
 
     def comm_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
-        return ring_allreduce_s(self.payload_bytes, world_size, bandwidth_gbps, latency_us,
+        return ring.allreduce_s(self.payload_bytes, world_size, bandwidth_gbps, latency_us,
                                 self.collectives)
 
     def step_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
@@ -119,7 +113,7 @@ def winners(rows: Sequence[dict]) -> list[dict]:
     out = []
     for (n, bw), cell in cells.items():
         best = min(cell, key=lambda r: r["step_s"])
-        base = next((r for r in cell if _is_plain_allreduce(r)), None)
+        base = next((r for r in cell if is_plain_allreduce(r)), None)
         out.append({"world_size": n, "bandwidth_gbps": bw, "best": best["label"],
                     "best_hook": best["hook"], "best_step_s": best["step_s"],
                     "baseline_step_s": base["step_s"] if base else None,
@@ -135,7 +129,7 @@ def break_even_gbps(baseline: HookProfile, other: HookProfile, world_size: int,
     the parts that do not depend on beta.  inf: ``other`` wins at every bandwidth; 0: never.
     """
     zero = {"world_size": world_size, "bandwidth_gbps": 0.0, "latency_us": latency_us}
-    saved_bits = 8 * 2 * (world_size - 1) / world_size * (baseline.payload_bytes - other.payload_bytes)
+    saved_bits = 8 * ring.wire_bytes(baseline.payload_bytes - other.payload_bytes, world_size)
     extra_s = other.step_s(**zero) - baseline.step_s(**zero)
     if saved_bits <= 0:
         return 0.0 if extra_s >= 0 else math.inf
@@ -145,20 +139,6 @@ def break_even_gbps(baseline: HookProfile, other: HookProfile, world_size: int,
 
 
 # ============================================================================ profiles from runs
-def first_steady_step(cfg: dict, skip: int = SKIP) -> int:
-    """After start-up and, for PowerSGD, once compression has started (before
-    ``start_powerSGD_iter`` it is a plain allreduce)."""
-    if cfg.get("hook") in ("powersgd", "batched_powersgd"):
-        return max(skip, cfg.get("start_powerSGD_iter", 0))
-    return skip
-
-
-def steady_rows(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> list[dict]:
-    """The steps that represent the hook as configured (see ``first_steady_step``)."""
-    first = first_steady_step(cfg, skip)
-    return [r for r in records if r["step"] >= first and math.isfinite(r.get("loss", 0.0))]
-
-
 def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
                          label: str | None = None, skip: int = SKIP,
                          loopback_s_per_byte: float | None = None,
@@ -174,54 +154,50 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     """
     if records and "payload_bytes" not in records[0]:
         raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
-    steady = steady_rows(records, cfg, skip)
+    steady = metrics.steady_rows(records, cfg, skip)
     if not steady:
         raise ValueError(f"run {run_id} has no steady steps: it recorded {len(records)} step(s) and "
-                         f"the model needs steps from {first_steady_step(cfg, skip)} on")
+                         f"the model needs steps from {metrics.first_steady_step(cfg, skip)} on")
     world = cfg.get("world_size", 2)
-    hook_s = statistics.median(r["hook_s"] for r in steady)
-    payload = statistics.median(r["payload_bytes"] for r in steady)
-    calls = statistics.median(r["collectives"] for r in steady)
+    hook_s = metrics.median(steady, "hook_s")
+    payload = metrics.median(steady, "payload_bytes")
+    calls = metrics.median(steady, "collectives")
     emulated = config_link_label(cfg)
-    link_s = (loopback_s_per_byte or 0.0) * wire_bytes(payload, world)
+    link_s = (loopback_s_per_byte or 0.0) * ring.wire_bytes(payload, world)
     if emulated:
-        link_s = max(link_s, ring_allreduce_s(payload, world, cfg.get("emulate_bandwidth_gbps", 0.0),
+        link_s = max(link_s, ring.allreduce_s(payload, world, cfg.get("emulate_bandwidth_gbps", 0.0),
                                               cfg.get("emulate_latency_us", 0.0), calls))
-    own_compute = statistics.median(r["step_s"] - r["hook_s"] for r in steady)
     return HookProfile(
-        label=label or cfg_label(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
-        compute_s=own_compute if compute_s is None else compute_s,
+        label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
+        compute_s=_compute_s(steady) if compute_s is None else compute_s,
         arithmetic_s=max(0.0, hook_s - link_s), payload_bytes=payload, collectives=calls,
         world_size=world, run_id=run_id, measured_over=emulated or "loopback",
         steady_steps=len(steady))
 
 
-def wire_bytes(payload_bytes: float, world_size: int) -> float:
-    return 2 * (world_size - 1) / world_size * payload_bytes if world_size > 1 else 0.0
+def _compute_s(steady: Sequence[dict]) -> float:
+    """What a step costs outside the hook: the median of step_s - hook_s over steady steps."""
+    return statistics.median(r["step_s"] - r["hook_s"] for r in steady)
 
 
 def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> float | None:
     """Seconds per wire byte of this machine's own link, read from a plain allreduce run's hook time."""
-    if cfg.get("hook") != "allreduce" or cfg.get("wrapper", "none") != "none" or config_link_label(cfg):
+    if not is_plain_allreduce(cfg) or config_link_label(cfg):
         return None
-    steady = steady_rows(records, cfg, skip)
+    steady = metrics.steady_rows(records, cfg, skip)
     if not steady:
         return None
-    wire = wire_bytes(statistics.median(r["payload_bytes"] for r in steady), cfg.get("world_size", 2))
-    return statistics.median(r["hook_s"] for r in steady) / wire if wire else None
+    wire = ring.wire_bytes(metrics.median(steady, "payload_bytes"), cfg.get("world_size", 2))
+    return metrics.median(steady, "hook_s") / wire if wire else None
 
 
 def _same_job(a: dict, b: dict) -> bool:
     return _job_key(a) == _job_key(b)
 
 
-def _is_plain_allreduce(cfg: dict) -> bool:
-    return cfg.get("hook") == "allreduce" and cfg.get("wrapper", "none") == "none"
-
-
 def baseline_profile(profiles: Sequence[HookProfile]) -> HookProfile | None:
     """The first plain allreduce profile, the one the others are compared with."""
-    return next((p for p in profiles if _is_plain_allreduce(p.to_dict())), None)
+    return next((p for p in profiles if is_plain_allreduce(p.to_dict())), None)
 
 
 def profiles_from_runs(runs: Iterable, skip: int = SKIP, share_compute: bool = True) -> list[HookProfile]:
@@ -239,7 +215,7 @@ def profiles_from_runs(runs: Iterable, skip: int = SKIP, share_compute: bool = T
 def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
               share_compute: bool) -> list[tuple[str, dict, HookProfile]]:
     plain = [(cfg, recs) for _, cfg, recs in loaded
-             if _is_plain_allreduce(cfg) and steady_rows(recs, cfg, skip)]
+             if is_plain_allreduce(cfg) and metrics.steady_rows(recs, cfg, skip)]
     out, seen = [], {}
     for run_id, cfg, recs in loaded:
         same = [(c, r) for c, r in plain if _same_job(c, cfg)]
@@ -247,11 +223,8 @@ def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
         compute = None
         if same and share_compute:
             base_cfg, base_recs = same[0]
-            compute = statistics.median(r["step_s"] - r["hook_s"]
-                                        for r in steady_rows(base_recs, base_cfg, skip))
-        label = cfg_label(cfg)
-        if link := config_link_label(cfg):
-            label += f" [{link}]"
+            compute = _compute_s(metrics.steady_rows(base_recs, base_cfg, skip))
+        label = run_label(cfg)
         seen[label] = seen.get(label, 0) + 1
         if seen[label] > 1:
             label += f" #{seen[label]}"
@@ -263,13 +236,6 @@ def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
 
 
 # ============================================================================ model against runs
-def measured_step_s(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> float:
-    steady = steady_rows(records, cfg, skip)
-    if not steady:
-        raise ValueError("no steady steps to measure")
-    return statistics.median(r["step_s"] for r in steady)
-
-
 def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = SKIP,
           loopback_s_per_byte: float | None = None) -> dict:
     """The model's step time for an emulated run's link and world size against the run's own.
@@ -281,9 +247,11 @@ def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = 
     bw, lat = cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0)
     world = cfg.get("world_size", 2)
     link = profile.comm_s(world, bw, lat)
-    loopback = (loopback_s_per_byte or 0.0) * wire_bytes(profile.payload_bytes, world)
+    loopback = (loopback_s_per_byte or 0.0) * ring.wire_bytes(profile.payload_bytes, world)
     predicted = profile.compute_s + profile.arithmetic_s + max(link, loopback)
-    measured = measured_step_s(records, cfg, skip)
+    measured = metrics.median(metrics.steady_rows(records, cfg, skip), "step_s")
+    if measured is None:
+        raise ValueError("no steady steps to measure")
     return {"label": profile.label, "world_size": world, "bandwidth_gbps": bw, "latency_us": lat,
             "predicted_s": predicted, "measured_s": measured, "ratio": predicted / measured,
             "link_s": link, "loopback_s": loopback, "compute_s": profile.compute_s,
@@ -299,16 +267,16 @@ def checks(runs: Iterable, skip: int = SKIP) -> list[dict]:
     loaded = sorted(((r.id, r.config_dict(), r.metrics_records()) for r in runs), key=lambda x: x[0])
     rows = []
     for i, (run_id, cfg, recs) in enumerate(loaded):
-        if not config_link_label(cfg) or not steady_rows(recs, cfg, skip):
+        if not config_link_label(cfg) or not metrics.steady_rows(recs, cfg, skip):
             continue
         before = [x for x in loaded[:i] if not config_link_label(x[1]) and _same_job(x[1], cfg)]
         twin = next((x for x in reversed(before)
-                     if cfg_label(x[1]) == cfg_label(cfg) and steady_rows(x[2], x[1], skip)), None)
+                     if label_of(x[1]) == label_of(cfg) and metrics.steady_rows(x[2], x[1], skip)), None)
         if twin is None:
             continue
         per_byte = next((pb for _, c, r in reversed(before) if (pb := loopback_s_per_byte(r, c, skip))),
                         None)
-        profile = profile_from_records(twin[2], twin[1], twin[0], cfg_label(cfg), skip, per_byte)
+        profile = profile_from_records(twin[2], twin[1], twin[0], label_of(cfg), skip, per_byte)
         rows.append({**check(profile, recs, cfg, skip, per_byte), "run_id": run_id,
                      "calibration_run_id": twin[0]})
     return rows

@@ -1,5 +1,6 @@
-"""The Launch form without Streamlit: form values become a checked RunConfig with one message per
-field, a preview says what this machine would run, and a launch is idempotent across browser tabs."""
+"""The Launch form without Streamlit: which widget each setting gets (from the settings table),
+form values become a checked RunConfig with one message per field, a preview says what this
+machine would run, and a launch is idempotent across browser tabs."""
 from __future__ import annotations
 
 import contextlib
@@ -7,51 +8,102 @@ import fcntl
 import hashlib
 import json
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from commlab.config import ConfigError, RunConfig
+from commlab.config import GROUPS, POWERSGD_HOOKS, ConfigError, RunConfig, Setting, settings
 from commlab.engine import launch as engine
+from commlab.workloads import BUILTIN, DESCRIPTIONS
 
-# Help texts for the form; the PowerSGD ones carry the tuning advice of PowerSGDState's docstring.
-HELP = {
-    "hook": "The communication hook DDP calls for every gradient bucket instead of its allreduce.",
-    "wrapper": "A compress wrapper casts each bucket to fp16/bf16 around the hook and back.",
-    "impl": "auto: PyTorch's hook wherever it works on this backend, commlab's Gloo-safe variant "
-            "where it does not. stock: PyTorch's always (it may hang or fail). commlab: "
-            "commlab's variant wherever one exists.",
-    "matrix_approximation_rank": "The rank r of P and Q: lower compresses more. Start at 1 and "
-            "double (1, 2, 4, ...) until the loss is good enough; usually 1-4 suffices "
-            "(some NLP tasks needed 32). Higher ranks cost compute and may not help.",
-    "start_powerSGD_iter": "Plain allreduce until this step, PowerSGD after: early training is "
-            "sensitive to inexact gradients. Start at about 10% of the steps and raise it until "
-            "the loss is good enough; with a warm-up, no fewer than the warm-up steps. At least "
-            "2 with error feedback or warm start (DDP rebuilds its buckets after step 0).",
-    "min_compression_rate": "A gradient viewed as an n x m matrix is compressed only when "
-            "(n + m) * r * min_compression_rate < n * m; otherwise it is allreduced uncompressed. "
-            "A 1-D tensor of length k is k x 1: never compressed at a rate of 1 or more (torch "
-            "2.13 compresses it below 1).",
-    "use_error_feedback": "Keep what compression lost and add it to the next step's gradient.",
-    "warm_start": "Reuse last step's Q as the start of this step's power iteration.",
-    "orthogonalization_epsilon": "Added to each column norm when orthogonalizing P, against "
-            "division by zero (e.g. 1e-8); 0 is best for accuracy when no column is all zeros.",
-    "random_seed": "Seeds the random initial Q (the same on every rank).",
-    "batch_tensors_with_same_shape": "Compress same-shaped tensors in one batched operation; "
-            "raise the bucket cap so more of them share a bucket. Helps when compression compute "
-            "is the bottleneck.",
-    "workload": "A built-in model and data, or your own module:function returning (model, "
-                "batches); the module is imported from the folder the lab started in.",
-    "world_size": "Processes (ranks) torchrun starts; NCCL needs one GPU per rank.",
-    "backend": "auto: NCCL when there is a GPU per rank, Gloo on the CPU otherwise.",
-    "bucket_cap_mb": "DDP's bucket_cap_mb: it starts a new bucket once one reaches this many MiB.",
-    "steps": "Training steps; each writes one line of metrics.",
-    "error_every": "Measure the approximation error against the exact mean gradient every K "
-                   "steps (one extra allreduce, counted apart); 0 = never.",
-    "save_grads_at": "Steps whose exact mean gradients are saved, comma-separated.",
-    "stall_timeout_s": "The run is called stalled when no step completes for this long.",
-    "emulate_bandwidth_gbps": "Hold each collective back as if the link moved this many Gb/s "
-                              "(0 = off).",
-    "emulate_latency_us": "Add this latency per ring hop to each collective (0 = off).",
-}
+# The Launch form's four columns, each a stack of the table's groups.
+COLUMNS = (("hook", "job"), ("powersgd",), ("workload",), ("instrument",))
+# The workload picker: one of the built-ins, or a person's own module:function.
+WORKLOAD_KINDS = ("built-in", "my module:function")
+
+
+@dataclass(frozen=True)
+class Widget:
+    """One setting's widget: a page draws it and hands what it returns, under ``name``, to
+    ``config_from_form``."""
+
+    name: str
+    element: str  # selectbox, multiselect, checkbox, number_input or text_input
+    label: str
+    key: str
+    kwargs: dict[str, Any]
+
+    def draw(self, where) -> Any:
+        """``where.<element>(label, key=key, **kwargs)``: where is ``st``, a column or a container."""
+        return getattr(where, self.element)(self.label, key=self.key, **self.kwargs)
+
+
+def form_settings(group: str) -> list[Setting]:
+    """The settings the Launch form shows in a group, in the table's order."""
+    return [s for s in settings() if s.form and s.group == group]
+
+
+def read_only(s: Setting, values: dict) -> bool:
+    """Whether a setting has no effect with the values chosen so far (PowerSGD's, without PowerSGD)."""
+    return s.group == "powersgd" and values.get("hook") not in POWERSGD_HOOKS
+
+
+def heading(group: str, values: dict) -> str:
+    """A group's heading on the form, in markdown."""
+    off = all(read_only(s, values) for s in form_settings(group))
+    return f"**{GROUPS[group]}**" + (" (read only by the PowerSGD hooks)" if off else "")
+
+
+def widget(s: Setting, values: dict | None = None, value: Any = None, prefix: str = "f_",
+           titled: bool = False, own_workload: bool = False) -> Widget:
+    """The widget for one setting, showing ``value`` (default: the setting's default), disabled
+    where ``read_only``.  ``prefix`` starts its key; ``titled`` capitalizes its label, for pages
+    that label in sentence case; ``own_workload`` asks for the module:function box."""
+    value = s.default if value is None else value
+    kw: dict[str, Any] = {"help": s.help, "disabled": read_only(s, values or {})}
+    label, key = s.label, prefix + s.name
+    if s.name == "workload":
+        if own_workload:
+            return Widget(s.name, "text_input", "module:function", key + "_own",
+                          {**kw, "placeholder": "mymodel:make"})
+        names = list(BUILTIN)
+        return Widget(s.name, "selectbox", _title("built-in workload", titled), key + "_builtin",
+                      {**kw, "options": names, "index": names.index(value) if value in names else 0,
+                       "format_func": lambda k: f"{k}: {DESCRIPTIONS[k]}"})
+    if s.choices:
+        element = "selectbox"
+        kw |= {"options": s.choices, "index": s.choices.index(value)}
+    elif s.kind == "bool":
+        element = "checkbox"
+        kw["value"] = value
+    elif s.kind in ("int", "float"):
+        # No min_value: the package's messages, not the browser's clamping, say what is wrong.
+        element = "number_input"
+        kw |= {"value": value, "step": 1 if s.kind == "int" else None,
+               "format": None if s.kind == "int" else "%g"}
+    else:
+        element = "text_input"
+        kw["value"] = ",".join(map(str, value)) if isinstance(value, list) else value
+    return Widget(s.name, element, _title(label, titled), key, kw)
+
+
+def axis_widget(s: Setting, base: RunConfig, prefix: str = "sweep_") -> Widget:
+    """A sweep axis' widget: several of its choices, or comma-separated values; it shows the
+    table's sweep values, else base's one."""
+    shown = list(s.sweep) or [getattr(base, s.name)]
+    kw = {"help": s.help}
+    if s.choices:
+        return Widget(s.name, "multiselect", _title(s.label, True), prefix + s.name,
+                      {**kw, "options": s.choices, "default": shown})
+    return Widget(s.name, "text_input", f"{_title(s.label, True)} (comma-separated)", prefix + s.name,
+                  {**kw, "value": ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in shown)})
+
+
+def _title(label: str, titled: bool) -> str:
+    # PyTorch's own names (start_powerSGD_iter) keep their spelling.
+    if not titled or "_" in label.split()[0]:
+        return label
+    return label[:1].upper() + label[1:]
 
 
 def config_from_form(values: dict) -> tuple[RunConfig | None, dict[str, str]]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import functools
 import shutil
-import statistics
 from pathlib import Path
 
+from commlab.analysis import metrics
 from commlab.config import default_runs_dir, label_of
 from commlab.engine import store
 from commlab.engine.launch import open_run, workers_alive
@@ -46,15 +46,14 @@ class LiveView:
                 "warning": planned.get("warning")}
 
     def headline(self) -> dict:
-        """The numbers above the charts, defined as ``RunFolder.summary`` defines them."""
-        rows = self.rows
+        """The numbers above the charts: ``RunFolder.summary``'s (``metrics.headline``), from the
+        rows seen so far."""
+        rows, cfg = self.rows, self.run.config_dict()
         last = rows[-1] if rows else {}
-        after_warmup = rows[1:] or rows
-        return {"step": last.get("step"), "steps_planned": self.run.config_dict().get("steps"),
-                "loss": last.get("loss"),
-                "median_step_s": statistics.median(r["step_s"] for r in after_warmup) if rows else None,
-                "bytes_per_step": (statistics.median(r["payload_bytes"] for r in after_warmup)
-                                   if rows and "payload_bytes" in last else None),
+        figures = metrics.headline(rows, cfg)
+        return {"step": last.get("step"), "steps_planned": cfg.get("steps"),
+                "loss": figures["final_loss"], "median_step_s": figures["median_step_s"],
+                "bytes_per_step": figures["bytes_per_step"], "steady_steps": figures["steady_steps"],
                 "plain_bytes_per_step": last.get("plain_bytes"),
                 "compression_ratio": last.get("compression_ratio")}
 
@@ -62,13 +61,14 @@ class LiveView:
 def watch_choices(runs_dir: str | None = None) -> list[dict]:
     """Runs to offer in the live panel (path, label, status): those still going first, so that a
     reloaded page re-attaches to them, then the rest; newest first within each."""
-    runs = [{"path": str(r.path), "label": run_label(r), "status": r.status()}
+    runs = [{"path": str(r.path), "label": picker_label(r), "status": r.status()}
             for r in store.list_runs(runs_dir or default_runs_dir())]
-    return sorted(runs, key=lambda r: r["status"] != "running")  # sorted() is stable
+    return sorted(runs, key=lambda r: r["status"] not in store.GOING)  # sorted() is stable
 
 
-def run_label(run: store.RunFolder) -> str:
-    """The settings that tell runs apart, and the run id's random tail that tells twins apart."""
+def picker_label(run: store.RunFolder) -> str:
+    """A run folder as the run picker, the run table and the overlays name it: its settings
+    (``config.label_of``) and the run id's random tail, which tells twins apart."""
     return f"{label_of(run.config_dict())} · {run.id[-4:]}"
 
 
@@ -77,7 +77,7 @@ def run_table(runs_dir: str | None = None) -> list[dict]:
     rows = []
     for run in store.list_runs(runs_dir or default_runs_dir()):
         cfg = run.config_dict()
-        rows.append({**_summary(run), "label": run_label(run),
+        rows.append({**_summary(run), "label": picker_label(run),
                      "min_compression_rate": cfg.get("min_compression_rate"),
                      "use_error_feedback": cfg.get("use_error_feedback"),
                      "warm_start": cfg.get("warm_start"), "bucket_cap_mb": cfg.get("bucket_cap_mb"),
@@ -111,7 +111,7 @@ def overlay(paths: list[str]) -> dict:
             continue
         if "payload_bytes" in df:
             df["sent_bytes"] = df["payload_bytes"].cumsum()
-        out[run_label(run)] = df
+        out[picker_label(run)] = df
     return out
 
 
@@ -126,7 +126,7 @@ def delete_run(path: str | Path, runs_dir: str | None = None) -> None:
     run = store.RunFolder(p.resolve())
     if not run.exists():
         raise ValueError(f"{p} is not a commlab run folder (no config.json); nothing was deleted")
-    if run.status() == "running":
+    if run.status() in store.GOING:
         raise ValueError(f"run {run.id} is still running: stop it first")
     if workers_alive(store.read_json(run.file("supervisor.json"), {})):
         raise ValueError(f"run {run.id} has worker processes still alive: stop it first")

@@ -1,0 +1,82 @@
+"""A run's figures, defined once: which steps are steady, and what is read from a run's step records.
+
+Rank 0 writes one record per step (``metrics.jsonl``: step, loss, step_s, and when instrumented
+hook_s, payload_bytes, collectives, ...).  Not every step shows the run as configured:
+
+- step 0 runs on DDP's first bucket layout and pays for lazy initialization; step 1 rebuilds the
+  buckets (DDP does it once, in the second iteration's forward, from the order gradients arrived
+  in the first); step 2 lets caches and the allocator settle.  So ``WARMUP_STEPS`` = 3.
+- PowerSGD is a plain allreduce before ``start_powerSGD_iter``: its first compressed step is
+  that one (``PowerSGDState.iter`` counts steps from 0).
+- a step whose loss is not finite (a diverging run) measures nothing.
+
+The steps from ``first_steady_step`` on, with a finite loss, are a run's steady steps; its
+headline figures (``headline``) are medians over them.  This module imports nothing heavy: the
+hooks' instrumentation, on every step's hot path, reads ``relative_error`` from here.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from commlab.config import POWERSGD_HOOKS
+
+WARMUP_STEPS = 3
+
+
+def first_steady_step(cfg: dict, warmup: int = WARMUP_STEPS) -> int:
+    """The first step past ``warmup`` start-up steps and, for PowerSGD, already compressed."""
+    if cfg.get("hook") in POWERSGD_HOOKS:
+        return max(warmup, cfg.get("start_powerSGD_iter", 0))
+    return warmup
+
+
+def steady_rows(records: Sequence[dict], cfg: dict, warmup: int = WARMUP_STEPS) -> list[dict]:
+    """A run's steady steps (see the module's docstring); empty while it has none."""
+    first = first_steady_step(cfg, warmup)
+    return [r for r in records if r["step"] >= first and math.isfinite(r.get("loss", 0.0))]
+
+
+def median(rows: Sequence[dict], key: str) -> float | None:
+    """The median of one field over rows; None without rows or when the rows lack the field
+    (``payload_bytes`` and the other instrument fields of a run that was not instrumented)."""
+    if not rows or key not in rows[0]:
+        return None
+    return statistics.median(r[key] for r in rows)
+
+
+def final_loss(records: Sequence[dict], window: int = 1) -> float | None:
+    """The mean loss of the last ``window`` steps; 1: the loss the run ended at.  A diverged run's
+    is not finite, on purpose: comparisons leave it out on that."""
+    tail = [r["loss"] for r in records[max(len(records) - window, 0):]]
+    return sum(tail) / len(tail) if tail else None
+
+
+def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
+             bytes_over_run: bool = False) -> dict:
+    """A run's final_loss (``final_loss`` over ``final_window`` steps), median_step_s and
+    bytes_per_step (medians over its steady steps), and steady_steps, how many those are.
+
+    A run with no steady step yet (young, or too short for PowerSGD to have compressed) is read
+    from every step it has: a live view shows numbers from its first step on, and they settle as
+    steady steps come in (steady_steps 0 says they have not yet).  ``bytes_over_run`` divides all
+    the bytes the hook handed over by all the steps instead: PowerSGD's allreduce steps before
+    ``start_powerSGD_iter`` then count, as they must where that setting is compared (a sweep).
+    """
+    steady = steady_rows(records, cfg)
+    rows = steady or list(records)
+    if bytes_over_run:
+        nbytes = (sum(r.get("payload_bytes", 0) for r in records) / len(records)
+                  if records and "payload_bytes" in records[0] else None)
+    else:
+        nbytes = median(rows, "payload_bytes")
+    return {"final_loss": final_loss(records, final_window), "median_step_s": median(rows, "step_s"),
+            "bytes_per_step": nbytes, "steady_steps": len(steady)}
+
+
+def relative_error(approx, exact) -> float:
+    """||approx - exact|| / ||exact|| of two tensors (0 when both are zero, inf when only exact is)."""
+    denom = float(exact.norm())
+    diff = float((approx - exact).norm())
+    return diff / denom if denom > 0 else (0.0 if diff == 0 else float("inf"))

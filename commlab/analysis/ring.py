@@ -1,0 +1,42 @@
+"""The ring allreduce's cost, written once: 2(N-1) steps, 2(N-1)/N of the payload on every link.
+
+Allreduce, as the explainer in ``shared/reference/allreduce-explainer.txt`` puts it (after *Deep
+Learning with PyTorch*, Second Edition, section 16.2): every rank contributes a tensor, the ranks
+combine them with a reduction, and every rank receives the result.  The explainer stops at what
+each rank holds; it leaves the algorithm out, and the cost is the algorithm's.  A ring cuts the S
+bytes into N chunks and takes 2(N-1) steps: N-1 of reduce-scatter, in which every rank passes one
+chunk on to the next rank, which adds its own, and N-1 of all-gather, in which the reduced chunks
+go round once more (``commlab.teach.classroom.ring_trace`` plays it step by step).  So every rank
+sends, and receives, 2(N-1) chunks of S/N:
+
+    wire bytes per rank    2(N-1)/N * S                          (``factor``, ``wire_bytes``)
+    time                   2(N-1) alpha + 2(N-1)/N * S / beta    (``allreduce_s``)
+
+with alpha the latency of one step and beta the bandwidth of the slowest link.  nccl-tests calls
+the factor the allreduce bus factor (busbw = algbw * 2(N-1)/N).  One rank sends nothing.
+"""
+from __future__ import annotations
+
+
+def steps(world_size: int) -> int:
+    """Steps of a ring allreduce, each one latency long: 2(N-1)."""
+    return 2 * (world_size - 1) if world_size > 1 else 0
+
+
+def factor(world_size: int) -> float:
+    """The share of the payload each rank sends (and receives): 2(N-1)/N."""
+    return steps(world_size) / world_size if world_size > 1 else 0.0
+
+
+def wire_bytes(payload_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends in a ring allreduce of ``payload_bytes``."""
+    return factor(world_size) * payload_bytes
+
+
+def allreduce_s(payload_bytes: float, world_size: int, bandwidth_gbps: float,
+                latency_us: float = 0.0, collectives: float = 1) -> float:
+    """Seconds for ``collectives`` ring allreduces carrying ``payload_bytes`` in all, over links of
+    ``bandwidth_gbps`` (0: infinitely fast) and ``latency_us`` per step."""
+    beta = bandwidth_gbps * 1e9 / 8
+    transfer = wire_bytes(payload_bytes, world_size) / beta if beta > 0 else 0.0
+    return collectives * steps(world_size) * latency_us * 1e-6 + transfer
