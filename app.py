@@ -9,12 +9,12 @@ from commlab.engine.machine import describe
 
 # section -> its pages: (file, title). The order here is the order in the sidebar.
 SECTIONS = {
-    "Run": [("pages/1_Launch_and_watch.py", "Launch and watch"), ("pages/5_Runs.py", "Runs")],
-    "Understand": [("pages/2_Compression_rule.py", "Compression rule"),
-                   ("pages/3_Low_rank_error.py", "Low-rank error"), ("pages/4_Buckets.py", "Buckets")],
-    "Teach": [("pages/6_Classroom.py", "Classroom"), ("pages/7_Bandwidth.py", "Bandwidth")],
-    "Tune and export": [("pages/8_Sweep.py", "Sweep"), ("pages/9_What_if.py", "What if"),
-                        ("pages/10_Export.py", "Export")],
+    "Run": [("pages/launch_and_watch.py", "Launch and watch"), ("pages/runs.py", "Runs")],
+    "Understand": [("pages/compression_rule.py", "Compression rule"),
+                   ("pages/low_rank_error.py", "Low-rank error"), ("pages/buckets.py", "Buckets")],
+    "Teach": [("pages/classroom.py", "Classroom"), ("pages/bandwidth.py", "Bandwidth")],
+    "Tune and export": [("pages/sweep.py", "Sweep"), ("pages/what_if.py", "What if"),
+                        ("pages/export.py", "Export")],
 }
 
 st.set_page_config(page_title="commlab", layout="wide")

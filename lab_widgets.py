@@ -28,7 +28,7 @@ def run_name(run: dict) -> str:
 
 
 def pick_run(choices: list[dict], label: str = "Run") -> dict:
-    """The one run picker, over ``commlab.ui.runs.watch_choices()`` or a page's share of them.
+    """The one run picker, over ``commlab.ui.runs.run_choices()`` or a page's share of them.
 
     It shows the run last chosen on any page, else the first choice: running runs come first, so
     a reloaded page re-attaches to one. Returns the chosen row (path, label, status)."""
@@ -50,3 +50,10 @@ def pick_runs(label: str, choices: list[dict], default: list[str]) -> list[str]:
     # A default read from another listing may name a run deleted since.
     return st.multiselect(label, list(by_path), default=[p for p in default if p in by_path],
                           format_func=lambda p: run_name(by_path[p]))
+
+
+def stop_without_runs(why: str) -> None:
+    """A page that shows runs, on a machine with none yet: say what will appear, link to Launch."""
+    st.info(f"No runs yet. Launch one on **Launch and watch**: {why}")
+    st.page_link("pages/launch_and_watch.py", label="Launch and watch", icon=":material/play_arrow:")
+    st.stop()

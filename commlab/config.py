@@ -4,8 +4,9 @@ the one settings table.
 Each field carries, beside its default, its help, its allowed values, its group and where else it
 shows (dataclass field metadata, as torchtitan's config dataclasses carry theirs); ``settings()``
 reads the table back.  The CLI flags, the Launch form, the sweep's axes and the Export page are
-generated from it, so a new setting is written here once.  Settings are spelled as PyTorch spells them where PyTorch has a name (``PowerSGDState``'s
-arguments keep their exact spelling, ``start_powerSGD_iter`` included).  Files are JSON or TOML;
+generated from it, so a new setting is written here once.  Settings are spelled as PyTorch spells
+them where PyTorch has a name (``PowerSGDState``'s arguments keep their exact spelling,
+``start_powerSGD_iter`` included).  Files are JSON or TOML;
 unknown keys are refused, as Accelerate's config classes refuse them.
 """
 from __future__ import annotations

@@ -105,8 +105,20 @@ def no_process_left_behind(request):
         pytest.fail(f"this test started a process ({started}) but is not marked slow: mark it "
                     "@pytest.mark.slow (a whole file: pytestmark), so that "
                     "`python -m pytest -m 'not slow'` stays the tier that starts none")
+    _reap_adopted()
     if kids:
         pytest.fail(f"processes left behind by this test: {left}")
+
+
+def _reap_adopted() -> None:
+    """Collect the exit of every child that has ended (the orphans adopted above have no Popen
+    to wait for them): without this they stay zombies until pytest exits."""
+    for p in psutil.Process().children():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, os.WNOHANG)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            pass
 
 
 @pytest.fixture(scope="session")

@@ -31,8 +31,8 @@ from commlab.ui import form, lowrank_view, runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "app.py")
-LAUNCH, BUCKETS, RUNS = "pages/1_Launch_and_watch.py", "pages/4_Buckets.py", "pages/5_Runs.py"
-LOWRANK, WHATIF = "pages/3_Low_rank_error.py", "pages/9_What_if.py"
+LAUNCH, BUCKETS, RUNS = "pages/launch_and_watch.py", "pages/buckets.py", "pages/runs.py"
+LOWRANK, WHATIF = "pages/low_rank_error.py", "pages/what_if.py"
 TIMEOUT = 900  # the first run imports torch: minutes on a loaded machine
 
 
@@ -273,7 +273,7 @@ def test_delete_asks_first_then_removes_only_that_run(runs_dir, powersgd_run, al
 
 def test_the_run_picker_remembers_the_chosen_run_across_pages(runs_dir, powersgd_run, allreduce_run,
                                                                monkeypatch):
-    choices = runs.watch_choices(runs_dir)
+    choices = runs.run_choices(runs_dir)
     names = [lab_widgets.run_name(c) for c in choices]
     psgd, baseline = str(powersgd_run.path), str(allreduce_run.path)
     at = open_app(monkeypatch, runs_dir, page=BUCKETS)  # a fresh session: the first choice
@@ -386,7 +386,7 @@ def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, slee
 # ---------------------------------------------------------------------------- buttons of the Teach pages
 @pytest.mark.slow
 def test_classroom_ring_check_and_gradient_averaging_buttons(tmp_path, monkeypatch):
-    at = open_app(monkeypatch, tmp_path, page="pages/6_Classroom.py")
+    at = open_app(monkeypatch, tmp_path, page="pages/classroom.py")
     assert "Not run on real processes with these inputs yet" in texts(at)
     next(b for b in at.button if b.label == "Run dist.all_reduce on these inputs").click().run()
     assert not at.exception, [e.value for e in at.exception]
@@ -401,7 +401,7 @@ def test_classroom_ring_check_and_gradient_averaging_buttons(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_bandwidth_headroom_button_runs_noop_and_allreduce(tmp_path, monkeypatch):
-    at = open_app(monkeypatch, tmp_path / "runs", page="pages/7_Bandwidth.py")
+    at = open_app(monkeypatch, tmp_path / "runs", page="pages/bandwidth.py")
     next(s for s in at.slider if s.label == "Steps per run").set_value(10)
     at.slider(key="headroom_ranks").set_value(1)
     next(b for b in at.button if b.label == "Compare noop with allreduce").click().run()

@@ -291,7 +291,7 @@ PAGES = Path(__file__).resolve().parents[1] / "pages"
 
 def test_classroom_page_walks_the_ring_and_names_bad_input():
     app_test = pytest.importorskip("streamlit.testing.v1").AppTest
-    at = app_test.from_file(str(PAGES / "6_Classroom.py"), default_timeout=120).run()
+    at = app_test.from_file(str(PAGES / "classroom.py"), default_timeout=120).run()
     assert not at.exception and at.title[0].value == "Classroom: allreduce"
     next(s for s in at.slider if s.label == "Step").set_value(3).run()
     assert "Ring — step 3/4: all-gather" in [h.value for h in at.subheader]
@@ -301,7 +301,7 @@ def test_classroom_page_walks_the_ring_and_names_bad_input():
 
 def test_bandwidth_page_renders_and_names_bad_input():
     app_test = pytest.importorskip("streamlit.testing.v1").AppTest
-    at = app_test.from_file(str(PAGES / "7_Bandwidth.py"), default_timeout=120).run()
+    at = app_test.from_file(str(PAGES / "bandwidth.py"), default_timeout=120).run()
     assert not at.exception and at.title[0].value == "Bandwidth"
     at.multiselect[0].set_value([]).run()
     assert any("sizes" in e.value for e in at.error)
@@ -311,14 +311,14 @@ def test_bandwidth_page_renders_and_names_bad_input():
 def test_pages_show_real_collectives_and_a_real_benchmark():
     """The buttons that start real processes, and the figures drawn from what they return."""
     app_test = pytest.importorskip("streamlit.testing.v1").AppTest
-    at = app_test.from_file(str(PAGES / "6_Classroom.py"), default_timeout=300).run()
+    at = app_test.from_file(str(PAGES / "classroom.py"), default_timeout=300).run()
     next(b for b in at.button if b.label == "Run on real processes").click().run()
     assert not at.exception, [e.value for e in at.exception]
     reduced = at.dataframe[0].value
     assert list(reduced["before"]) == ["0", "1", "2"] and list(reduced["after"]) == ["3"] * 3
     assert len(at.get("plotly_chart")) >= 3  # before/after twice, and the arrival order
 
-    at = app_test.from_file(str(PAGES / "7_Bandwidth.py"), default_timeout=300).run()
+    at = app_test.from_file(str(PAGES / "bandwidth.py"), default_timeout=300).run()
     at.multiselect[0].set_value(["1KB", "4KB"]).run()
     next(b for b in at.button if b.label == "Measure").click().run()
     assert not at.exception, [e.value for e in at.exception]

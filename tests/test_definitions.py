@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from commlab.analysis import metrics, ring, rule
+from commlab.analysis import metrics, ring
 from commlab.config import RunConfig, is_plain_allreduce, label_of
 from commlab.engine import store
 from commlab.hooks.instrument import Link
@@ -49,7 +49,6 @@ def test_ring_trace_sends_what_the_formula_says(n):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_every_reader_of_the_ring_agrees_with_it(n):
     size, bw, lat = 123_456, 10.0, 7.0
-    assert rule.ring_wire_bytes(size, n) == ring.wire_bytes(size, n)
     assert classroom.ring_bytes_per_rank(size, n) == ring.wire_bytes(size, n)
     ring_cost, naive_cost = classroom.scheme_costs(size, n)
     assert (ring_cost.steps, ring_cost.max_sent_bytes) == (ring.steps(n), ring.wire_bytes(size, n))

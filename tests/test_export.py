@@ -371,7 +371,7 @@ def test_export_page_works_with_no_runs(tmp_path, monkeypatch):
 
     monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
-    at.switch_page("pages/10_Export.py").run()
+    at.switch_page("pages/export.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == "Export"
     texts = [c.value for c in at.code]
@@ -381,3 +381,19 @@ def test_export_page_works_with_no_runs(tmp_path, monkeypatch):
     hook = next(s for s in at.selectbox if s.label == "Hook")
     hook.set_value("noop").run()
     assert any("Accelerate cannot express the noop hook" in e.value for e in at.error)
+
+
+def test_export_page_exports_the_run_the_picker_remembers(runs_dir, powersgd_run, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs_dir))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    at.session_state["watch"] = str(powersgd_run.path)  # chosen on another page
+    at.run()
+    at.switch_page("pages/export.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    exported = json.loads(at.code[0].value)
+    stored = powersgd_run.config_dict()
+    assert {k: exported[k] for k in ("hook", "matrix_approximation_rank", "start_powerSGD_iter")} == \
+           {k: stored[k] for k in ("hook", "matrix_approximation_rank", "start_powerSGD_iter")}
+    assert any(powersgd_run.id in c.value for c in at.caption)

@@ -21,7 +21,7 @@ from commlab.figures import rule as rule_figs
 from commlab.ui import runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RULE_PAGE, LOWRANK_PAGE = "pages/2_Compression_rule.py", "pages/3_Low_rank_error.py"
+RULE_PAGE, LOWRANK_PAGE = "pages/compression_rule.py", "pages/low_rank_error.py"
 # The first run of a page imports torch and builds models: minutes on a loaded machine.
 TIMEOUT = 900
 # Over the suite's 300 s: the session's runs are made on first use, and pages import torch.
@@ -148,7 +148,7 @@ def test_rule_page_on_the_1_5b_reference_model(monkeypatch, tmp_path):
 def test_lowrank_page_numbers_equal_the_run_folder(monkeypatch, runs_dir, powersgd_run, allreduce_run):
     at = open_page(monkeypatch, runs_dir, LOWRANK_PAGE)
     run_box = widget(at.selectbox, "Run")
-    names = {c["path"]: lab_widgets.run_name(c) for c in runs.watch_choices(runs_dir)}
+    names = {c["path"]: lab_widgets.run_name(c) for c in runs.run_choices(runs_dir)}
     # The allreduce baseline saved nothing and measured nothing: it is not offered.
     assert names[str(powersgd_run.path)] in run_box.options
     assert names[str(allreduce_run.path)] not in run_box.options

@@ -4,7 +4,8 @@ import math
 import pytest
 
 from commlab.analysis import shapes
-from commlab.analysis.rule import apply_rule, decide, matrix_view, ring_wire_bytes
+from commlab.analysis.ring import wire_bytes as ring_wire_bytes
+from commlab.analysis.rule import apply_rule, decide, matrix_view
 
 
 def test_matrix_view_flattens_trailing_dimensions():

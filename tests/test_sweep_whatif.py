@@ -406,11 +406,11 @@ def test_pages_show_the_sweep_and_the_model(stopped_sweep, monkeypatch):
 
     monkeypatch.setenv("COMMLAB_RUNS_DIR", str(stopped_sweep["runs_dir"]))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
-    at.switch_page("pages/8_Sweep.py").run()
+    at.switch_page("pages/sweep.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert len(at.get("plotly_chart")) == 2 and any("emulated 0.05 Gb/s" in w.value for w in at.warning)
     assert any("Recommendation" in s.value for s in at.success)
-    at.switch_page("pages/9_What_if.py").run()
+    at.switch_page("pages/what_if.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert len(at.get("plotly_chart")) == 3
 
@@ -444,7 +444,7 @@ def test_sweep_page_shows_progress_and_stops_a_running_sweep(tmp_path, monkeypat
     sw._write_state(sweep, pid=me.pid, create_time=me.create_time())
     monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
-    at.switch_page("pages/8_Sweep.py").run()
+    at.switch_page("pages/sweep.py").run()
     assert not at.exception, [e.value for e in at.exception]
     (bar,) = at.get("progress")
     assert "[1/3] allreduce: starting, step 0/10" in bar.proto.text
@@ -454,7 +454,7 @@ def test_sweep_page_shows_progress_and_stops_a_running_sweep(tmp_path, monkeypat
 
 # =========================================================================== pages with no runs
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("page,title", [("pages/8_Sweep.py", "Sweep"), ("pages/9_What_if.py", "What if")])
+@pytest.mark.parametrize("page,title", [("pages/sweep.py", "Sweep"), ("pages/what_if.py", "What if")])
 def test_pages_work_with_no_runs(page, title, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 # The ring's 2(N-1)/N lives in commlab.analysis.ring; tests/test_rule.py still imports it from here.
-from commlab.analysis.ring import wire_bytes as ring_wire_bytes  # noqa: F401
 
 
 @dataclass(frozen=True)

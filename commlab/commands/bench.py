@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from commlab.analysis.metrics import WARMUP_STEPS
+
 HEADER = (f"{'size':>8} {'iters':>6} {'time (us)':>12} {'algbw GB/s':>11} {'busbw GB/s':>11} "
           f"{'memcpy GB/s':>12}")
 
@@ -79,7 +81,8 @@ def register(sub) -> None:
     p.add_argument("--workload", default="mlp")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--skip", type=int, default=5, help="first steps left out (start-up)")
+    p.add_argument("--skip", type=int, default=WARMUP_STEPS,
+                   help=f"first steps left out (start-up; default {WARMUP_STEPS})")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before giving up")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_headroom)

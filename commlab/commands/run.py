@@ -94,15 +94,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def _follow(run, steps: int) -> None:
     """A progress line on stderr while the run goes."""
-    import time
-
+    from commlab.engine import procs
     from commlab.engine.store import JsonlTail
 
     tail = JsonlTail(run.file("metrics.jsonl"))
-    while run.is_running():
+
+    def show_new_steps() -> bool:
         for row in tail.read_new():
             print(f"\rstep {row['step'] + 1}/{steps}  loss {row['loss']:.4f}", end="", file=sys.stderr)
-        time.sleep(0.25)
+        return not run.is_running()
+
+    procs.wait_until(show_new_steps, interval=0.25)
     print(file=sys.stderr)
 
 

@@ -32,7 +32,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 
 def _payload(sweep) -> dict:
-    from commlab.tune.sweep import recommend
+    from commlab.tune.pareto import recommend
 
     table = sweep.results()
     rec = recommend(table, sweep.spec().tolerance_pct)

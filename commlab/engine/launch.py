@@ -16,22 +16,14 @@ import time
 from pathlib import Path
 
 from commlab.config import RunConfig, default_runs_dir
-from commlab.devices import gpu_count
+from commlab.devices import pick_backend
 from commlab.engine import procs, store
 from commlab.engine.ranks import loopback_interface
 
 
 def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
     """(backend, why) for this machine."""
-    gpus = gpu_count() if gpus is None else gpus
-    if cfg.backend != "auto":
-        return cfg.backend, f"backend {cfg.backend} was asked for"
-    if gpus >= cfg.world_size:
-        return "nccl", f"auto: {gpus} CUDA GPU(s) seen, enough for {cfg.world_size} rank(s), so NCCL"
-    if gpus:
-        return "gloo", (f"auto: {gpus} CUDA GPU(s) seen, fewer than {cfg.world_size} ranks, so Gloo "
-                        "on the CPU")
-    return "gloo", "auto: no CUDA GPU seen, so Gloo on the CPU"
+    return pick_backend(cfg.backend, cfg.world_size, gpus)
 
 
 def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:

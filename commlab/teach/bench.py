@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from commlab.analysis import ring
 from commlab.config import BACKENDS, ConfigError
+from commlab.devices import gpu_count, pick_backend
 from commlab.engine.ranks import run_ranks
 from commlab.teach.classroom import check_world_size
 
@@ -114,20 +115,14 @@ class BenchResult:
 
 
 def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> str:
-    """'auto' is NCCL when there is a GPU for every rank, Gloo otherwise."""
+    """The backend the bench runs on, by the runs' own rule; refuses NCCL without a GPU per rank."""
     if backend not in BACKENDS:
         raise ConfigError({"backend": f"unknown backend {backend!r}; valid backends are: "
                                       f"{', '.join(BACKENDS)}"})
-    if backend == "gloo":
-        return backend
-    if gpus is None:
-        from commlab.devices import gpu_count
-
-        gpus = gpu_count()
-    if backend == "nccl" and gpus < world_size:
+    if backend == "nccl" and (gpus := gpu_count() if gpus is None else gpus) < world_size:
         raise ConfigError({"backend": f"NCCL runs one rank per GPU: {world_size} rank(s) need "
                                       f"{world_size} GPU(s), this machine has {gpus}"})
-    return "nccl" if gpus >= world_size else "gloo"
+    return pick_backend(backend, world_size, gpus)[0]
 
 
 @dataclass(frozen=True)

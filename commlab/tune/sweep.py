@@ -40,9 +40,6 @@ from commlab.config import (
 )
 from commlab.engine import procs, store
 from commlab.tune.pareto import mark
-
-# recommend lives in commlab.tune.pareto; commands/sweep.py and notebook 02 still import it from here.
-from commlab.tune.pareto import recommend as recommend
 from commlab.tune.whatif import config_link_label, run_label
 
 SWEEPS = "sweeps"

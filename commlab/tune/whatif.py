@@ -39,7 +39,6 @@ from commlab.config import is_plain_allreduce, label_of
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
 DEFAULT_LATENCY_US = 5.0
-SKIP = metrics.WARMUP_STEPS  # start-up steps a profile leaves out (pages/9_What_if.py names it)
 
 
 # ============================================================================ the model (pure)
@@ -140,7 +139,7 @@ def break_even_gbps(baseline: HookProfile, other: HookProfile, world_size: int,
 
 # ============================================================================ profiles from runs
 def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
-                         label: str | None = None, skip: int = SKIP,
+                         label: str | None = None, skip: int = metrics.WARMUP_STEPS,
                          loopback_s_per_byte: float | None = None,
                          compute_s: float | None = None) -> HookProfile:
     """A hook's profile from a run's metrics (pure).
@@ -180,7 +179,7 @@ def _compute_s(steady: Sequence[dict]) -> float:
     return statistics.median(r["step_s"] - r["hook_s"] for r in steady)
 
 
-def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = SKIP) -> float | None:
+def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_STEPS) -> float | None:
     """Seconds per wire byte of this machine's own link, read from a plain allreduce run's hook time."""
     if not is_plain_allreduce(cfg) or config_link_label(cfg):
         return None
@@ -200,7 +199,7 @@ def baseline_profile(profiles: Sequence[HookProfile]) -> HookProfile | None:
     return next((p for p in profiles if is_plain_allreduce(p.to_dict())), None)
 
 
-def profiles_from_runs(runs: Iterable, skip: int = SKIP, share_compute: bool = True) -> list[HookProfile]:
+def profiles_from_runs(runs: Iterable, skip: int = metrics.WARMUP_STEPS, share_compute: bool = True) -> list[HookProfile]:
     """Profiles of runs (``RunFolder``s), one per run that has steady steps, labels made unique.
 
     A plain allreduce run of the same job on the real link calibrates the loopback.  With
@@ -236,7 +235,7 @@ def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
 
 
 # ============================================================================ model against runs
-def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = SKIP,
+def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_STEPS,
           loopback_s_per_byte: float | None = None) -> dict:
     """The model's step time for an emulated run's link and world size against the run's own.
 
@@ -258,7 +257,7 @@ def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = 
             "arithmetic_s": profile.arithmetic_s}
 
 
-def checks(runs: Iterable, skip: int = SKIP) -> list[dict]:
+def checks(runs: Iterable, skip: int = metrics.WARMUP_STEPS) -> list[dict]:
     """The model against every run over an emulated link that has a calibration twin: a run of the
     same settings and job on the real link, started before it (the latest such).  Only the twin,
     and the latest plain allreduce on the real link before it, feed the prediction, so each

@@ -14,8 +14,8 @@ from commlab.ui import runs
 
 
 def choices(runs_dir: str | None = None) -> list[dict]:
-    """The run picker's choices (``runs.watch_choices``) that saved gradients or measured the error."""
-    return [c for c in runs.watch_choices(runs_dir) if _has_data(store.RunFolder(c["path"]))]
+    """The run picker's choices (``runs.run_choices``) that saved gradients or measured the error."""
+    return [c for c in runs.run_choices(runs_dir) if _has_data(store.RunFolder(c["path"]))]
 
 
 def _has_data(run: store.RunFolder) -> bool:

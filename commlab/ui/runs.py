@@ -58,8 +58,8 @@ class LiveView:
                 "compression_ratio": last.get("compression_ratio")}
 
 
-def watch_choices(runs_dir: str | None = None) -> list[dict]:
-    """Runs to offer in the live panel (path, label, status): those still going first, so that a
+def run_choices(runs_dir: str | None = None) -> list[dict]:
+    """Runs to offer in every run picker (path, label, status): those still going first, so that a
     reloaded page re-attaches to them, then the rest; newest first within each."""
     runs = [{"path": str(r.path), "label": picker_label(r), "status": r.status()}
             for r in store.list_runs(runs_dir or default_runs_dir())]

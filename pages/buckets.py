@@ -9,12 +9,10 @@ from commlab.figures import runs as figures
 from commlab.ui import runs
 
 st.title("Buckets")
-choices = runs.watch_choices()
+choices = runs.run_choices()
 if not choices:
-    st.info("No runs yet. Launch one on **Launch and watch**: its bucket layouts appear here "
-            "once it has done two steps (DDP rebuilds its buckets after the first).")
-    st.page_link("pages/1_Launch_and_watch.py", label="Launch and watch", icon=":material/play_arrow:")
-    st.stop()
+    lab_widgets.stop_without_runs("its bucket layouts appear here once it has done two steps "
+                                  "(DDP rebuilds its buckets after the first).")
 
 recorded = open_run(lab_widgets.pick_run(choices)["path"]).buckets()
 st.write(buckets.bucket_story(recorded))

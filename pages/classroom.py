@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 import lab_widgets
+from commlab.analysis.ring import steps as ring_steps
 from commlab.config import ConfigError
 from commlab.figures import classroom as figs
 from commlab.teach import classroom
@@ -71,7 +72,7 @@ def ring_walkthrough(job: classroom.Collective | None) -> None:
         f"**Reduce-scatter** ({n - 1} steps): every rank passes one chunk to its right-hand "
         f"neighbour, which combines it ({op}) with its own copy; afterwards each rank owns one "
         f"finished chunk. **All-gather** ({n - 1} steps): the finished chunks go once more round "
-        f"the ring. **{2 * (n - 1)} steps** in all, and each rank sends 2(N−1)/N · S = "
+        f"the ring. **{ring_steps(n)} steps** in all, and each rank sends 2(N−1)/N · S = "
         f"{classroom.ring_bytes_per_rank(1, n):.2f} · S bytes. Beside it, the naive scheme: "
         "everyone sends everything to rank 0, which sends the result back.")
     if n == 1:

@@ -3,10 +3,10 @@ Thin: widgets in, commlab.tune.export, one copy-ready block and one download but
 import streamlit as st
 
 import lab_widgets
-from commlab.api import list_runs
+from commlab.api import open_run
 from commlab.config import RESOLVED_BACKENDS, RunConfig, settings
 from commlab.tune import export
-from commlab.ui import form
+from commlab.ui import form, runs
 
 TITLES = {"json": "JSON", "toml": "TOML", "ddp": "Plain DDP", "lightning": "Lightning",
           "accelerate": "Accelerate", "torchrun": "torchrun", "slurm": "SLURM"}
@@ -61,15 +61,15 @@ st.caption("The chosen settings for production, with PyTorch's own hooks: a conf
            "back into commlab, a snippet for plain DDP, Lightning or Accelerate, and launch lines "
            "for torchrun and SLURM. Every block has a copy button at its top right.")
 
-runs = list_runs()
-source = st.radio("Settings from", ["a run", "settings entered here"], index=0 if runs else 1,
+choices = runs.run_choices()
+source = st.radio("Settings from", ["a run", "settings entered here"], index=0 if choices else 1,
                   horizontal=True)
 cfg, source_id = None, None
 if source == "a run":
-    if not runs:
+    if not choices:
         st.info("No runs yet: start one on **Launch and watch** or **Sweep**, or enter settings here.")
     else:
-        run = st.selectbox("Run", runs, format_func=lambda r: f"{r.id} ({r.status()})")
+        run = open_run(lab_widgets.pick_run(choices)["path"])
         cfg, source_id = run.config(), run.id
         st.caption(f"Settings of run `{run.id}`: {cfg.label()}")
 else:

@@ -20,15 +20,12 @@ if "deleted" in st.session_state:
     st.success(st.session_state.pop("deleted"))
 rows = runs.run_table()
 if not rows:
-    st.info("No runs yet. Launch one on **Launch and watch**; every run is listed here, also "
-            "after the app restarts.")
-    st.page_link("pages/1_Launch_and_watch.py", label="Launch and watch", icon=":material/play_arrow:")
-    st.stop()
+    lab_widgets.stop_without_runs("every run is listed here, also after the app restarts.")
 
 st.dataframe(pd.DataFrame(rows)[COLUMNS], hide_index=True, key="runs_table",
              column_config={k: st.column_config.NumberColumn(format=f) for k, f in FORMATS.items()})
 
-choices = runs.watch_choices()
+choices = runs.run_choices()
 chosen = lab_widgets.pick_runs("Overlay", choices, default=[r["run_dir"] for r in rows if r["steps"]][:3])
 if chosen:
     frames = runs.overlay(chosen)

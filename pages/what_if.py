@@ -4,6 +4,7 @@ import pandas as pd
 import streamlit as st
 
 import lab_widgets
+from commlab.analysis import metrics
 from commlab.api import open_run
 from commlab.figures import whatif as figs
 from commlab.tune import whatif
@@ -16,7 +17,7 @@ st.caption("Predicted step time T = compute + arithmetic + Σ ring allreduce, wi
            "arithmetic are measured in the runs, each hook's bytes are its own count. On this "
            "machine loopback is fast next to compression's arithmetic; on a cluster it is not.")
 
-sweeps, choices = list_sweeps(), runs.watch_choices()
+sweeps, choices = list_sweeps(), runs.run_choices()
 if not choices:
     st.info("No runs yet: a sweep (page **Sweep**) gives the model what it needs — a plain "
             "allreduce baseline and PowerSGD settings of the same job.")
@@ -31,7 +32,7 @@ else:
 profiles = whatif.profiles_from_runs(chosen)
 if not profiles:
     st.warning("None of these runs has steady steps to measure (runs too short, or PowerSGD never "
-               f"started compressing; the first {whatif.SKIP} steps are start-up).")
+               f"started compressing; the first {metrics.WARMUP_STEPS} steps are start-up).")
     st.stop()
 
 st.subheader("What each hook costs per step, measured")

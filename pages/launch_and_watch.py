@@ -116,7 +116,7 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
 st.title("Launch and watch")
 # The form is folded while a run goes, so that the live panel is in view; the expander is
 # keyed, so its state can only be set before it is drawn (hence the flag and the rerun).
-choices = runs.watch_choices()
+choices = runs.run_choices()
 if st.session_state.pop("fold_form", False) or "form_open" not in st.session_state:
     st.session_state.form_open = not (choices and choices[0]["status"] in api.GOING)
 with st.expander("New run", key="form_open", on_change="rerun", icon=":material/tune:"):
