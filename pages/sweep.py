@@ -13,11 +13,13 @@ from commlab.ui import form
 PRESET = RunConfig(workload="mlp", steps=60, start_powerSGD_iter=10)
 # The job every run of the sweep shares (the rest keeps its defaults); the axes come from the table.
 JOB = ("workload", "steps", "world_size", "emulate_bandwidth_gbps", "emulate_latency_us")
+# The sweep shown, kept across reruns; no widget has this key (Streamlit refuses to set one that has).
+CHOSEN = "chosen_sweep"
 
 
 def spec_form() -> sw.SweepSpec | None:
     table = {s.name: s for s in settings()}
-    with st.form("sweep"):
+    with st.form("sweep_form"):
         job = {name: form.widget(table[name], value=getattr(PRESET, name), prefix="sweep_",
                                  titled=True).draw(col)
                for col, name in zip(st.columns(len(JOB)), JOB)}
@@ -79,7 +81,7 @@ spec = spec_form()
 if spec is not None:
     try:
         started = sw.start(spec)
-        st.session_state["sweep"] = str(started.path)
+        st.session_state[CHOSEN] = str(started.path)
     except ConfigError as e:
         lab_widgets.show_errors(e)
 
@@ -88,7 +90,7 @@ if not sweeps:
     st.info(f"No sweeps yet in `{default_runs_dir()}`: choose a grid above and start one.")
     st.stop()
 paths = [str(s.path) for s in sweeps]
-chosen = st.session_state.get("sweep")
+chosen = st.session_state.get(CHOSEN)
 current = st.selectbox("Sweep", sweeps, index=paths.index(chosen) if chosen in paths else 0,
                        format_func=lambda s: f"{s.id} ({s.status()}, "
                                              f"{len(s.state().get('runs', []))} run(s) started)")

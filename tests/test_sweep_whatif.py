@@ -452,6 +452,28 @@ def test_sweep_page_shows_progress_and_stops_a_running_sweep(tmp_path, monkeypat
     assert sweep.stop_requested()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_start_sweep_on_the_page_shows_its_progress_and_stop_ends_it(tmp_path, monkeypatch):
+    """The Start button as a person presses it: a real sweep starts, the same rerun shows its
+    progress and Stop (it used to raise StreamlitWidgetAlreadyInstantiatedError), Stop ends it."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+    at.switch_page("pages/sweep.py").run()
+    at.number_input(key="sweep_steps").set_value(200)
+    at.number_input(key="sweep_world_size").set_value(1)
+    at.text_input(key="sweep_matrix_approximation_rank").set_value("1")
+    next(b for b in at.button if b.label == "Start sweep").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    (sweep,) = sw.list_sweeps(tmp_path)
+    assert at.get("progress"), "a started sweep shows its progress in the same rerun"
+    next(b for b in at.button if b.label == "Stop sweep").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert sweep.wait(timeout=300) == "stopped"
+
+
 # =========================================================================== pages with no runs
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("page,title", [("pages/sweep.py", "Sweep"), ("pages/what_if.py", "What if")])
