@@ -5,6 +5,8 @@ folder on ``sys.path`` (and the tests do the same for AppTest).
 """
 from __future__ import annotations
 
+import re
+
 import streamlit as st
 
 from commlab.config import ConfigError
@@ -20,6 +22,20 @@ def show_errors(errors: ConfigError | dict[str, str], slots: dict | None = None)
     for name, msg in errors.items():
         target = (slots or {}).get(name)
         (target if target is not None else st).error(f"**{name}**: {msg}")
+
+
+# What makes markdown of text: links and images ([ ]), HTML and autolinks (< >), code, emphasis,
+# LaTeX, strikethrough, tables; an underscore only at a word's edge (inside one it emphasizes
+# nothing); a heading, list or quote only at a line's start. Plain words, ids and paths stay as
+# they are.
+_MARKDOWN = re.compile(r"([\\`*\[\]<>$~|])|(?<!\w)(_)|(_)(?!\w)|(?m:^)(\s*)([#+\-])")
+
+
+def literal(text) -> str:
+    """A string from a run folder (an error, a label, an id, a workload name) for an element that
+    renders markdown: every markdown character escaped, so that it shows as the text it is and
+    an image link in it makes the browser fetch nothing."""
+    return _MARKDOWN.sub(lambda m: f"{m[4] or ''}\\{m[1] or m[2] or m[3] or m[5]}", str(text))
 
 
 def run_name(run: dict) -> str:

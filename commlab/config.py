@@ -36,13 +36,64 @@ def default_runs_dir() -> str:
     return os.environ.get("COMMLAB_RUNS_DIR", "./runs")
 
 
+# The longest run, and the last step any step-numbered setting may name: a line of metrics per step.
+MAX_STEPS = 1_000_000
+SHOWN_CHARS = 80  # a value quoted in a message is cut to this many characters
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number setting may take: ``lo`` to ``hi`` (above ``lo`` when ``lo_open``), or
+    exactly ``off``; ``why`` says where the limits come from."""
+
+    lo: float
+    hi: float
+    why: str
+    lo_open: bool = False
+    off: float | None = None
+
+    def error(self, value: float) -> str | None:
+        if value == self.off:
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            problem = "must be a finite number"
+        elif value <= self.lo if self.lo_open else value < self.lo:
+            problem = f"must be {'above' if self.lo_open else 'at least'} {_num(self.lo)}"
+        elif value > self.hi:
+            problem = f"must be at most {_num(self.hi)}"
+        else:
+            return None
+        return f"{problem} (allowed: {self.text}), got {shown(value)}: {self.why}"
+
+    @property
+    def text(self) -> str:
+        span = f"{'above ' if self.lo_open else ''}{_num(self.lo)} to {_num(self.hi)}"
+        return span if self.off is None else f"{_num(self.off)} (off) or {span}"
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut for a message: a value may be megabytes of text (or an integer of
+    more digits than Python converts to text)."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
+
+
 def setting(default: Any = dataclasses.MISSING, *, help: str, group: str, label: str | None = None,
-            choices: tuple | None = None, aliases: tuple[str, ...] = (), sweep: tuple | None = None,
+            choices: tuple | None = None, bounds: Bounds | None = None,
+            aliases: tuple[str, ...] = (), sweep: tuple | None = None,
             export: bool = False, form: bool = True,
             default_factory: Any = dataclasses.MISSING) -> Any:
     """A RunConfig field with its row of the settings table (read back with ``settings()``).
 
-    label: the form's label (default: the name).  aliases: CLI spellings beside the flag
+    label: the form's label (default: the name).  bounds: a number's allowed values, checked
+    before anything starts (every number has them: values past them fail in the workers).
+    aliases: CLI spellings beside the flag
     ``--name-in-dashes``; a boolean gets a ``--no-`` form of each.  sweep: None when the setting is
     not a sweep axis, else the values a sweep tries unless told (empty: the base's value).
     export: the production exports (snippets, launch lines) read it.  form: False for the one
@@ -51,8 +102,8 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, group: str, label:
     if group not in GROUPS:
         raise ValueError(f"unknown group {group!r}; groups are: {', '.join(GROUPS)}")
     return field(default=default, default_factory=default_factory, metadata={
-        "help": help, "group": group, "label": label, "choices": choices, "aliases": aliases,
-        "sweep": sweep, "export": export, "form": form})
+        "help": help, "group": group, "label": label, "choices": choices, "bounds": bounds,
+        "aliases": aliases, "sweep": sweep, "export": export, "form": form})
 
 
 @dataclass
@@ -71,16 +122,21 @@ class RunConfig:
         "commlab's variant wherever one exists."))
     # -- PowerSGDState's arguments (read only by the PowerSGD hooks) in its order and spelling;
     #    the help carries the tuning advice of its docstring; lab defaults suit a 200-step run
-    matrix_approximation_rank: int = setting(1, group="powersgd", export=True, sweep=(1, 2, 4), help=(
+    matrix_approximation_rank: int = setting(1, group="powersgd", bounds=Bounds(1, 1024, (
+        "P and Q need at least one column; each gradient's r is capped at min(n, m) anyway, and "
+        "PyTorch advises 1-4 (32 for some NLP tasks)")), export=True, sweep=(1, 2, 4), help=(
         "The rank r of P and Q: lower compresses more. Start at 1 and double (1, 2, 4, ...) until "
         "the loss is good enough; usually 1-4 suffices (some NLP tasks needed 32). Higher ranks "
         "cost compute and may not help."))
-    start_powerSGD_iter: int = setting(20, group="powersgd", export=True, sweep=(), help=(
+    start_powerSGD_iter: int = setting(20, group="powersgd", bounds=Bounds(0, MAX_STEPS, (
+        "a step number; one past steps keeps plain allreduce throughout")), export=True, sweep=(), help=(
         "Plain allreduce until this step, PowerSGD after: early training is sensitive to inexact "
         "gradients. Start at about 10% of the steps and raise it until the loss is good enough; "
         "with a warm-up, no fewer than the warm-up steps. At least 2 with error feedback or warm "
         "start (DDP rebuilds its buckets after step 0)."))
-    min_compression_rate: float = setting(2.0, group="powersgd", export=True, sweep=(), help=(
+    min_compression_rate: float = setting(2.0, group="powersgd", bounds=Bounds(0, 1e6, (
+        "it multiplies (n + m) * r in the rule (n + m) * r * rate < n * m; past 1e6 no gradient "
+        "of a real model is compressed"), lo_open=True), export=True, sweep=(), help=(
         "A gradient viewed as an n x m matrix is compressed only when (n + m) * r * "
         "min_compression_rate < n * m; otherwise it is allreduced uncompressed. A 1-D tensor of "
         "length k is k x 1: never compressed at a rate of 1 or more (torch 2.13 compresses it "
@@ -90,32 +146,42 @@ class RunConfig:
         "Keep what compression lost and add it to the next step's gradient."))
     warm_start: bool = setting(True, group="powersgd", export=True, help=(
         "Reuse last step's Q as the start of this step's power iteration."))
-    orthogonalization_epsilon: float = setting(0.0, group="powersgd", export=True, help=(
+    orthogonalization_epsilon: float = setting(0.0, group="powersgd", bounds=Bounds(0, 1, (
+        "it is added to each column norm: past 1 it distorts the norm instead of guarding a zero")), export=True, help=(
         "Added to each column norm when orthogonalizing P, against division by zero (e.g. 1e-8); "
         "0 is best for accuracy when no column is all zeros."))
-    random_seed: int = setting(0, group="powersgd", export=True, help=(
+    random_seed: int = setting(0, group="powersgd", bounds=Bounds(0, 2**32 - 1, (
+        "PowerSGDState seeds numpy's RandomState with it, which takes 0 to 2**32 - 1")), export=True, help=(
         "Seeds the random initial Q (the same on every rank)."))
     batch_tensors_with_same_shape: bool = setting(False, group="powersgd", export=True, help=(
         "Compress same-shaped tensors in one batched operation; raise the bucket cap so more of "
         "them share a bucket. Helps when compression compute is the bottleneck."))
     # -- the job and its workload
-    world_size: int = setting(2, group="job", export=True, label="ranks", help=(
+    world_size: int = setting(2, group="job", bounds=Bounds(1, 64, (
+        "each rank is a process of its own on this machine, with torch (about 300 MB) loaded")), export=True, label="ranks", help=(
         "Processes (ranks) torchrun starts; NCCL needs one GPU per rank."))
     backend: str = setting("auto", choices=BACKENDS, group="job", help=(
         "auto: NCCL when there is a GPU per rank, Gloo on the CPU otherwise."))
-    bucket_cap_mb: float = setting(25.0, group="job", export=True, label="bucket cap (MiB)", help=(
+    bucket_cap_mb: float = setting(25.0, group="job", bounds=Bounds(0, 65536, (
+        "DDP turns the cap into a byte count; past 64 GiB it is more than any model here, and "
+        "past the model's size it makes one bucket"), lo_open=True), export=True, label="bucket cap (MiB)", help=(
         "DDP's bucket_cap_mb: it starts a new bucket once one reaches this many MiB."))
     workload: str = setting("charlm", group="workload", help=(
         "A built-in model and data, or your own module:function returning (model, batches); the "
         "module is imported from the folder the lab started in."))
-    steps: int = setting(200, group="job", help="Training steps; each writes one line of metrics.")
-    batch_size: int = setting(16, group="workload", label="batch size per rank", help=(
+    steps: int = setting(200, group="job", bounds=Bounds(1, MAX_STEPS, (
+        "each step writes a line of metrics; a million steps is days of training here")), help="Training steps; each writes one line of metrics.")
+    batch_size: int = setting(16, group="workload", bounds=Bounds(1, 65536, (
+        "each rank holds a batch and its activations in memory at once")), label="batch size per rank", help=(
         "Examples each rank draws per step."))
-    lr: float = setting(3e-3, group="workload", label="learning rate", help=(
+    lr: float = setting(3e-3, group="workload", bounds=Bounds(0, 100, (
+        "a step size past 100 diverges at once with every optimizer here"), lo_open=True), label="learning rate", help=(
         "The learning rate the optimizer steps with on every rank."))
     optimizer: str = setting("adamw", choices=OPTIMIZERS, group="workload", help=(
         "The optimizer every rank steps with the averaged gradients."))
-    seed: int = setting(0, group="workload", help=(
+    seed: int = setting(0, group="workload", bounds=Bounds(0, 2**32 - 1, (
+        "it seeds torch and each rank's data generator (seed * 1000 + rank), as random_seed does "
+        "numpy's")), help=(
         "Seeds the initial weights (the same on every rank) and the data, so that runs with "
         "different hooks draw the same batches."))
     # -- instrumentation
@@ -123,20 +189,26 @@ class RunConfig:
                                label="instrument (bytes, buckets, errors)", help=(
         "Wrap the hook to record the bytes it hands over, the bucket layout and what it "
         "compresses; error_every, save_grads_at and the emulated link need it."))
-    error_every: int = setting(0, group="instrument", label="error_every (steps)", help=(
+    error_every: int = setting(0, group="instrument", bounds=Bounds(0, MAX_STEPS, (
+        "a number of steps")), label="error_every (steps)", help=(
         "Measure the approximation error against the exact mean gradient every K steps (one "
         "extra allreduce, counted apart); 0 = never."))
     save_grads_at: list[int] = setting(default_factory=list, group="instrument",
                                        label="save_grads_at (steps)", help=(
         "Steps whose exact mean gradients are saved, comma-separated."))
-    stall_timeout_s: float = setting(120.0, group="instrument", help=(
+    stall_timeout_s: float = setting(120.0, group="instrument", bounds=Bounds(1, 7 * 86400, (
+        "the supervisor looks about twice a second; past a week a hung run holds the machine "
+        "unnoticed")), help=(
         "The run is called stalled when no step completes for this long."))
     # -- an emulated network link (0 = off): each collective the hook issues completes no
     #    earlier than a ring allreduce over it would, 2(N-1)·latency + 2(N-1)/N·bytes/bandwidth,
     #    after it started; collectives share the one link (see commlab.hooks.instrument)
-    emulate_bandwidth_gbps: float = setting(0.0, group="instrument", help=(
+    emulate_bandwidth_gbps: float = setting(0.0, group="instrument", bounds=Bounds(1e-3, 1e4, (
+        "below 1 Mb/s one bucket is held for minutes; past 10 Tb/s the link adds nothing here"),
+        off=0.0), help=(
         "Hold each collective back as if the link moved this many Gb/s (0 = off)."))
-    emulate_latency_us: float = setting(0.0, group="instrument", help=(
+    emulate_latency_us: float = setting(0.0, group="instrument", bounds=Bounds(0, 1e6, (
+        "up to one second per ring hop")), help=(
         "Add this latency per ring hop to each collective (0 = off)."))
     runs_dir: str = setting(default_factory=default_runs_dir, group="job", form=False, help=(
         "The folder of run folders (default: $COMMLAB_RUNS_DIR, else ./runs); the app uses the "
@@ -166,8 +238,9 @@ class RunConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ConfigError({k: f"unknown setting in {source}; valid settings are: "
-                                  f"{', '.join(known)}" for k in unknown})
+            raise ConfigError({k if len(k) <= SHOWN_CHARS else shown(k):
+                               f"unknown setting in {source}; valid settings are: "
+                               f"{', '.join(known)}" for k in unknown})
         errs: dict[str, str] = {}
         values = {}
         for key, value in data.items():
@@ -199,6 +272,8 @@ class RunConfig:
         except json.JSONDecodeError as e:
             raise ConfigError({"file": f"{source} does not parse: {e.msg} at line {e.lineno}, "
                                        f"column {e.colno}"}) from None
+        except ValueError as e:  # an integer of more digits than Python reads
+            raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
         if not isinstance(data, dict):
             raise ConfigError({"file": f"{source} must hold one object of settings, "
                                        f"not {type(data).__name__}"})
@@ -208,7 +283,7 @@ class RunConfig:
     def from_toml(cls, text: str, source: str = "TOML") -> RunConfig:
         try:
             data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
+        except ValueError as e:  # TOMLDecodeError, or an integer of more digits than Python reads
             raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
         return cls.from_dict(data, source)
 
@@ -216,16 +291,19 @@ class RunConfig:
     def load(cls, path: str | os.PathLike) -> RunConfig:
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError({"file": f"cannot read {p}: {e.strerror}"}) from None
-        if p.suffix == ".toml":
+        except UnicodeDecodeError as e:
+            raise ConfigError({"file": f"{p} is not UTF-8 text: byte {e.object[e.start]:#04x} at "
+                                       f"offset {e.start} (JSON and TOML files are UTF-8)"}) from None
+        if p.suffix.lower() == ".toml":
             return cls.from_toml(text, str(p))
         return cls.from_json(text, str(p))
 
     def save(self, path: str | os.PathLike) -> Path:
         p = Path(path)
-        p.write_text(self.to_toml() if p.suffix == ".toml" else self.to_json())
+        p.write_text(self.to_toml() if p.suffix.lower() == ".toml" else self.to_json())
         return p
 
     # ------------------------------------------------------------------ derived
@@ -253,6 +331,7 @@ class Setting:
     flag: str  # the CLI spelling: --name-in-dashes, lower case
     aliases: tuple[str, ...]  # more CLI spellings
     choices: tuple | None  # the allowed values, when they are a closed list
+    bounds: Bounds | None  # a number's allowed values
     sweep: tuple | None  # a sweep axis' default values (empty: the base's value); None: no axis
     export: bool  # read by the production exports
     form: bool  # drawn on the Launch form
@@ -273,10 +352,13 @@ def _setting(f: dataclasses.Field) -> Setting:
     if "help" not in m:
         raise TypeError(f"RunConfig.{f.name} is not a row of the settings table: declare it with "
                         "setting(default, help=..., group=...)")
+    if _kind(f) in ("int", "float") and m["bounds"] is None:
+        raise TypeError(f"RunConfig.{f.name} is a number without bounds: give it bounds=Bounds(lo, "
+                        "hi, why), or a value past what the workers take passes validation")
     default = f.default_factory() if f.default is dataclasses.MISSING else f.default
     return Setting(name=f.name, kind=_kind(f), default=default, help=m["help"], group=m["group"],
                    label=m["label"] or f.name, flag="--" + f.name.lower().replace("_", "-"),
-                   aliases=m["aliases"], choices=m["choices"], sweep=m["sweep"],
+                   aliases=m["aliases"], choices=m["choices"], bounds=m["bounds"], sweep=m["sweep"],
                    export=m["export"], form=m["form"])
 
 
@@ -319,107 +401,111 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise TypeError(f"must be true or false, got {value!r}")
+        raise TypeError(f"must be true or false, got {shown(value)}")
     if kind == "int":
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise TypeError(f"must be a whole number, got {value!r}")
+            raise TypeError(f"must be a whole number, got {shown(value)}")
         try:
             return int(value)
         except (TypeError, ValueError):
-            raise TypeError(f"must be a whole number, got {value!r}") from None
+            raise TypeError(f"must be a whole number, got {shown(value)}") from None
     if kind == "float":
         if isinstance(value, bool):
-            raise TypeError(f"must be a number, got {value!r}")
+            raise TypeError(f"must be a number, got {shown(value)}")
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise TypeError(f"must be a number, got {value!r}") from None
+            raise TypeError(f"must be a number, got {shown(value)}") from None
     if kind == "str":
         if not isinstance(value, str):
-            raise TypeError(f"must be text, got {value!r}")
+            raise TypeError(f"must be text, got {shown(value)}")
         return value
     if kind == "list[int]":
         if isinstance(value, str):
             value = [v for v in value.replace(" ", "").split(",") if v]
         if not isinstance(value, (list, tuple)):
-            raise TypeError(f"must be a list of step numbers, got {value!r}")
+            raise TypeError(f"must be a list of step numbers, got {shown(value)}")
         try:
             return sorted({int(v) for v in value})
         except (TypeError, ValueError):
-            raise TypeError(f"must be a list of step numbers, got {value!r}") from None
+            raise TypeError(f"must be a list of step numbers, got {shown(value)}") from None
     return value
 
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str | None:
     if value in allowed:
         return None
-    return f"unknown {what} {value!r}; valid {what}s are: {', '.join(allowed)}"
+    return f"unknown {what} {shown(value)}; valid {what}s are: {', '.join(allowed)}"
 
 
 def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
+    """What can be told without running anything: the table's choices and bounds, the rules
+    between settings, the runs folder; of a user's workload only how it is spelled (the engine's
+    ``workload_probe`` runs it, in a child process, before a run starts)."""
     e: dict[str, str] = {}
     for f in dataclasses.fields(c):
-        if f.metadata["choices"]:
-            msg = _choice(getattr(c, f.name), f.metadata["choices"], f.name)
-            if msg:
-                e[f.name] = msg
+        value, m = getattr(c, f.name), f.metadata
+        msg = None
+        if m["choices"]:
+            msg = _choice(value, m["choices"], f.name)
+        elif m["bounds"]:
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            msg = m["bounds"].error(value) if is_number else f"must be a number, got {shown(value)}"
+        if msg:
+            e[f.name] = msg
     if c.hook == "noop" and c.wrapper != "none":
         e["wrapper"] = ("a compress wrapper cannot wrap noop: noop sends nothing, so there is "
                         "nothing to compress; use wrapper 'none'")
-    if c.matrix_approximation_rank < 1:
-        e["matrix_approximation_rank"] = (f"must be at least 1, got {c.matrix_approximation_rank}: "
-                                          "P and Q need at least one column")
-    if c.start_powerSGD_iter < 0:
-        e["start_powerSGD_iter"] = f"must be 0 or more, got {c.start_powerSGD_iter}"
-    elif c.is_powersgd and c.start_powerSGD_iter < 2 and (c.use_error_feedback or c.warm_start):
+    if ("start_powerSGD_iter" not in e and c.is_powersgd and c.start_powerSGD_iter < 2
+            and (c.use_error_feedback or c.warm_start)):
         e["start_powerSGD_iter"] = (
             f"must be at least 2 while use_error_feedback or warm_start is on, got "
             f"{c.start_powerSGD_iter}: DDP rebuilds its buckets after the first iteration, which "
             "conflicts with any tensor memorized before the rebuild (turn both off to start earlier)")
-    if not (math.isfinite(c.min_compression_rate) and c.min_compression_rate > 0):
-        e["min_compression_rate"] = (f"must be a finite number above 0, got {c.min_compression_rate}: "
-                                     "it multiplies (n + m) * r in the rule (n + m) * r * rate < n * m")
-    if c.orthogonalization_epsilon < 0 or not math.isfinite(c.orthogonalization_epsilon):
-        e["orthogonalization_epsilon"] = f"must be 0 or a small positive number, got {c.orthogonalization_epsilon}"
-    if c.world_size < 1:
-        e["world_size"] = f"must be at least 1 process, got {c.world_size}"
-    elif c.backend == "nccl":
+    if "world_size" not in e and c.backend == "nccl":
         from commlab.devices import gpu_count as count_gpus
 
         gpus = count_gpus() if gpu_count is None else gpu_count
         if c.world_size > gpus:
             e["world_size"] = (f"{c.world_size} NCCL ranks need {c.world_size} GPUs, this machine "
                                f"has {gpus}: NCCL runs one rank per GPU (use backend gloo or auto)")
-    if not (math.isfinite(c.bucket_cap_mb) and c.bucket_cap_mb > 0):
-        e["bucket_cap_mb"] = f"must be a number of MiB above 0, got {c.bucket_cap_mb}"
-    if c.steps < 1:
-        e["steps"] = f"must be at least 1, got {c.steps}"
-    if c.batch_size < 1:
-        e["batch_size"] = f"must be at least 1, got {c.batch_size}"
-    if not (math.isfinite(c.lr) and c.lr > 0):
-        e["lr"] = f"must be a finite number above 0, got {c.lr}"
-    if c.error_every < 0:
-        e["error_every"] = f"must be 0 (never) or a number of steps, got {c.error_every}"
     bad = [s for s in c.save_grads_at if not 0 <= s < max(c.steps, 1)]
     if bad:
-        e["save_grads_at"] = f"steps must lie in 0..{c.steps - 1}, got {bad}"
-    if not (math.isfinite(c.stall_timeout_s) and c.stall_timeout_s > 0):
-        e["stall_timeout_s"] = f"must be a number of seconds above 0, got {c.stall_timeout_s}"
-    if c.emulate_bandwidth_gbps < 0 or not math.isfinite(c.emulate_bandwidth_gbps):
-        e["emulate_bandwidth_gbps"] = f"must be 0 (off) or a bandwidth in Gb/s, got {c.emulate_bandwidth_gbps}"
-    if c.emulate_latency_us < 0 or not math.isfinite(c.emulate_latency_us):
-        e["emulate_latency_us"] = f"must be 0 or more microseconds, got {c.emulate_latency_us}"
+        e["save_grads_at"] = f"steps must lie in 0..{c.steps - 1}, got {shown(bad)}"
     if not c.instrument:
         # These are carried out by the instrumentation; without it they would be silently ignored.
         for name, on in (("error_every", c.error_every > 0), ("save_grads_at", bool(c.save_grads_at)),
                          ("emulate_bandwidth_gbps", c.emulate_bandwidth_gbps > 0),
                          ("emulate_latency_us", c.emulate_latency_us > 0)):
-            if on:
+            if on and name not in e:
                 e[name] = f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})"
-    from commlab.workloads import workload_error
+    from commlab.workloads import spec_error
 
-    msg = workload_error(c.workload)
+    if "workload" not in e and spec_error(c.workload):
+        e["workload"] = f"{shown(c.workload)} {spec_error(c.workload)}"
+    msg = runs_dir_error(c.runs_dir)
     if msg:
-        e["workload"] = msg
+        e["runs_dir"] = msg
     return e
 
+
+def runs_dir_error(runs_dir: str) -> str | None:
+    """Why runs cannot be written under this folder, or None; it creates nothing."""
+    if not runs_dir:
+        return ("is empty: name a folder (is COMMLAB_RUNS_DIR set to nothing? unset it for "
+                "./runs)")
+    if "\0" in runs_dir:
+        return f"{shown(runs_dir)} holds a NUL character, which no path may"
+    path = Path(runs_dir)
+    try:
+        if path.exists() and not path.is_dir():
+            return f"{shown(runs_dir)} is not a folder: runs are folders inside it"
+        existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+        if not existing.is_dir():
+            return f"{shown(runs_dir)} cannot be made: {shown(str(existing))} is not a folder"
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+    except OSError as err:
+        return f"{shown(runs_dir)} cannot be used: {err.strerror}"
+    if read_only or not os.access(existing, os.W_OK | os.X_OK):
+        return f"{shown(runs_dir)} cannot be written: {shown(str(existing))} is read-only here"
+    return None

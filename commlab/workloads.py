@@ -242,20 +242,111 @@ def load(spec: str, rank: int = 0, world_size: int = 1, batch_size: int | None =
     return Workload(*out)
 
 
-def workload_error(spec: str) -> str | None:
-    """Why this workload cannot run, or None. A user's function is called once and one batch drawn."""
+SPEC_CHARS = 256  # no module:function is longer
+
+
+def spec_error(spec: str) -> str | None:
+    """Why this is not a workload's name, or None, said of the name (its caller quotes it).  It
+    imports and runs nothing, so that a server may ask; ``check`` runs the workload, in a child
+    process (``commlab.engine.workload_probe``)."""
     if spec in BUILTIN:
         return None
+    if len(spec) > SPEC_CHARS:
+        return f"is {len(spec):,} characters long: no module:function is longer than {SPEC_CHARS}"
+    module_name, colon, fn_name = spec.partition(":")
+    if not colon:
+        return (f"is not a workload; use a built-in ({', '.join(BUILTIN)}) or module:function "
+                "for your own")
+    if not (all(part.isidentifier() for part in module_name.split(".")) and fn_name.isidentifier()):
+        return ("is not module:function: both must be Python names (a dotted module path, e.g. "
+                "mypackage.models:make)")
+    return None
+
+
+# How long the check draws batches to see that there are enough for the run: a real loader may
+# be slow, and the check answers a form.
+DRAW_FOR_S = 10.0
+
+
+def check(spec: str, *, rank: int = 0, world_size: int = 1, batch_size: int | None = None,
+          seed: int = 0, steps: int = 1) -> str | None:
+    """Why this workload cannot train, or None: it is loaded as rank ``rank`` is, and must have
+    parameters, batches of (inputs, targets) tensors whose shapes fit the loss, and at least
+    ``steps`` of them (counted for ``DRAW_FOR_S`` seconds at most).  Runs the user's code: call
+    it in a process of its own."""
     try:
-        w = load(spec)
-        batch = next(iter(w.batches()))
-    except StopIteration:
-        return f"workload {spec!r}: batches() yielded nothing; {CONTRACT}"
+        w = load(spec, rank, world_size, batch_size, seed)
     except ValueError as e:
         return str(e)
+    if not any(p.requires_grad for p in w.model.parameters()):
+        return (f"workload {spec!r}: the model has no parameter that requires a gradient: DDP "
+                "has nothing to average")
+    try:
+        batches = iter(w.batches())
+        batch = next(batches)
+    except StopIteration:
+        return f"workload {spec!r}: batches() yielded nothing; {CONTRACT}"
     except Exception as e:
         return f"workload {spec!r}: drawing a batch raised {type(e).__name__}: {e}"
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2
             and all(isinstance(t, torch.Tensor) for t in batch)):
         return f"workload {spec!r}: a batch must be an (inputs, targets) pair of tensors; {CONTRACT}"
+    try:
+        with torch.no_grad():
+            output = w.model(batch[0])
+    except Exception as e:
+        return f"workload {spec!r}: the model raised {type(e).__name__} on a batch's inputs: {e}"
+    msg = loss_mismatch(output, batch[1])
+    if msg:
+        return f"workload {spec!r}: {msg}"
+    return _too_few(spec, batches, steps)
+
+
+def loss_mismatch(output: object, targets: torch.Tensor) -> str | None:
+    """Why ``loss_fn`` cannot compare these two exactly (it would fail, or broadcast silently)."""
+    if not isinstance(output, torch.Tensor) or not output.is_floating_point():
+        return f"the model must return a floating-point tensor, got {type(output).__name__}"
+    if targets.is_floating_point():
+        if output.shape != targets.shape:
+            return (f"float targets of shape {tuple(targets.shape)} against outputs of shape "
+                    f"{tuple(output.shape)}: mean squared error needs equal shapes (it would "
+                    "broadcast them and train on the wrong thing)")
+        return None
+    classes = output.shape[-1] if output.dim() else 0
+    if output.dim() < 2 or output.numel() // max(classes, 1) != targets.numel():
+        return (f"integer targets of shape {tuple(targets.shape)} against outputs of shape "
+                f"{tuple(output.shape)}: cross-entropy needs outputs (..., classes) with one "
+                "target per row")
+    if targets.numel() and not 0 <= int(targets.min()) <= int(targets.max()) < classes:
+        return (f"integer targets must be class indices 0..{classes - 1} (the outputs' last "
+                f"dimension), got {int(targets.min())}..{int(targets.max())}")
     return None
+
+
+def _too_few(spec: str, batches: Iterator, steps: int) -> str | None:
+    """Why ``batches`` (one drawn already) cannot feed ``steps`` steps, or None; it draws in a
+    daemon thread for ``DRAW_FOR_S`` at most, so a loader that blocks (or just takes long) is
+    given the benefit of the doubt instead of hanging the check."""
+    import threading
+
+    found: list[str | None] = []
+
+    def count() -> None:
+        drawn = 1
+        try:
+            while drawn < steps:
+                next(batches)
+                drawn += 1
+        except StopIteration:
+            found.append(f"workload {spec!r}: batches() ended after {drawn} batch(es), the run "
+                         f"takes {steps} steps: yield at least steps batches (or loop forever)")
+        except Exception as e:
+            found.append(f"workload {spec!r}: drawing batch {drawn + 1} raised "
+                         f"{type(e).__name__}: {e}")
+        else:
+            found.append(None)
+
+    drawing = threading.Thread(target=count, daemon=True)
+    drawing.start()
+    drawing.join(DRAW_FOR_S)
+    return found[0] if found else None

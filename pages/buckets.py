@@ -14,8 +14,12 @@ if not choices:
     lab_widgets.stop_without_runs("its bucket layouts appear here once it has done two steps "
                                   "(DDP rebuilds its buckets after the first).")
 
-recorded = open_run(lab_widgets.pick_run(choices)["path"]).buckets()
-st.write(buckets.bucket_story(recorded))
+run = open_run(lab_widgets.pick_run(choices)["path"])
+if damage := run.damage("buckets.json"):
+    st.warning(lab_widgets.literal(damage))
+    st.stop()
+recorded = run.buckets()
+st.write(lab_widgets.literal(buckets.bucket_story(recorded)))
 if not recorded:
     st.stop()
 

@@ -4,7 +4,7 @@ import streamlit as st
 
 import lab_widgets
 from commlab.api import open_run
-from commlab.config import RESOLVED_BACKENDS, RunConfig, settings
+from commlab.config import RESOLVED_BACKENDS, ConfigError, RunConfig, settings
 from commlab.tune import export
 from commlab.ui import form, runs
 
@@ -70,8 +70,15 @@ if source == "a run":
         st.info("No runs yet: start one on **Launch and watch** or **Sweep**, or enter settings here.")
     else:
         run = open_run(lab_widgets.pick_run(choices)["path"])
-        cfg, source_id = run.config(), run.id
-        st.caption(f"Settings of run `{run.id}`: {cfg.label()}")
+        try:
+            if damage := run.damage("config.json"):
+                raise ConfigError({"config.json": damage})
+            cfg, source_id = run.config(), run.id
+        except ConfigError as e:  # a damaged run, or one whose settings no longer validate
+            lab_widgets.show_errors({k: lab_widgets.literal(m) for k, m in e.errors.items()})
+        else:
+            st.caption(f"Settings of run {lab_widgets.literal(run.id)}: "
+                       f"{lab_widgets.literal(cfg.label())}")
 else:
     cfg = settings_form()
 

@@ -3,6 +3,7 @@ import streamlit as st
 
 import lab_widgets
 from commlab import api
+from commlab.config import ConfigError
 from commlab.figures import runs as figures
 from commlab.ui import form, runs
 
@@ -48,7 +49,11 @@ def launch_area(cfg, errors: dict) -> None:
             st.warning(plan["warning"])
     if st.button("Launch", type="primary", disabled=bool(errors), key="launch"):
         draft = st.session_state.setdefault("draft", form.new_draft())
-        run, started = form.launch(cfg, form.request_id(cfg, draft))
+        try:
+            run, started = form.launch(cfg, form.request_id(cfg, draft))
+        except ConfigError as e:  # found only at launch (a workload edited since the check)
+            lab_widgets.show_errors(e)
+            return
         st.session_state.draft = form.new_draft()
         st.session_state[lab_widgets.RUN_KEY] = str(run.path)
         st.session_state.notice = (f"Started run {run.id}." if started else
@@ -81,15 +86,16 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
         st.rerun()  # a full rerun stops the refresh and lists the run's new status
     h = view.headline()
     impl = view.implementation()
-    st.markdown(f"**Status: {status['status']}** · step {h['step'] if h['step'] is not None else '–'}"
+    st.markdown(f"**Status: {lab_widgets.literal(status['status'])}** · step {h['step'] if h['step'] is not None else '–'}"
                 f" of {h['steps_planned']}")
     if status.get("error") and status["status"] not in api.GOING:
-        st.error(status["error"])
+        st.error(lab_widgets.literal(status["error"]))
     ran = "ran" if impl["ran"] else "will run (planned: rank 0 has not reported yet)"
-    st.caption(f"Hook implementation that {ran} on {impl['backend']}: **{impl['owner']}** "
-               f"({impl['hook_impl']}). Why: {impl['hook_reason']}.")
+    shown = {k: lab_widgets.literal(impl[k]) for k in ("backend", "owner", "hook_impl", "hook_reason")}
+    st.caption(f"Hook implementation that {ran} on {shown['backend']}: **{shown['owner']}** "
+               f"({shown['hook_impl']}). Why: {shown['hook_reason']}.")
     if impl["warning"]:
-        st.warning(impl["warning"])
+        st.warning(lab_widgets.literal(impl["warning"]))
     # A lost run's supervisor is gone, but torchrun or workers may outlive it: Stop ends them.
     if status["status"] in (*api.GOING, "lost") and st.button("Stop", key="stop"):
         api.open_run(view.run.path).stop()

@@ -6,6 +6,7 @@ import streamlit as st
 import lab_widgets
 from commlab.analysis import lowrank
 from commlab.config import default_runs_dir
+from commlab.engine.store import Damaged
 from commlab.figures import lowrank as figs
 from commlab.ui import lowrank_view
 
@@ -92,9 +93,13 @@ if not choices:
 path = lab_widgets.pick_run(choices)["path"]
 run = lowrank_view.inputs(path)
 cfg = run.config
-st.caption(f"hook {cfg.get('hook')} · rank {cfg.get('matrix_approximation_rank')} · "
-           f"start_powerSGD_iter {cfg.get('start_powerSGD_iter')} · error feedback "
-           f"{cfg.get('use_error_feedback')} · warm start {cfg.get('warm_start')} · "
-           f"workload {cfg.get('workload')} · saved steps {run.steps or 'none'}")
-offline_section(path, run)
+st.caption(lab_widgets.literal(
+    f"hook {cfg.get('hook')} · rank {cfg.get('matrix_approximation_rank')} · "
+    f"start_powerSGD_iter {cfg.get('start_powerSGD_iter')} · error feedback "
+    f"{cfg.get('use_error_feedback')} · warm start {cfg.get('warm_start')} · "
+    f"workload {cfg.get('workload')} · saved steps {run.steps or 'none'}"))
+try:
+    offline_section(path, run)
+except Damaged as e:  # a saved gradient file that is not one
+    st.warning(lab_widgets.literal(f"damaged: {e}"))
 measured_section(path)

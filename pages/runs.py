@@ -11,7 +11,7 @@ from commlab.ui import runs
 COLUMNS = ["label", "status", "hook", "wrapper", "hook_impl", "backend", "world_size", "workload",
            "rank", "start_iter", "min_compression_rate", "use_error_feedback", "warm_start",
            "bucket_cap_mb", "steps", "steps_planned", "final_loss", "median_step_s",
-           "bytes_per_step", "compression_ratio", "run_id", "error"]
+           "bytes_per_step", "compression_ratio", "run_id", "error", "skipped_lines"]
 FORMATS = {"final_loss": "%.4f", "median_step_s": "%.4f", "bytes_per_step": "localized",
            "compression_ratio": "%.2f"}
 
@@ -39,16 +39,16 @@ with st.expander("Delete a run"):
     if st.button("Delete…", key="delete"):
         st.session_state.confirm_delete = victim
     if st.session_state.get("confirm_delete") == victim:
-        st.warning(f"Delete run {victim_id} and every file in it? This cannot be undone.")
+        st.warning(f"Delete run {lab_widgets.literal(victim_id)} and every file in it? This cannot be undone.")
         yes, no = st.columns(2)
         if yes.button("Yes, delete it", type="primary", key="delete_yes"):
             del st.session_state.confirm_delete
             try:
                 runs.delete_run(victim)
             except ValueError as e:
-                st.error(str(e))
+                st.error(lab_widgets.literal(e))
             else:
-                st.session_state.deleted = f"Deleted run {victim_id}."
+                st.session_state.deleted = f"Deleted run {lab_widgets.literal(victim_id)}."
                 st.rerun()
         if no.button("Cancel", key="delete_no"):
             del st.session_state.confirm_delete

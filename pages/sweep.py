@@ -61,7 +61,7 @@ def results(sweep: sw.Sweep) -> None:
     tolerance = st.slider("X: a setting qualifies when its final loss is within X% of allreduce's",
                           0.0, 50.0, float(sweep.spec().tolerance_pct), 0.5)
     rec = pareto.recommend(table, tolerance)
-    st.success(f"**Recommendation** ({rec.rule}): {rec.text}")
+    st.success(f"**Recommendation** ({rec.rule}): {lab_widgets.literal(rec.text)}")
     links = set(table["link"]) - {"loopback"}
     if links:
         st.warning(f"These runs used an **{', '.join(sorted(links))}** link: their times are the "
@@ -97,5 +97,5 @@ current = st.selectbox("Sweep", sweeps, index=paths.index(chosen) if chosen in p
 if current.is_running():
     live(current)
 else:
-    st.caption(f"Status: **{current.status()}**")
+    st.caption(f"Status: **{lab_widgets.literal(current.status())}**")
 results(current)

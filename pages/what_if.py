@@ -29,6 +29,10 @@ if kind == "a sweep":
 else:
     paths = lab_widgets.pick_runs("Runs", choices, default=[c["path"] for c in choices[:3]])
     chosen = [open_run(p) for p in paths]
+damaged = [r for r in chosen if r.damage()]
+for r in damaged:
+    st.warning(lab_widgets.literal(f"Left out run {r.id}: {r.damage()}"))
+chosen = [r for r in chosen if r not in damaged]
 profiles = whatif.profiles_from_runs(chosen)
 if not profiles:
     st.warning("None of these runs has steady steps to measure (runs too short, or PowerSGD never "
@@ -61,7 +65,7 @@ if base:
         "hook": p.label, "workers": n,
         "wins below (Gb/s)": whatif.break_even_gbps(base, p, n, latency)}
         for p in profiles if p is not base for n in (8, 64, 1024)]), hide_index=True)
-    st.caption(f"Against {base.label}: the hook is faster at any bandwidth below the one shown "
+    st.caption(f"Against {lab_widgets.literal(base.label)}: the hook is faster at any bandwidth below the one shown "
                "(inf: at every bandwidth; 0: at none).")
 
 checked = whatif.checks(chosen)

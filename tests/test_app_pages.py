@@ -94,8 +94,8 @@ def sleeper():
     """A child process standing in for a run's supervisor: alive until the test ends it."""
     procs = []
 
-    def start():
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    def start(*argv: str):
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", *argv])
         procs.append(p)
         return p
 
@@ -109,7 +109,7 @@ def fake_running_run(runs_dir, sleeper, steps_written: int = 3, **settings) -> a
     """A run folder made by the real launcher's prepare(), 'supervised' by a sleeping child."""
     cfg = RunConfig(runs_dir=str(runs_dir), workload="mlp", steps=50, **settings)
     folder = launch.prepare(cfg)
-    proc = psutil.Process(sleeper().pid)
+    proc = psutil.Process(sleeper(str(folder.path.resolve())).pid)  # the run folder in its argv, as a supervisor's
     store.write_json(folder.file("supervisor.json"), {
         "pid": proc.pid, "create_time": proc.create_time(), "torchrun_pid": None, "worker_pids": []})
     append_steps(folder, range(steps_written))

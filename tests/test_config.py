@@ -31,9 +31,9 @@ def test_defaults_are_valid():
     (dict(lr=0.0), "lr", "above 0"),
     (dict(lr=float("inf")), "lr", "finite"),
     (dict(bucket_cap_mb=0), "bucket_cap_mb", "above 0"),
-    (dict(workload="nosuchmodule_xyz:make"), "workload", "does not import"),
-    (dict(workload="collections:OrderedDict"), "workload", "must return (model, batches)"),
-    (dict(workload="json:nothere"), "workload", "has no function"),
+    # A user's module is run only by the workload probe, in a child (tests/test_inputs.py): here
+    # only its spelling is checked.
+    (dict(workload="my model:make"), "workload", "must be Python names"),
     (dict(workload="resnet"), "workload", "charlm, mlp, cnn, wide"),
     (dict(instrument=False, emulate_bandwidth_gbps=1.0), "emulate_bandwidth_gbps", "needs instrument on"),
     (dict(instrument=False, error_every=5), "error_every", "needs instrument on"),

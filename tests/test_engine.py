@@ -193,7 +193,8 @@ def test_a_prepared_run_is_starting_owned_by_the_process_that_prepared_it(tmp_pa
     assert Run(folder.path).is_running()
     rec = folder.status_record()
     assert rec["status"] == "starting" and folder.launch_info()["launcher"]["pid"] == os.getpid()
-    assert [f.name for f in sorted(folder.path.iterdir())] == ["config.json", "launch.json", "status.json"]
+    assert [f.name for f in sorted(folder.path.iterdir())] == [".reserve", "config.json", "launch.json",
+                                                               "status.json"]
     assert folder.launch_info()["command"] == torchrun_command(folder.config(), folder.path.resolve())
 
 

@@ -34,8 +34,10 @@ def ddp_logged_sizes(buckets: dict) -> dict[str, dict]:
     logged = buckets.get("ddp_logging") or {}
     out = {}
     for (key, title), field in zip(LAYOUTS.items(), ("bucket_sizes", "rebuilt_bucket_sizes")):
-        text = logged.get(field)
-        sizes = [int(x) for x in str(text).split(",")] if text else None
+        try:
+            sizes = [int(x) for x in str(logged.get(field)).split(",")] if logged.get(field) else None
+        except ValueError:  # not DDP's comma-separated sizes: shown as not logged
+            sizes = None
         recorded = [b["bytes"] for b in sorted(buckets.get(key) or [], key=lambda b: b["index"])]
         out[title] = {"field": field, "logged": sizes, "recorded": recorded,
                       "agrees": sizes == recorded if sizes else None}

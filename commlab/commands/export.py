@@ -28,6 +28,9 @@ def config_for(args: argparse.Namespace):
             run = open_run(args.run_dir)
         except FileNotFoundError as e:
             raise ConfigError({"run_dir": str(e)}) from None
+        damage = run.damage("config.json")
+        if damage:
+            raise ConfigError({"run_dir": f"{run.path}: {damage}"})
         args = argparse.Namespace(**{**vars(args), "config": str(run.file("config.json"))})
         return config_from_args(args), run.id
     return config_from_args(args), None

@@ -17,7 +17,8 @@ def add_run_options(p: argparse.ArgumentParser, axes: Collection[str] = ()) -> N
     run configuration.  The settings named in ``axes`` take comma-separated lists (a sweep's)."""
     p.add_argument("--config", metavar="FILE", help="a JSON or TOML file of settings; flags override it")
     for s in settings():
-        text = s.help + (f" One of: {', '.join(map(str, s.choices))}." if s.choices else "")
+        text = s.help + (f" One of: {', '.join(map(str, s.choices))}." if s.choices else "") \
+            + (f" Allowed: {s.bounds.text}." if s.bounds else "")
         if s.name in axes:
             default = ",".join(map(str, s.sweep)) if s.sweep else "the one --config or the defaults give"
             p.add_argument(s.flag, *s.aliases, dest=s.name, metavar="LIST",

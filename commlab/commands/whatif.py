@@ -6,11 +6,21 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from commlab.tune.sweep import parse_list
 
 
 def _runs(args: argparse.Namespace) -> list:
+    """The runs to measure; a damaged one is named on stderr and left out."""
+    runs = _given_runs(args)
+    for run in runs:
+        if damage := run.damage():
+            print(f"commlab whatif: left out run {run.id}: {damage}", file=sys.stderr)
+    return [r for r in runs if not r.damage()]
+
+
+def _given_runs(args: argparse.Namespace) -> list:
     from commlab.api import open_run
     from commlab.config import ConfigError
     from commlab.tune.sweep import Sweep

@@ -6,10 +6,12 @@
 (``commlab.engine.supervisor``), whose PID and create time it records at once; the supervisor
 runs that command, says ``running`` once it is up, and records how the run ends.  Because the
 supervisor is detached, a run outlives the app or shell that launched it, and any later process
-can stop it through the PID recorded in the folder.
+can stop it through the PIDs recorded in the folder: only processes proven to be the run's
+(``procs.belonging``) are ever signalled.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -66,9 +68,10 @@ def package_env(base: dict | None = None) -> dict:
 def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
     """Validate, then create the run folder, status ``starting`` and owned by this process until
     ``start`` hands it to a supervisor; config.json, the marker, last.  Raises ConfigError."""
+    from commlab.engine import workload_probe
     from commlab.hooks import registry
 
-    cfg.check()
+    workload_probe.check(cfg.check())  # a user's workload runs in a child, never here
     backend, why = resolve_backend(cfg)
     impl, impl_reason = registry.plan(cfg, backend)
     run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())
@@ -86,12 +89,19 @@ class Run(store.RunFolder):
     """A run folder plus control: wait for it, stop it, ask whether it still goes."""
 
     def is_running(self) -> bool:
-        """Still going: starting or running."""
+        """Still going: starting, running or orphaned."""
         return self.status() in store.GOING
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> str:
-        """Block until the run ends (or ``timeout`` seconds pass); returns its status."""
-        if procs.wait_until(lambda: not self.is_running(), timeout, poll_s):
+        """Block until the run ends (or ``timeout`` seconds pass); returns its status.  An
+        orphaned run is stopped: with no supervisor, nothing would ever end it or record its end."""
+        def ended() -> bool:
+            status = self.status()
+            if status == "orphaned":
+                self.stop()
+            return status not in store.GOING
+
+        if procs.wait_until(ended, timeout, poll_s):
             self._wait_for_supervisor()
         return self.status()
 
@@ -99,8 +109,8 @@ class Run(store.RunFolder):
         # The worker writes "finished" a moment before its processes are gone (longer on a busy
         # machine); callers that go on to count processes, or start the next run (whose step
         # times the leftovers would spoil), want them gone.
-        sup = self.supervisor()
-        procs.wait_until(lambda: not procs.alive(sup.get("pid"), sup.get("create_time")), timeout)
+        sup, me = self.supervisor(), str(self.path.resolve())
+        procs.wait_until(lambda: not procs.belonging([sup], me), timeout)
 
     def stop(self) -> str:
         return stop(self)
@@ -113,17 +123,29 @@ def start(cfg: RunConfig, request_id: str | None = None) -> Run:
     """Start a run in the background and return its folder at once, status ``starting``.
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
-    a second browser tab) returns the run the first one started.
+    a second browser tab, another process at the same moment) returns the run the first one
+    started.
     """
+    claim = None
     if request_id:
         cfg.check()  # bad settings are refused even when the id was seen before
-        for run in store.list_runs(cfg.runs_dir):
-            if run.launch_info().get("request_id") == request_id:
-                return Run(run.path)  # started (or being started) by the first call: never a second supervisor
-    folder = prepare(cfg, request_id)
+        claim = _claim_path(cfg.runs_dir, request_id)
+        first = _claim(claim)
+        if first:
+            return Run(first)  # started (or being started) by the first call: never a second supervisor
     try:
-        child = procs.spawn([sys.executable, "-m", "commlab.engine.supervisor", str(folder.path.resolve())],
-                            log=folder.file("supervisor.log"), env=worker_env(cfg), detached=True)
+        folder = prepare(cfg, request_id)
+    except BaseException:
+        if claim:
+            claim.unlink(missing_ok=True)  # nothing was started: the id is free again
+        raise
+    if claim:
+        store.write_json(claim, {"run": folder.id})
+    me = str(folder.path.resolve())
+    try:
+        child = procs.spawn([sys.executable, "-m", "commlab.engine.supervisor", me],
+                            log=folder.file("supervisor.log"),
+                            env={**worker_env(cfg), procs.OWNER_ENV: me}, detached=True)
         store.write_json(folder.file("launch.json"),
                          {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     except BaseException as e:  # this process owns the starting run: it must not stay starting
@@ -131,6 +153,27 @@ def start(cfg: RunConfig, request_id: str | None = None) -> Run:
             "status": "failed", "step": None, "error": f"the supervisor could not be started: {e!r}"})
         raise
     return Run(folder.path)
+
+
+def _claim_path(runs_dir: str | os.PathLike, request_id: str) -> Path:
+    """The file in the runs folder that says which run a request id started (a file: no run)."""
+    return Path(runs_dir) / f".request-{hashlib.sha256(request_id.encode()).hexdigest()[:32]}.json"
+
+
+def _claim(path: Path, wait_s: float = 60) -> Path | None:
+    """Take the id (None), created with O_EXCL so two processes at once never both do; or the
+    folder of the run that the call holding it started, once it has named it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return None
+    except FileExistsError:
+        pass
+    named = lambda: store.read_json(path, {}).get("run")  # noqa: E731
+    if not procs.wait_until(named, wait_s, 0.05):
+        raise RuntimeError(f"another process claimed request id {path.name} and has not started "
+                           f"its run after {wait_s:.0f} s")
+    return path.parent / named()
 
 
 def open_run(path: str | os.PathLike) -> Run:
@@ -145,16 +188,17 @@ def list_runs(runs_dir: str | os.PathLike | None = None) -> list[Run]:
 
 
 def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
-    """Stop a run and every process it started, starting or running; returns the status it ends
-    with."""
-    sup = folder.supervisor()
-    pid = sup.get("pid")
-    if procs.alive(pid, sup.get("create_time")):
-        everyone = procs.tree(pid)  # collected first: workers live in their own sessions
-        procs.terminate(everyone[:1], grace_s=grace_s + 5)  # the supervisor stops its own tree
-        procs.terminate([p for p in everyone[1:] if p.is_running()], grace_s=1)
-    for pid in workers_alive(sup):
-        procs.kill_tree(pid, grace_s=1)
+    """Stop a run and every process it started, starting, running or orphaned; returns the status
+    it ends with.  Only processes proven to be the run's are signalled (``procs.belonging``): a
+    forged or stale supervisor.json makes it kill nothing else."""
+    me = str(folder.path.resolve())
+    head = procs.belonging([folder.supervisor()], me)
+    if head:
+        # collected first: the workers live in their own sessions
+        everyone = [p for p in procs.tree(head[0].pid)[1:] if procs.owned_by(p, me)]
+        procs.terminate(head, grace_s=grace_s + 5)  # the supervisor stops its own tree
+        procs.terminate([p for p in everyone if p.is_running()], grace_s=1)
+    procs.terminate(folder.processes(), grace_s=1)  # torchrun or workers that outlived it
     if folder.status() in (*store.GOING, "lost"):
         store.write_json(folder.file("status.json"), {
             **folder.status_record(), "status": "stopped", "error": "stopped by the user"})

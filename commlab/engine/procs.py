@@ -3,9 +3,12 @@ ends a tree of them for good.
 
 torchrun starts every worker in its own session, so a signal to the launcher's process group
 never reaches them: collect the whole tree first, then SIGTERM, wait, and SIGKILL survivors.
+Nothing here ever signals PID 1, this process or one of its ancestors (``protected``), and what a
+run folder names is signalled only once proven to be that run's (``belonging``).
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -14,18 +17,53 @@ from collections.abc import Callable, Iterable, Sequence
 
 import psutil
 
+# The folder a process works for, set in the environment of a run's supervisor (so of torchrun and
+# the workers too): with the folder in the command line, what proves a process is a run's.
+OWNER_ENV = "COMMLAB_RUN_DIR"
+# torchrun's PID, set by ``commlab.engine.torchrun`` for its workers (see ``die_with_parent``).
+LAUNCHER_ENV = "COMMLAB_LAUNCHER_PID"
+# Where ``commlab.engine.torchrun`` writes torchrun's record of failed workers.
+TORCHRUN_RECORD_ENV = "COMMLAB_TORCHRUN_RECORD"
+_PR_SET_PDEATHSIG = 1
+
+
+def _prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _prctl()  # looked up before any fork: a forked child must not load libraries
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent`` (its parent) ends, and end now if it
+    already has (Linux; elsewhere nothing)."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before the request: the kernel will never send it
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 def spawn(argv: Sequence[str], *, log: str | os.PathLike | None = None, env: dict | None = None,
-          detached: bool = False, stdin: int = subprocess.DEVNULL,
+          detached: bool = False, die_with_caller: bool = False, stdin: int = subprocess.DEVNULL,
           pass_fds: Sequence[int] = ()) -> subprocess.Popen:
     """Start ``argv``: stdin closed (unless a pipe is asked for), stdout and stderr appended to
     ``log`` (inherited when None), no file descriptor inherited but ``pass_fds``.  ``detached``
-    gives it a session of its own, so that it outlives the caller and the caller's Ctrl-C."""
+    gives it a session of its own, so that it outlives the caller and the caller's Ctrl-C;
+    ``die_with_caller`` has it SIGKILLed when the caller ends, however it ends (a caller with one
+    thread only: the request is made between fork and exec)."""
     out = open(log, "ab") if log is not None else None
+    guard = functools.partial(die_with_parent, os.getpid()) if die_with_caller else None
     try:
         return subprocess.Popen(list(argv), stdin=stdin, stdout=out,
                                 stderr=subprocess.STDOUT if out else None, env=env,
-                                start_new_session=detached, close_fds=True, pass_fds=tuple(pass_fds))
+                                start_new_session=detached, close_fds=True, pass_fds=tuple(pass_fds),
+                                preexec_fn=guard)
     finally:
         if out:
             out.close()  # the child holds its own copy
@@ -44,17 +82,54 @@ def wait_until(predicate: Callable[[], object], timeout: float | None = None,
 
 
 def tree(pid: int) -> list[psutil.Process]:
-    """The process and all its descendants (those still alive)."""
+    """The process and all its descendants (those still alive), none of them ``protected``."""
     try:
         root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
+        everyone = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+    spared = protected()
+    return [p for p in everyone if p.pid not in spared]
+
+
+def protected() -> set[int]:
+    """PIDs never signalled: init (in a PID namespace, everything), this process, its ancestors."""
+    me = psutil.Process()
+    return {1, me.pid, *(p.pid for p in me.parents())}
+
+
+def belonging(records: Iterable[dict], owner: str) -> list[psutil.Process]:
+    """The live processes among ``records`` (``identity`` dicts, as a run folder keeps them)
+    proven to work for the folder ``owner``: the same PID and create time, and ``owner`` in the
+    command line or as ``OWNER_ENV``; never a ``protected`` one.  A record without a create
+    time proves nothing."""
+    spared, found = protected(), []
+    for rec in records:
+        pid, created = rec.get("pid"), rec.get("create_time")
+        if not pid or created is None or pid in spared or not alive(pid, created):
+            continue
+        try:
+            p = psutil.Process(pid)
+            if owned_by(p, owner):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def owned_by(p: psutil.Process, owner: str) -> bool:
+    """Whether ``owner`` (a folder) is in the process's command line or environment."""
+    try:
+        return owner in p.cmdline() or p.environ().get(OWNER_ENV) == owner
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
 
 
 def terminate(procs: Iterable[psutil.Process], grace_s: float = 3.0) -> list[int]:
-    """SIGTERM every process, wait up to ``grace_s``, SIGKILL the rest; returns the killed PIDs."""
-    procs = list(procs)
+    """SIGTERM every process, wait up to ``grace_s``, SIGKILL the rest; returns the killed PIDs.
+    ``protected`` ones are left alone."""
+    spared = protected()
+    procs = [p for p in procs if p.pid not in spared]
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)

@@ -19,11 +19,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from commlab.config import Bounds, ConfigError
 from commlab.engine import procs
 
 # A guard against hangs, not an expected duration: importing torch in a fresh process takes
 # seconds, and on a shared 2-core machine under load it has taken over a minute.
 DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_BOUNDS = Bounds(0, 86400, "seconds before the ranks are given up; torch's process group "
+                        "takes its timeout as a timedelta, and a day is more than any job here",
+                        lo_open=True)
 
 
 def loopback_listener(port: int = 0) -> socket.socket:
@@ -70,8 +74,13 @@ def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
     """
     from multiprocessing.connection import Connection
 
+    msg = TIMEOUT_BOUNDS.error(timeout_s)
+    if msg:  # before anything starts (a classroom's or a bench's --timeout)
+        raise ConfigError({"timeout": msg})
     read_fd, write_fd = os.pipe()
-    job = (target, world_size, backend, loopback_interface(), args, timeout_s)
+    # Always an interface: one already named in the environment (a cluster's eth0) would make
+    # Gloo listen on the network.
+    job = (target, world_size, backend, loopback_interface() or "lo", args, timeout_s)
     try:
         launcher = procs.spawn([sys.executable, "-c", _LAUNCHER_CODE], stdin=subprocess.PIPE,
                                pass_fds=(write_fd,))
@@ -192,8 +201,9 @@ def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args
     from commlab.engine.teardown import end_process_group
 
     _die_with_parent()
-    if iface:  # Gloo and NCCL would otherwise pick an address from the host name
-        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = iface
+    # Set, not defaulted: Gloo and NCCL would otherwise take the environment's interface, or an
+    # address from the host name.
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = iface
     torch.set_num_threads(1)  # ranks share the machine's few cores
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":

@@ -14,34 +14,236 @@ Layout of ``<runs_dir>/<run_id>/``:
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
   supervisor.json  the PIDs that own the run, written by the supervisor once it is up
   supervisor.log   the supervisor's output                launcher.log  torchrun's output
-  rank<k>.error.json  a rank's traceback, written as it dies
+  rank<k>.error.json  a rank's traceback, written as it dies, with the ranks already gone then
+  torchrun.json    torchrun's record of how each failed rank ended (exit code or signal)
+  .reserve/        preallocated slots: with the disk full, the files that record how a run ended
+                   (status, supervisor, rank errors) are written into one (``write_json``)
 Small JSON files are replaced atomically; JSON-lines readers keep a byte offset and only ever
 consume complete lines, so a half-written last line never breaks them.
+
+Readers never raise on what a folder holds: a file that is not what it must be (not UTF-8, not
+JSON, a list where an object belongs, a folder where a file belongs, a field of the wrong type) is
+``Damaged``; ``RunFolder.damage`` names the first one, and the lenient readers return their
+empty value for it.  JSON-lines readers skip the lines that are not records and count them.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from commlab.config import settings
+
 FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
-GOING = ("starting", "running")  # starting: the folder exists, its supervisor is not up yet
+# starting: the folder exists, its supervisor is not up yet; orphaned: the supervisor is gone but
+# some of the run's processes still run (nothing supervises them: Stop ends them)
+GOING = ("starting", "running", "orphaned")
+
+
+RESERVE = ".reserve"  # in every run folder: RESERVE_SLOTS files of SLOT_BYTES, written as it is made
+RESERVE_SLOTS, SLOT_BYTES = 4, 64 * 1024
+# The files a full disk must not keep from being written: they record how a run ended.
+ENDS_A_RUN = re.compile(r"status\.json|supervisor\.json|rank\d+\.error\.json")
+MIN_FREE_BYTES = 16 * 1024 * 1024  # below this free in the runs folder, no run starts
 
 
 def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_jsonable))
-    os.replace(tmp, path)
-
-
-def read_json(path: Path, default: Any = None) -> Any:
+    """Replace ``path`` atomically; no temporary file is left when that fails.  With the disk
+    full, a file that records a run's end goes into one of the folder's reserve slots; any other
+    raises OSError(ENOSPC, "no space left on device writing <file>")."""
+    path = Path(path)
+    data = json.dumps(obj, indent=1, default=_jsonable).encode()
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        _replace(path, data)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        if not (ENDS_A_RUN.fullmatch(path.name) and _from_reserve(path, data)):
+            raise no_space(path) from None
+    if path.name == "status.json" and isinstance(obj, dict) and obj.get("status") in FINAL:
+        shutil.rmtree(path.parent / RESERVE, ignore_errors=True)  # an ended run needs none
+
+
+def no_space(path: Path) -> OSError:
+    return OSError(errno.ENOSPC, f"no space left on device writing {Path(path).name}")
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _from_reserve(path: Path, data: bytes) -> bool:
+    """Write ``data`` as ``path`` into a reserve slot, claimed by renaming it (two processes never
+    take the same one): overwritten in place, which needs no new block on most file systems, or
+    else deleted to free its blocks for one more try."""
+    for slot in sorted((path.parent / RESERVE).glob("slot*")):
+        mine = slot.with_name(f"taken.{os.getpid()}.{slot.name}")
+        try:
+            os.rename(slot, mine)
+        except OSError:
+            continue  # taken by another process
+        try:
+            if len(data) > SLOT_BYTES:
+                raise OSError(errno.ENOSPC, "larger than a reserve slot")
+            with open(mine, "r+b") as f:
+                f.write(data)
+                f.truncate()
+            os.replace(mine, path)
+            return True
+        except OSError:
+            mine.unlink(missing_ok=True)
+            try:
+                _replace(path, data)
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def make_reserve(folder: Path) -> None:
+    (folder / RESERVE).mkdir()
+    for i in range(RESERVE_SLOTS):
+        with open(folder / RESERVE / f"slot{i}", "wb") as f:
+            f.write(b" " * SLOT_BYTES)  # real bytes: a sparse file reserves nothing
+
+
+# ---------------------------------------------------------------------------- reading, never raising
+class Damaged(ValueError):
+    """A run-folder file that is not what it must be; str() is ``<file>: <what>``."""
+
+    def __init__(self, name: str, what: str):
+        self.name, self.what = name, what
+        super().__init__(f"{name}: {what}")
+
+
+NUM = (int, float)
+OPT_STR, OPT_NUM, OPT_INT = (str, type(None)), (int, float, type(None)), (int, type(None))
+# The shape of each file, as far as its readers rely on it: {key: kind} ("key?" optional),
+# [kind] a list of such, a type or a tuple of types (bool is never taken for a number).
+STATUS = {"status": str, "error?": OPT_STR, "step?": OPT_INT}
+OWNER = {"pid?": OPT_INT, "create_time?": OPT_NUM}
+SUPERVISOR = {**OWNER, "torchrun_pid?": OPT_INT, "torchrun_create_time?": OPT_NUM, "worker_pids?": [int], "worker_create_times?": dict}
+LAUNCH = {"backend?": OPT_STR, "hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "warning?": OPT_STR,
+          "request_id?": OPT_STR, "launcher?": OWNER, "supervisor?": OWNER, "command?": [str]}
+META = {"hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "backend?": OPT_STR}
+# config.json: each setting of the settings table with its kind (optional: older runs lack some).
+CONFIG = {f"{s.name}?": {"str": str, "int": int, "float": NUM, "bool": bool, "list[int]": [int]}[s.kind]
+          for s in settings()}
+PARAM = {"name": str, "shape": [int], "numel": int}
+BUCKET = {"index": int, "is_last": bool, "bytes": int, "numel": int, "params": [PARAM]}
+BUCKETS = {"bucket_cap_mb": NUM, "iter0?": [BUCKET], "rebuilt?": [BUCKET],
+           "ddp_logging?": {"bucket_sizes?": OPT_STR, "rebuilt_bucket_sizes?": OPT_STR}}
+LAYERS = [{"name": str, "shape": [int], "compressed?": bool}]
+STEP = {"step": int, "loss": NUM, "step_s": NUM, "t": NUM, "compression_ratio?": OPT_NUM}
+INSTRUMENTED = {"payload_bytes": NUM, "hook_s": NUM, "collectives": NUM, "plain_bytes": NUM}
+ERRORS = {"step": int, "layers?": [{"layer": str, "bucket": int, "rel_error": NUM}],
+          "buckets?": [{"bucket": int, "rel_error": NUM}], "ef_residual_norm?": OPT_NUM}
+
+
+def fits(value: Any, kind: Any) -> bool:
+    return checker(kind)(value)
+
+
+def checker(kind: Any, _made: dict = {}):  # noqa: B006 (a cache: the kinds are module constants)
+    """A test of a value against ``kind``, made once per kind: readers run it on every record.
+    JSON gives exact types, so ``type() in`` is the test, and True is never taken for a number."""
+    if id(kind) in _made:
+        return _made[id(kind)][1]
+    if isinstance(kind, dict):
+        fields = [(k.rstrip("?"), k.endswith("?"), checker(v)) for k, v in kind.items()]
+
+        def check(value: Any) -> bool:
+            if type(value) is not dict:
+                return False
+            for key, optional, ok in fields:
+                if key in value:
+                    if not ok(value[key]):
+                        return False
+                elif not optional:
+                    return False
+            return True
+    elif isinstance(kind, list):
+        item = checker(kind[0])
+
+        def check(value: Any) -> bool:
+            return type(value) is list and all(map(item, value))
+    else:
+        types = frozenset(kind if isinstance(kind, tuple) else (kind,))
+
+        def check(value: Any) -> bool:
+            return type(value) in types
+    _made[id(kind)] = (kind, check)
+    return check
+
+
+SCHEMAS = {"status.json": STATUS, "supervisor.json": SUPERVISOR, "launch.json": LAUNCH,
+           "meta.json": META, "config.json": CONFIG, "buckets.json": BUCKETS, "layers.json": LAYERS}
+RANK_ERROR = {"rank?": OPT_INT, "time?": NUM, "error?": OPT_STR, "traceback?": OPT_STR}
+
+
+def schema(name: str) -> Any:
+    """What a run-folder file must hold (an object for a name it does not know)."""
+    return RANK_ERROR if re.fullmatch(r"rank\d+\.error\.json", name) else SCHEMAS.get(name, dict)
+
+
+def load_json(path: Path, kind: Any = None) -> Any:
+    """The file's JSON value; FileNotFoundError when absent, ``Damaged`` when it is not ``kind``
+    (by default what ``schema`` says the file holds)."""
+    path = Path(path)
+    kind = schema(path.name) if kind is None else kind
+    try:
+        text = path.read_bytes().decode("utf-8")
+        value = json.loads(text)
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise Damaged(path.name, "a folder where a file belongs") from None
+    except UnicodeDecodeError as e:
+        raise Damaged(path.name, f"not UTF-8 text (byte {e.start})") from None
+    except (ValueError, RecursionError) as e:
+        raise Damaged(path.name, f"not JSON ({str(e)[:80]})") from None
+    except OSError as e:
+        raise Damaged(path.name, f"unreadable ({e.strerror})") from None
+    if not fits(value, kind):
+        raise Damaged(path.name, _mismatch(value, kind))
+    return value
+
+
+def _mismatch(value: Any, kind: Any) -> str:
+    """What about ``value`` does not fit ``kind``: its kind, or its first field that does not."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "true/false",
+             type(None): "null", int: "a number", float: "a number"}
+    want = dict if isinstance(kind, dict) else list if isinstance(kind, list) else None
+    if want and type(value) is not want:
+        return f"{names[type(value)]} where {names[want]} belongs"
+    if isinstance(kind, dict):
+        for key, sub in kind.items():
+            name = key.rstrip("?")
+            if name not in value and not key.endswith("?"):
+                return f"no {name!r} field"
+            if name in value and not fits(value[name], sub):
+                return f"field {name!r} is {names.get(type(value[name]), 'odd')}, not what commlab writes"
+    return "not what commlab writes there"
+
+
+def read_json(path: Path, default: Any = None, kind: Any = None) -> Any:
+    """``load_json``, but ``default`` for a file that is absent or damaged."""
+    try:
+        return load_json(path, kind)
+    except (OSError, Damaged):
         return default
 
 
@@ -54,60 +256,126 @@ def _jsonable(x: Any) -> Any:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line and flushes it, so readers see every finished step."""
+    """Appends one JSON object per line, each in one write that readers see at once.  A write
+    that fails (the disk full) is undone, so the file keeps only complete lines, and raises
+    OSError naming the file."""
 
     def __init__(self, path: Path):
-        self._f = open(path, "a", buffering=1)
+        self.path = Path(path)
+        self._f = open(path, "ab", buffering=0)
+        self._end = self._f.seek(0, os.SEEK_END)
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(record, default=_jsonable, allow_nan=True) + "\n")
-        self._f.flush()
+        line = (json.dumps(record, default=_jsonable, allow_nan=True) + "\n").encode()
+        try:
+            done = 0
+            while done < len(line):
+                done += self._f.write(line[done:])
+        except OSError as e:
+            os.ftruncate(self._f.fileno(), self._end)
+            raise (no_space(self.path) if e.errno == errno.ENOSPC else e) from None
+        self._end += len(line)
 
     def close(self) -> None:
         self._f.close()
 
 
 class JsonlTail:
-    """Reads only the complete lines added since the last call."""
+    """Reads only the complete lines added since the last call, in blocks; keeps the records
+    ``check`` accepts (objects, by default), of each only the ``keep`` fields when given, and
+    counts the lines it skipped (``skipped``)."""
 
-    def __init__(self, path: Path):
+    BLOCK = 4 * 1024 * 1024
+
+    def __init__(self, path: Path, check=None, keep: tuple[str, ...] | None = None):
         self.path = Path(path)
         self.offset = 0
+        self.skipped = 0
+        self.check = check or (lambda rec: isinstance(rec, dict))
+        self.keep = keep
 
     def read_new(self) -> list[dict]:
+        out: list[dict] = []
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n") + 1  # a trailing partial line waits for the next call
-        self.offset += end
-        out = []
-        for line in chunk[:end].splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+                rest = b""
+                while block := f.read(self.BLOCK):
+                    block = rest + block
+                    end = block.rfind(b"\n") + 1  # a trailing partial line waits
+                    rest = block[end:]
+                    self.offset += end
+                    self._parse(block[:end], out)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
+            pass  # a folder where the file belongs: ``RunFolder.damage`` names it
         return out
 
+    def _parse(self, chunk: bytes, out: list[dict]) -> None:
+        keep = self.keep
+        for line in chunk.split(b"\n")[:-1]:  # the chunk ends with one; a stray \r splits nothing
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):  # junk, NUL bytes, not UTF-8
+                rec = None
+            if rec is None or not self.check(rec):
+                self.skipped += line.strip() != b""  # a power cut's NUL padding counts too
+                continue
+            out.append(rec if keep is None else {k: rec[k] for k in keep if k in rec})
 
-def read_jsonl(path: Path) -> list[dict]:
-    return JsonlTail(path).read_new()
+
+def step_check():
+    """A check for metrics.jsonl's records: every step's fields and, in all of them or in none
+    (as the first record has them), the instrument's; the figures read every record alike."""
+    instrumented = None
+    step, instrument = checker(STEP), checker(INSTRUMENTED)
+
+    def check(rec: Any) -> bool:
+        nonlocal instrumented
+        if not step(rec):
+            return False
+        has = instrument(rec)
+        if instrumented is None:
+            instrumented = has
+        return has == instrumented
+
+    return check
+
+
+def read_jsonl(path: Path, check=None) -> list[dict]:
+    return JsonlTail(path, check).read_new()
 
 
 def new_run_dir(runs_dir: str | os.PathLike, label: str) -> Path:
-    """A fresh folder; an existing one is never reused, so runs are never overwritten."""
+    """A fresh folder with its reserve; an existing one is never reused, so runs are never
+    overwritten.  ConfigError on runs_dir, and no folder, when the disk has too little room."""
     root = Path(runs_dir)
     root.mkdir(parents=True, exist_ok=True)
+    _enough_room(root)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")[:40] or "run"
     while True:
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
         try:
             (root / run_id).mkdir()
-            return root / run_id
+            break
         except FileExistsError:
             continue
+    try:
+        make_reserve(root / run_id)
+    except OSError as e:
+        shutil.rmtree(root / run_id, ignore_errors=True)
+        _enough_room(root, e)
+        raise
+    return root / run_id
+
+
+def _enough_room(root: Path, failed: OSError | None = None) -> None:
+    from commlab.config import ConfigError
+
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_BYTES or (failed is not None and failed.errno == errno.ENOSPC):
+        raise ConfigError({"runs_dir": f"{root} has {free / 2**20:.1f} MiB free; a run needs at "
+                                       f"least {MIN_FREE_BYTES / 2**20:.0f} MiB there (free some "
+                                       "space or choose another runs folder)"})
 
 
 class Folder:
@@ -153,7 +421,8 @@ class RunFolder(Folder):
         """status.json, checked against the process answerable for a run still going: the
         supervisor once it is up (it writes supervisor.json, then says running), before that the
         supervisor the launcher spawned, before that the launching process itself.  When that
-        process is gone the run is lost: it can never record an end."""
+        process is gone the run is orphaned while any other process of it still runs, lost once
+        none does: it can never record an end."""
         from commlab.engine.procs import alive
 
         rec = read_json(self.file("status.json"), {"status": "starting"})
@@ -163,8 +432,11 @@ class RunFolder(Folder):
         if up:
             rec = {**rec, "status": "running"}
         owner = self.supervisor() or self.launch_info().get("launcher", {})
-        if alive(owner.get("pid"), owner.get("create_time")):
+        if owner.get("create_time") is not None and alive(owner.get("pid"), owner["create_time"]):
             return rec
+        if up and self.processes():
+            return {**rec, "status": "orphaned", "error": "its supervisor is gone but some of its "
+                    "processes still run, unsupervised: Stop ends them"}
         why = ("the run's processes are gone and it never recorded an end (machine restarted or "
                "processes killed from outside)" if up else
                f"its supervisor never came up (see {self.file('supervisor.log')})")
@@ -178,8 +450,23 @@ class RunFolder(Folder):
         and create time the launcher recorded as it spawned it; {} before it is spawned."""
         return read_json(self.file("supervisor.json")) or self.launch_info().get("supervisor", {})
 
-    def metrics_records(self) -> list[dict]:
-        return read_jsonl(self.file("metrics.jsonl"))
+    def processes(self) -> list:
+        """The run's processes still running (psutil), each proven to be this run's
+        (``commlab.engine.procs.belonging``): the supervisor, torchrun and the workers it recorded."""
+        from commlab.engine.procs import belonging
+
+        sup = self.supervisor()
+        created = sup.get("worker_create_times", {})
+        return belonging([sup, {"pid": sup.get("torchrun_pid"), "create_time": sup.get("torchrun_create_time")},
+                          *({"pid": pid, "create_time": created.get(str(pid))}
+                            for pid in sup.get("worker_pids", []))], str(self.path.resolve()))
+
+    def metrics_records(self, keep: tuple[str, ...] | None = None) -> list[dict]:
+        """metrics.jsonl's step records (``step_check``), of each only ``keep`` when given."""
+        return self.metrics_tail(keep).read_new()
+
+    def metrics_tail(self, keep: tuple[str, ...] | None = None) -> JsonlTail:
+        return JsonlTail(self.file("metrics.jsonl"), step_check(), keep)
 
     def metrics(self):
         import pandas as pd
@@ -187,7 +474,7 @@ class RunFolder(Folder):
         return pd.DataFrame(self.metrics_records())
 
     def error_records(self) -> list[dict]:
-        return read_jsonl(self.file("errors.jsonl"))
+        return read_jsonl(self.file("errors.jsonl"), checker(ERRORS))
 
     def errors(self):
         import pandas as pd
@@ -200,26 +487,64 @@ class RunFolder(Folder):
     def layers(self) -> list[dict]:
         return read_json(self.file("layers.json"), [])
 
+    def damage(self, *names: str) -> str | None:
+        """``damaged: <file>: <what>`` for the first of ``names`` (by default the files every
+        listing reads) that is damaged; None when none is."""
+        for name in names or LISTED:
+            path = self.file(name)
+            try:
+                if name.endswith(".jsonl"):
+                    if path.is_dir():
+                        raise Damaged(name, "a folder where a file belongs")
+                else:
+                    load_json(path)
+            except FileNotFoundError:
+                continue
+            except (Damaged, OSError) as e:
+                return f"damaged: {e}"
+        return None
+
     def grad_steps(self) -> list[int]:
-        return sorted(int(p.stem.split("_")[1]) for p in self.path.glob("grads/step_*.pt"))
+        """The steps whose mean gradient was saved (grads/step_<k>.pt; other names are left out)."""
+        found = (re.fullmatch(r"step_(\d+)\.pt", p.name) for p in self.path.glob("grads/step_*.pt"))
+        return sorted(int(m[1]) for m in found if m)
 
     def grads(self, step: int) -> dict:
+        """The saved gradients of ``step``, name -> tensor; ``Damaged`` when the file is not that."""
         import torch
 
-        return torch.load(self.file(f"grads/step_{step}.pt"), map_location="cpu", weights_only=True)
+        name = f"grads/step_{step}.pt"
+        try:
+            grads = torch.load(self.file(name), map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # torch.load raises many kinds on a file that is not its own
+            raise Damaged(name, f"not saved gradients ({type(e).__name__}: {str(e)[:80]})") from None
+        if not (isinstance(grads, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in grads.items())):
+            raise Damaged(name, "not a mapping of layer names to tensors")
+        return grads
 
-    def summary(self) -> dict:
+    def summary(self, records: list[dict] | None = None, skipped: int | None = None) -> dict:
         """One row for tables and ``commlab runs``: settings, status and headline figures
-        (``commlab.analysis.metrics.headline``)."""
+        (``commlab.analysis.metrics.headline``); ``records`` (at least SUMMARY_FIELDS of
+        each) and ``skipped`` when the caller has read them already.  A damaged run's row says
+        so in status ("damaged") and error, with nothing else read."""
         from commlab.analysis import metrics
 
+        row = {"run_id": self.id, "run_dir": str(self.path)}
+        damage = self.damage()
+        if damage:
+            return {**row, **dict.fromkeys(SUMMARY_COLUMNS), "status": "damaged", "error": damage,
+                    "skipped_lines": 0}
         cfg = self.config_dict()
-        rows = self.metrics_records()
+        if records is None:
+            tail = self.metrics_tail(SUMMARY_FIELDS)
+            records, skipped = tail.read_new(), tail.skipped
         status = self.status_record()
-        last = rows[-1] if rows else {}
+        last = records[-1] if records else {}
         return {
-            "run_id": self.id,
-            "run_dir": str(self.path),
+            **row,
             "status": status["status"],
             "hook": cfg.get("hook"),
             "wrapper": cfg.get("wrapper"),
@@ -228,12 +553,23 @@ class RunFolder(Folder):
             "workload": cfg.get("workload"),
             "rank": cfg.get("matrix_approximation_rank"),
             "start_iter": cfg.get("start_powerSGD_iter"),
-            "steps": len(rows),
+            "steps": len(records),
             "steps_planned": cfg.get("steps"),
-            **metrics.headline(rows, cfg),
+            **metrics.headline(records, cfg),
             "compression_ratio": last.get("compression_ratio"),
             "error": status.get("error"),
+            "skipped_lines": skipped or 0,
         }
+
+
+# What every listing reads of a run: one of them damaged makes the run "damaged".
+LISTED = ("config.json", "status.json", "launch.json", "supervisor.json", "meta.json",
+          "metrics.jsonl")
+# What ``RunFolder.summary`` reads of each step record (the rest is left unparsed in memory).
+SUMMARY_FIELDS = ("step", "loss", "step_s", "t", "payload_bytes", "compression_ratio")
+SUMMARY_COLUMNS = ("hook", "wrapper", "hook_impl", "world_size", "workload", "rank", "start_iter",
+                   "steps", "steps_planned", "final_loss", "median_step_s", "bytes_per_step",
+                   "steady_steps", "compression_ratio")
 
 
 def list_runs(runs_dir: str | os.PathLike) -> list[RunFolder]:

@@ -6,7 +6,9 @@ It runs exactly the command recorded in launch.json, in the environment ``start`
 supervisor.json and says ``running`` once that command runs.  It ends the run when the user stops
 it (SIGTERM), when a rank dies (the others are ended within seconds, and the first rank to fail
 is named with its traceback), and when no step completes for ``stall_timeout_s`` (status
-``stalled``, naming the step and the hook).
+``stalled``, naming the step and the hook).  Whatever goes wrong in the supervisor itself ends the
+run too, recorded as ``failed`` with the supervisor's error; and if the supervisor is killed,
+torchrun is killed with it (and each worker with torchrun), so no run trains on unsupervised.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from commlab.engine import procs, store
@@ -33,30 +36,50 @@ def supervise(run_dir: Path) -> int:
     said = store.read_json(folder.file("status.json"), {})
     if said.get("status") in store.FINAL:
         return 0  # stopped while it was starting: run nothing
-    child = procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"))
-    watch = Watch(folder, child, {**procs.identity(os.getpid()), "torchrun_pid": child.pid},
-                  stop_requested)
-    said = store.read_json(folder.file("status.json"), {})
-    if said.get("status") == "starting":  # up: supervisor.json is written, the command runs
-        store.write_json(folder.file("status.json"), {**said, "status": "running"})
-    procs.wait_until(watch, interval=POLL_S)
-    _end_all(child, watch.workers)
-
-    final = folder.status_record()
-    if final.get("status") in ("finished", "diverged") and not watch.ending:
-        return 0
-    ending = watch.ending or _failure(folder, child.returncode)
-    store.write_json(folder.file("status.json"), {**final, **ending, "ended_at": time.time()})
+    child = watch = None
+    try:
+        child = procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"),
+                            env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(folder.file("torchrun.json"))},
+                            die_with_caller=True)
+        watch = Watch(folder, child, stop_requested)
+        said = store.read_json(folder.file("status.json"), {})
+        if said.get("status") == "starting":  # up: supervisor.json is written, the command runs
+            store.write_json(folder.file("status.json"), {**said, "status": "running"})
+        procs.wait_until(watch, interval=POLL_S)
+        ending = watch.ending
+    except Exception as e:  # a run nobody watches must not go on: end it, and say why
+        traceback.print_exc()
+        ending = {"status": "failed", "error": f"the supervisor failed, so it ended the run: "
+                                               f"{type(e).__name__}: {e}"}
+    if child is not None:
+        _end_all(child, watch.workers if watch else {})
+    _record_end(folder, ending, child.returncode if child else None)
     return 0
+
+
+def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | None) -> None:
+    """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
+    left (nothing to add when rank 0 recorded its own end)."""
+    said = store.read_json(folder.file("status.json"), {})
+    if said.get("status") in ("finished", "diverged") and not ending:
+        return
+    try:
+        ending = {"step": _last_step(folder), **(ending or _failure(folder, returncode))}
+    except Exception as e:  # the folder cannot tell more: record what is known
+        ending = ending or {"status": "failed", "error": f"the workers exited with code "
+                                                         f"{returncode}; reading why failed: {e!r}"}
+    store.write_json(folder.file("status.json"), {**said, **ending, "ended_at": time.time()})
 
 
 class Watch:
     """One look at the run per call: records new workers in supervisor.json, and returns True once
     the run must end (torchrun exited, or ``ending`` was set: Stop, a stall, a crash)."""
 
-    def __init__(self, folder: store.RunFolder, child: subprocess.Popen, me: dict,
-                 stop_requested: list):
-        self.folder, self.child, self.me, self.stop_requested = folder, child, me, stop_requested
+    def __init__(self, folder: store.RunFolder, child: subprocess.Popen, stop_requested: list):
+        self.folder, self.child, self.stop_requested = folder, child, stop_requested
+        torchrun = procs.identity(child.pid)
+        self.me = {**procs.identity(os.getpid()), "torchrun_pid": torchrun["pid"],
+                   "torchrun_create_time": torchrun["create_time"]}
         self.cfg = folder.config()
         self.workers: dict[int, float] = {}  # pid -> create time, so a reused PID is never taken for one
         self.last_progress, self.last_size, self.crash_seen = time.time(), 0, None
@@ -117,17 +140,33 @@ def _stalled(folder: store.RunFolder, cfg, idle_s: float) -> dict:
 
 
 def _failure(folder: store.RunFolder, returncode: int | None) -> dict:
+    """Who failed first.  A rank whose error is its own (no rank gone yet when it failed) comes
+    first; a rank that failed because a peer was gone names that peer; with no report at all
+    (ranks killed, none of them could write one), torchrun's record of the ranks it saw end."""
     reports = sorted((store.read_json(p, {}) for p in folder.path.glob("rank*.error.json")),
                      key=lambda r: r.get("time", 0))
-    if reports:
-        first = reports[0]
+    own = [r for r in reports if not r.get("ranks_gone")]
+    if own or reports:
+        first = (own or reports)[0]
         tail = "\n".join(first.get("traceback", "").strip().splitlines()[-12:])
-        return {"status": "failed", "failed_rank": first.get("rank"), "step": _last_step(folder),
-                "error": f"rank {first.get('rank')} failed: {first.get('error')}", "traceback": tail}
-    log_tail = _tail(folder.file("launcher.log"), 25)
-    return {"status": "failed", "step": _last_step(folder), "failed_rank": None,
+        if own:
+            return {"status": "failed", "failed_rank": first.get("rank"), "traceback": tail,
+                    "error": f"rank {first.get('rank')} failed: {first.get('error')}"}
+        gone = first["ranks_gone"][0]
+        return {"status": "failed", "failed_rank": gone, "traceback": tail,
+                "error": f"rank {gone} ended without an error report (killed, or it crashed "
+                         f"outside Python); rank {first.get('rank')} then failed: {first.get('error')}"}
+    seen = sorted(store.read_json(folder.file("torchrun.json"), {}).get("failures", []),
+                  key=lambda f: (f.get("time", 0), f.get("exitcode", 0) >= 0))  # signals first
+    if seen:
+        first = seen[0]
+        how = f"signal {first['signal']}" if first.get("exitcode", 0) < 0 else f"code {first.get('exitcode')}"
+        return {"status": "failed", "failed_rank": first.get("rank"),
+                "error": f"rank {first.get('rank')} ended by {how} without an error report",
+                "traceback": _tail(folder.file("launcher.log"), 25)}
+    return {"status": "failed", "failed_rank": None,
             "error": f"the workers exited with code {returncode} without an error report",
-            "traceback": log_tail}
+            "traceback": _tail(folder.file("launcher.log"), 25)}
 
 
 def _tail(path: Path, lines: int) -> str:

@@ -8,13 +8,21 @@ from the network.  A TCPStore server accepts a socket that is already listening
 (``master_listen_fd``), so here each server gets the engine's loopback listener
 (``commlab.engine.ranks.loopback_listener``) first; then this is ``torch.distributed.run.main``,
 unchanged.  Clients (the workers) are untouched.
+
+Two additions for the engine: the workers learn this process's PID (``procs.LAUNCHER_ENV``), so
+that each can die with it; and when the workers fail, torchrun's own record of how each one ended
+(exit code or signal, when it saw it) is written to the file ``procs.TORCHRUN_RECORD_ENV`` names, if it is set.
 """
+import json
+import os
 import sys
 
 import torch.distributed as dist
 from torch.distributed import run
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
+from commlab.engine import procs
 from commlab.engine.ranks import loopback_listener
 
 
@@ -33,8 +41,23 @@ def main() -> int:
     # The two places torchrun's c10d rendezvous builds its stores: the rendezvous backend's
     # (imported by name) and the workers' bootstrap store (looked up on torch.distributed).
     dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
-    run.main()
+    os.environ[procs.LAUNCHER_ENV] = str(os.getpid())
+    try:
+        run.main()
+    except ChildFailedError as e:
+        if os.environ.get(procs.TORCHRUN_RECORD_ENV):
+            _write_record(os.environ[procs.TORCHRUN_RECORD_ENV], e)
+        raise
     return 0
+
+
+def _write_record(path: str, e: ChildFailedError) -> None:
+    failures = [{"rank": rank, "exitcode": f.exitcode, "signal": f.signal_name(), "pid": f.pid,
+                 "time": f.timestamp} for rank, f in sorted(e.failures.items())]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"failures": failures}, f)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

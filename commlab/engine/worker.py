@@ -4,7 +4,9 @@
         --local-addr 127.0.0.1 -m commlab.engine.worker RUN_DIR
 
 The launcher writes RUN_DIR/config.json and launch.json first; rank 0 alone writes the rest of
-the run folder (see ``commlab.engine.store``).  Every rank writes its own traceback if it dies.
+the run folder (see ``commlab.engine.store``).  Every rank writes its own traceback if it dies,
+with the ranks already gone by then: one that failed because a peer closed the connection names
+the rank that died first.  A worker dies with torchrun, which dies with the supervisor.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -24,7 +27,7 @@ from commlab import workloads
 from commlab.analysis.ring import wire_bytes as ring_wire_bytes
 from commlab.analysis.rule import apply_rule, named_shapes
 from commlab.config import RunConfig
-from commlab.engine import store
+from commlab.engine import procs, store
 from commlab.engine.teardown import end_process_group
 from commlab.hooks import registry
 from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
@@ -164,16 +167,33 @@ def _bucket_file(layouts: dict, cfg: RunConfig, ddp: DDP) -> dict:
                             if k in logging}}
 
 
+def _ranks_gone(rank: int, world: int) -> list[int]:
+    """The other ranks whose processes have ended (torchrun's children, one node)."""
+    running = set()
+    for p in psutil.Process(os.getppid()).children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                running.add(int(p.environ().get("RANK", -1)))
+        except (psutil.Error, ValueError):
+            pass
+    return sorted(set(range(world)) - running - {rank})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir = Path(argv[0])
+    # torchrun starts the workers in sessions of their own, so nothing that ends it ends them:
+    # the kernel does.  torchrun itself dies with the supervisor (``procs.spawn(die_with_caller)``).
+    procs.die_with_parent(int(os.environ.get(procs.LAUNCHER_ENV, os.getppid())))
     try:
         train(run_dir)
     except BaseException as e:
         if not isinstance(e, KeyboardInterrupt):
-            store.write_json(run_dir / f"rank{os.environ.get('RANK', '0')}.error.json", {
-                "rank": int(os.environ.get("RANK", 0)), "time": time.time(),
-                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+            rank = int(os.environ.get("RANK", 0))
+            store.write_json(run_dir / f"rank{rank}.error.json", {
+                "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
+                "ranks_gone": _ranks_gone(rank, int(os.environ.get("WORLD_SIZE", 1))),
+                "traceback": traceback.format_exc()})
         raise
     return 0
 

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from commlab.config import GROUPS, POWERSGD_HOOKS, ConfigError, RunConfig, Setting, settings
 from commlab.engine import launch as engine
+from commlab.engine import workload_probe
 from commlab.workloads import BUILTIN, DESCRIPTIONS
 
 # The Launch form's four columns, each a stack of the table's groups.
@@ -107,12 +109,35 @@ def _title(label: str, titled: bool) -> str:
 
 
 def config_from_form(values: dict) -> tuple[RunConfig | None, dict[str, str]]:
-    """(config, errors by field): the config is None when a value has the wrong type."""
+    """(config, errors by field): the config is None when a value has the wrong type.  A user's
+    workload is checked in a child process (``commlab.engine.workload_probe``), never in the
+    server; its answer is kept until the person edits their module or the settings it reads."""
     try:
         cfg = RunConfig.from_dict(values, "the form")
     except ConfigError as e:
         return None, e.errors
-    return cfg, cfg.errors()
+    errors = cfg.errors()
+    if not errors:
+        msg = _probed(cfg)
+        if msg:
+            errors["workload"] = msg
+    return cfg, errors
+
+
+_PROBED: dict[tuple, str | None] = {}  # what the child said, by what it was asked
+PROBED_KEPT = 32
+
+
+def _probed(cfg: RunConfig) -> str | None:
+    if cfg.workload in BUILTIN:
+        return None
+    key = (cfg.workload, cfg.world_size, cfg.batch_size, cfg.seed, cfg.steps, os.getcwd(),
+           workload_probe.source_stamp(cfg.workload))
+    if key not in _PROBED:
+        if len(_PROBED) >= PROBED_KEPT:
+            _PROBED.pop(next(iter(_PROBED)))
+        _PROBED[key] = workload_probe.error(cfg)
+    return _PROBED[key]
 
 
 def preview(cfg: RunConfig) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import threading
 from pathlib import Path
 
 from commlab.analysis import metrics
@@ -19,7 +20,7 @@ class LiveView:
 
     def __init__(self, path: str | Path):
         self.run = open_run(path)
-        self._tail = store.JsonlTail(self.run.file("metrics.jsonl"))
+        self._tail = self.run.metrics_tail()
         self.rows: list[dict] = []
 
     def poll(self) -> int:
@@ -28,7 +29,13 @@ class LiveView:
         return len(new)
 
     def status(self) -> dict:
-        return self.run.status_record()
+        damage = self.run.damage()
+        return {"status": "damaged", "error": damage} if damage else self.run.status_record()
+
+    @property
+    def skipped(self) -> int:
+        """Lines of metrics.jsonl skipped so far: not step records (``store.step_check``)."""
+        return self._tail.skipped
 
     def frame(self):
         import pandas as pd
@@ -61,9 +68,14 @@ class LiveView:
 def run_choices(runs_dir: str | None = None) -> list[dict]:
     """Runs to offer in every run picker (path, label, status): those still going first, so that a
     reloaded page re-attaches to them, then the rest; newest first within each."""
-    runs = [{"path": str(r.path), "label": picker_label(r), "status": r.status()}
+    runs = [{"path": str(r.path), "label": picker_label(r), "status": listed_status(r)}
             for r in store.list_runs(runs_dir or default_runs_dir())]
     return sorted(runs, key=lambda r: r["status"] not in store.GOING)  # sorted() is stable
+
+
+def listed_status(run: store.RunFolder) -> str:
+    """Its status, or "damaged" when a file every listing reads is (``RunFolder.damage``)."""
+    return "damaged" if run.damage() else run.status()
 
 
 def picker_label(run: store.RunFolder) -> str:
@@ -86,17 +98,39 @@ def run_table(runs_dir: str | None = None) -> list[dict]:
 
 
 def _summary(run: store.RunFolder) -> dict:
-    # An ended run never changes again: parse its metrics once per version of its files.
-    status = run.file("status.json")
-    if store.read_json(status, {}).get("status") in store.FINAL:
-        metrics = run.file("metrics.jsonl")
-        stamp = (status.stat().st_mtime_ns, metrics.stat().st_size if metrics.exists() else 0)
-        return dict(_final_summary(str(run.path), stamp))
-    return run.summary()
+    # An ended run never changes again: its metrics are parsed once per version of its files.
+    # A run still going is read on from where the last look stopped.
+    path = str(run.path)
+    if store.read_json(run.file("status.json"), {}).get("status") in store.FINAL:
+        _going.pop(path, None)
+        return dict(_final_summary(path, _version(run)))
+    with _going_lock:  # pages of several sessions run in threads of one process
+        if path not in _going:
+            while len(_going) >= 64:  # runs that never ended (lost) must not pile up
+                _going.pop(next(iter(_going)))
+            _going[path] = (run.metrics_tail(store.SUMMARY_FIELDS), [])
+        tail, records = _going[path]
+        records.extend(tail.read_new())
+        return run.summary(list(records), tail.skipped)
+
+
+_going: dict[str, tuple[store.JsonlTail, list[dict]]] = {}  # path -> the tail read so far
+_going_lock = threading.Lock()
+
+
+def _version(run: store.RunFolder) -> tuple:
+    def stamp(name: str) -> tuple:
+        try:
+            st = run.file(name).stat()
+            return st.st_mtime_ns, st.st_size
+        except OSError:
+            return ()
+
+    return tuple(stamp(n) for n in store.LISTED)
 
 
 @functools.lru_cache(maxsize=512)
-def _final_summary(path: str, stamp: tuple) -> dict:
+def _final_summary(path: str, version: tuple) -> dict:
     return store.RunFolder(path).summary()
 
 
@@ -106,13 +140,33 @@ def overlay(paths: list[str]) -> dict:
     out = {}
     for path in paths:
         run = store.RunFolder(path)
-        df = run.metrics()
-        if df.empty:
-            continue
-        if "payload_bytes" in df:
-            df["sent_bytes"] = df["payload_bytes"].cumsum()
-        out[picker_label(run)] = df
+        df = _overlay_frame(str(run.path), _version(run))
+        if df is not None:
+            out[picker_label(run)] = df.copy()
     return out
+
+
+OVERLAY_FIELDS = ("step", "loss", "t", "payload_bytes")
+OVERLAY_POINTS = 4000  # per run
+
+
+@functools.lru_cache(maxsize=32)
+def _overlay_frame(path: str, version: tuple):
+    import pandas as pd
+
+    df = pd.DataFrame(store.RunFolder(path).metrics_records(OVERLAY_FIELDS))
+    if df.empty:
+        return None
+    if "payload_bytes" in df:
+        df["sent_bytes"] = df["payload_bytes"].cumsum()
+    return _thinned(df)
+
+
+def _thinned(df):
+    """Every k-th row and the last, at most about OVERLAY_POINTS: a chart of a million points
+    shows no more than one of a few thousand, and takes the browser seconds."""
+    stride = -(-len(df) // OVERLAY_POINTS)
+    return df if stride == 1 else df.iloc[sorted({*range(0, len(df), stride), len(df) - 1})]
 
 
 def delete_run(path: str | Path, runs_dir: str | None = None) -> None:
