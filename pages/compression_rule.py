@@ -7,6 +7,7 @@ import streamlit as st
 
 from commlab.analysis import shapes
 from commlab.analysis.rule import apply_rule
+from commlab.engine import workload_probe
 from commlab.figures import rule as figs
 from commlab.workloads import CONTRACT, DESCRIPTIONS, MODELS
 
@@ -16,6 +17,11 @@ SOURCES = ("Built-in workload", "Reference model", "Your module:function", "Uplo
 @st.cache_data(show_spinner="Building the model on the meta device…")
 def workload_shapes(spec: str) -> list:
     return shapes.from_workload(spec)
+
+
+@st.cache_data(show_spinner="Building your model in a separate process…")
+def own_shapes(spec: str, stamp: tuple) -> list:  # stamp: a new answer once the module is edited
+    return workload_probe.shapes(spec)
 
 
 @st.cache_data(show_spinner="Building the reference model on the meta device…")
@@ -45,9 +51,9 @@ def chosen_shapes() -> list:
         spec = st.text_input("module:function", placeholder="mypackage.train:workload", help=CONTRACT)
         if not spec.strip():
             st.info("Name a function in an importable module (the folder the lab started in is on "
-                    "the path). Its model is built once, for its shapes.")
+                    "the path). Its model is built once, in a separate process, for its shapes.")
             st.stop()
-        return workload_shapes(spec.strip())
+        return own_shapes(spec.strip(), workload_probe.source_stamp(spec.strip()))
     upload = st.file_uploader("A state_dict checkpoint", type=["pt", "pth", "bin", "ckpt"])
     if upload is None:
         st.info("Upload a checkpoint saved with torch.save(model.state_dict(), path); only its "

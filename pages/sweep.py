@@ -94,6 +94,9 @@ chosen = st.session_state.get(CHOSEN)
 current = st.selectbox("Sweep", sweeps, index=paths.index(chosen) if chosen in paths else 0,
                        format_func=lambda s: f"{s.id} ({s.status()}, "
                                              f"{len(s.state().get('runs', []))} run(s) started)")
+if current.damage():  # the others stay listed and usable
+    st.error(current.damage())
+    st.stop()
 if current.is_running():
     live(current)
 else:

@@ -17,7 +17,7 @@ st.caption("Predicted step time T = compute + arithmetic + Σ ring allreduce, wi
            "arithmetic are measured in the runs, each hook's bytes are its own count. On this "
            "machine loopback is fast next to compression's arithmetic; on a cluster it is not.")
 
-sweeps, choices = list_sweeps(), runs.run_choices()
+sweeps, choices = [s for s in list_sweeps() if not s.damage()], runs.run_choices()
 if not choices:
     st.info("No runs yet: a sweep (page **Sweep**) gives the model what it needs — a plain "
             "allreduce baseline and PowerSGD settings of the same job.")

@@ -395,3 +395,26 @@ def test_disk_full_mid_run_ends_it_failed_with_the_reason():
     assert "no space left on device writing metrics.jsonl" in status["error"], status
     assert got["complete"] and got["steps"] > 0 and got["tmp"] == []
     print(f"fault to final status: {got['after_s']:.1f} s")
+
+
+@pytest.mark.parametrize("plan", [b"\xff\xfe", b"[1, 2]", b'{"spec": {"base": 7}}', b'{"labels": []}'])
+def test_a_damaged_sweep_is_named_and_hides_nothing(plan, tmp_path, monkeypatch, capsys):
+    """A sweep folder whose sweep.json is junk: the Sweep page says what is damaged, the What-if
+    page and `commlab whatif --sweep` go on without it, nothing raises."""
+    from commlab.tune import sweep as sw
+
+    folder = tmp_path / sw.SWEEPS / "20261201-000000-junk"
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_bytes(plan)
+    (folder / "state.json").write_text('{"status": "finished", "runs": [7]}')
+    (damaged,) = sw.list_sweeps(tmp_path)
+    assert damaged.damage().startswith("damaged: sweep.json: ")
+    assert damaged.state() == {} and damaged.runs() == []
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    at.switch_page("pages/sweep.py").run()
+    assert not _exceptions(at) and any(e.value.startswith("damaged: sweep.json") for e in at.error)
+    at.switch_page("pages/what_if.py").run()
+    assert not _exceptions(at)
+    assert cli.main(["whatif", "--sweep", str(folder)]) == 2
+    assert "damaged: sweep.json" in capsys.readouterr().err

@@ -101,14 +101,18 @@ def test_rule_page_without_runs(monkeypatch, tmp_path):
     check_rule_page(at, shapes.from_workload("mlp"), 2, 5.0)
 
 
+@pytest.mark.slow  # a person's module:function is built in a child process
 def test_rule_page_module_and_checkpoint_sources(monkeypatch, tmp_path):
     at = open_page(monkeypatch, tmp_path / "empty", RULE_PAGE)
     widget(at.radio, "Shapes from").set_value("Your module:function").run()
     assert at.info and not at.dataframe  # nothing named yet
     widget(at.text_input, "module:function").set_value("commlab.workloads:cnn").run()
-    check_rule_page(at, shapes.from_workload("commlab.workloads:cnn"), 1, 2.0)
+    check_rule_page(at, shapes.from_workload("cnn"), 1, 2.0)  # the same model, built-in
     widget(at.text_input, "module:function").set_value("no_such_module_here:fn").run()
     assert "does not import" in at.error[0].value
+    # The person's code runs in a child: one that aborts ends the child, not the app.
+    widget(at.text_input, "module:function").set_value("os:abort").run()
+    assert not at.exception and "SIGABRT" in at.error[0].value
 
     state = {"model": {"emb.weight": torch.randn(300, 48), "head.weight": torch.randn(10, 48),
                        "head.bias": torch.randn(10)}}

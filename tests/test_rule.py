@@ -1,4 +1,5 @@
 """The compression-rate rule against hand arithmetic and against PyTorch's PowerSGDState stats."""
+import json
 import math
 
 import pytest
@@ -57,3 +58,15 @@ def test_checkpoint_shapes_without_loading(tmp_path):
     named = dict(shapes.from_checkpoint(tmp_path / "ck.pt"))
     assert named["0.weight"] == (16, 32)
     assert "1.running_mean" in named
+
+
+@pytest.mark.slow  # the person's module:function is built in a child process
+def test_cli_rule_builds_a_module_in_a_child_and_names_what_ended_it(capsys):
+    from commlab import cli
+
+    assert cli.main(["rule", "--module", "commlab.workloads:mlp", "--matrix-approximation-rank", "1",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [d["name"] for d in out["layers"]] == [n for n, _ in shapes.from_workload("mlp")]
+    assert cli.main(["rule", "--module", "os:abort", "--matrix-approximation-rank", "1"]) == 2
+    assert "SIGABRT" in capsys.readouterr().err

@@ -39,9 +39,12 @@ def on_meta(build) -> Shapes:
 
 
 def from_workload(spec: str) -> Shapes:
-    if spec in workloads.MODELS:
-        return on_meta(workloads.MODELS[spec])
-    return named_shapes(workloads.load(spec).model)
+    """A built-in workload's shapes, on the meta device.  A person's ``module:function`` is never
+    run here: ``commlab.engine.workload_probe.shapes`` builds it in a child process."""
+    if spec not in workloads.MODELS:
+        raise ValueError(f"unknown built-in workload {spec!r}; built-in workloads are: "
+                         f"{', '.join(workloads.MODELS)}")
+    return on_meta(workloads.MODELS[spec])
 
 
 def from_reference(name: str) -> Shapes:

@@ -7,6 +7,7 @@ def _rule(args) -> int:
     from commlab.analysis.rule import apply_rule
     from commlab.commands import emit
     from commlab.config import ConfigError
+    from commlab.engine import workload_probe
 
     if args.matrix_approximation_rank < 1:
         raise ConfigError({"matrix_approximation_rank": f"must be at least 1, got {args.matrix_approximation_rank}"})
@@ -15,8 +16,10 @@ def _rule(args) -> int:
     try:
         if args.checkpoint:
             named = shapes.from_checkpoint(args.checkpoint)
+        elif args.module:
+            named = workload_probe.shapes(args.module)  # a person's code runs in a child
         else:
-            named = shapes.from_workload(args.module or args.workload)
+            named = shapes.from_workload(args.workload)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError({"checkpoint" if args.checkpoint else "workload": str(e)}) from None
     summary = apply_rule(named, args.matrix_approximation_rank, args.min_compression_rate)

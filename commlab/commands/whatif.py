@@ -29,6 +29,8 @@ def _given_runs(args: argparse.Namespace) -> list:
         sweep = Sweep(args.sweep)
         if not sweep.exists():
             raise ConfigError({"sweep": f"{args.sweep} is not a sweep folder (no sweep.json)"})
+        if sweep.damage():
+            raise ConfigError({"sweep": sweep.damage()})
         return sweep.runs()
     if not args.run_dirs:
         raise ConfigError({"run_dirs": "give run folders or --sweep SWEEP_DIR"})

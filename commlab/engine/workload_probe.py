@@ -40,10 +40,24 @@ def error(cfg: RunConfig, timeout_s: float = TIMEOUT_S) -> str | None:
     """Why the run's workload cannot train, or None; a user's workload is run in a child."""
     if cfg.workload in BUILTIN:
         return None
+    said = _ask({"ask": "check", "spec": cfg.workload, "world_size": cfg.world_size,
+                 "batch_size": cfg.batch_size, "seed": cfg.seed, "steps": cfg.steps}, timeout_s)
+    return said if isinstance(said, str) else said["error"]
+
+
+def shapes(spec: str, timeout_s: float = TIMEOUT_S) -> list[tuple[str, tuple[int, ...]]]:
+    """The parameter shapes of a user's ``module:function`` model, built in a child (the
+    Compression rule page and ``commlab rule --module``); ValueError says why there are none."""
+    said = _ask({"ask": "shapes", "spec": spec}, timeout_s)
+    if isinstance(said, str) or said["error"]:
+        raise ValueError(said if isinstance(said, str) else said["error"])
+    return [(name, tuple(shape)) for name, shape in said["shapes"]]
+
+
+def _ask(job: dict, timeout_s: float) -> dict | str:
+    """Run ``job`` in a child: its answer, or why it gave none (a message)."""
     from commlab.engine.launch import package_env
 
-    job = {"spec": cfg.workload, "world_size": cfg.world_size, "batch_size": cfg.batch_size,
-           "seed": cfg.seed, "steps": cfg.steps}
     with tempfile.TemporaryDirectory(prefix="commlab-probe-") as tmp:
         answer, log = Path(tmp) / "answer.json", Path(tmp) / "output.log"
         env = {**package_env(), "OMP_NUM_THREADS": "1"}
@@ -56,8 +70,8 @@ def error(cfg: RunConfig, timeout_s: float = TIMEOUT_S) -> str | None:
         said = json.loads(answer.read_text()) if answer.exists() else None
         output = _tail(log)
     if said is not None:  # answered, even if the person's code then kept the process from ending
-        return said["error"]
-    what = f"checking workload {cfg.workload!r}"
+        return said
+    what = f"checking workload {job['spec']!r}"
     if not finished:
         return (f"{what} did not finish within {timeout_s:g} s: importing the module, calling "
                 f"the function or drawing its batches hangs{output}")
@@ -94,17 +108,30 @@ def _tail(log: Path) -> str:
 
 
 def _main(answer: str, job: str) -> None:
-    from commlab.workloads import check as check_here
-
     j = json.loads(job)
-    msg = check_here(j["spec"], rank=0, world_size=j["world_size"], batch_size=j["batch_size"],
-                     seed=j["seed"], steps=j["steps"])
-    if msg and len(msg) > MESSAGE_CHARS:
-        msg = msg[:MESSAGE_CHARS] + "..."
-    Path(answer).write_text(json.dumps({"error": msg}))
+    if j["ask"] == "shapes":
+        said = _shapes_here(j["spec"])
+    else:
+        from commlab.workloads import check as check_here
+
+        said = {"error": check_here(j["spec"], rank=0, world_size=j["world_size"],
+                                    batch_size=j["batch_size"], seed=j["seed"], steps=j["steps"])}
+    if said["error"] and len(said["error"]) > MESSAGE_CHARS:
+        said["error"] = said["error"][:MESSAGE_CHARS] + "..."
+    Path(answer).write_text(json.dumps(said))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # answered: threads the person's code started (or the batch count) keep nothing up
+
+
+def _shapes_here(spec: str) -> dict:
+    from commlab.analysis.rule import named_shapes
+    from commlab.workloads import load
+
+    try:
+        return {"error": None, "shapes": named_shapes(load(spec).model)}
+    except ValueError as e:
+        return {"error": str(e), "shapes": []}
 
 
 if __name__ == "__main__":

@@ -162,19 +162,39 @@ class Progress:
 
 
 # ============================================================================ the sweep folder
+# What sweep.json and state.json hold, as far as their readers rely on it (see store.load_json).
+PLAN = {"spec": dict, "labels?": [str]}
+STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
+         "pid?": store.OPT_INT, "create_time?": store.OPT_NUM}
+
+
 class Sweep(store.Folder):
     """One sweep's folder: its plan, its state, its runs."""
 
     MARKER = "sweep.json"
 
     def spec(self) -> SweepSpec:
-        return SweepSpec.from_dict(store.read_json(self.file("sweep.json"))["spec"])
+        """The plan; ``store.Damaged`` when sweep.json is not one."""
+        try:
+            return SweepSpec.from_dict(store.load_json(self.file("sweep.json"), PLAN)["spec"])
+        except (ConfigError, TypeError, ValueError, KeyError) as e:
+            if isinstance(e, store.Damaged):
+                raise
+            raise store.Damaged("sweep.json", f"not a sweep's plan ({str(e)[:120]})") from None
+
+    def damage(self) -> str | None:
+        """``damaged: sweep.json: <what>`` when the plan cannot be read; None when it can."""
+        try:
+            self.spec()
+        except (store.Damaged, OSError) as e:
+            return f"damaged: {e}"
+        return None
 
     def configs(self) -> list[RunConfig]:
         return grid(self.spec())
 
     def state(self) -> dict:
-        return store.read_json(self.file("state.json"), {})
+        return store.read_json(self.file("state.json"), {}, STATE)
 
     def status(self) -> str:
         """running | finished | stopped | lost (the process answerable for it died without
@@ -210,7 +230,7 @@ class Sweep(store.Folder):
 
     def progress(self) -> Progress:
         """Where the sweep stands, read from its folder (for a page polling from another process)."""
-        state, labels = self.state(), store.read_json(self.file("sweep.json"), {}).get("labels", [])
+        state, labels = self.state(), store.read_json(self.file("sweep.json"), {}, PLAN).get("labels", [])
         entries = state.get("runs", [])
         index = min(state.get("index", 0), max(len(labels) - 1, 0))
         entry = entries[index] if index < len(entries) else {}
