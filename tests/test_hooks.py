@@ -1,23 +1,17 @@
 """commlab.hooks on real Gloo process groups, against PyTorch's hooks and against hand arithmetic.
 
 Starting ranks is the expensive part, so a few jobs (2 or 3 forked ranks each) perform many checks
-and write what they measured; the tests below judge those measurements.  A job that hangs is
+and report what they measured; the tests below judge those measurements.  A job that hangs is
 killed after JOB_TIMEOUT_S, and collectives time out sooner, so a deadlock fails, never blocks.
 """
-import datetime
-import importlib
 import inspect
 import json
 import math
-import os
-import socket
-import time
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as stock
@@ -25,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import cli
 from commlab.config import HOOKS, POWERSGD_FIELDS, WRAPPERS, RunConfig
-from commlab.engine.teardown import end_process_group
+from commlab.engine.ranks import run_ranks
 from commlab.hooks import compress, powersgd, registry
 
 # Unloaded, a job takes seconds; these only bound a hang, generously, as this machine is often
@@ -39,50 +33,23 @@ STEPS = 20
 # --------------------------------------------------------------------------- spawning
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rank_job(rank, world_size, report, job):
+    report((rank, job(rank, world_size)))
 
 
-def _entry(rank, job, world_size, port, out_dir):
-    torch.set_num_threads(1)  # ranks share two cores with each other and with the machine
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+def _run_job(job, world_size) -> list[dict]:
+    """Run ``job(rank, world_size)`` on real Gloo ranks (the engine's one rank harness); return
+    each rank's results in rank order; no process is left, whatever happens.
+
+    The harness forks the ranks from one launcher that imports torch, and torch._dynamo (DDP's
+    constructor imports it), once: each fresh interpreter would cost seconds of CPU here."""
     try:
-        results = job(rank, world_size)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-    finally:
-        end_process_group()
-
-
-def _run_job(job, world_size, out_dir) -> list[dict]:
-    """Run ``job(rank, world_size)`` on real Gloo ranks; return each rank's results; leave no process.
-
-    Ranks are forked, not spawned: importing torch costs each new interpreter about 15 s of CPU here, and
-    DDP's constructor imports torch._dynamo (another 20 s), so both are imported once, here.
-    """
-    importlib.import_module("torch._dynamo")
-    ctx = mp.start_processes(_entry, args=(job, world_size, _free_port(), str(out_dir)),
-                             nprocs=world_size, join=False, start_method="fork")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{job.__name__} on {world_size} ranks still running after "
-                            f"{JOB_TIMEOUT_S} s: a hang")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join()
-    results = []
-    for rank in range(world_size):
-        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
-            results.append(json.load(f))
-    return results
+        reports = run_ranks(_rank_job, world_size, (job,), timeout_s=JOB_TIMEOUT_S,
+                            collective_timeout_s=COLLECTIVE_TIMEOUT_S, preload=("torch._dynamo",))
+    except TimeoutError:
+        pytest.fail(f"{job.__name__} on {world_size} ranks still running after {JOB_TIMEOUT_S} s: "
+                    "a hang")
+    return [result for _, result in sorted(reports, key=lambda r: r[0])]
 
 
 # --------------------------------------------------------------------------- what ranks run
@@ -318,13 +285,13 @@ def three_rank_job(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def equivalence(tmp_path_factory):
-    return _run_job(equivalence_job, 2, tmp_path_factory.mktemp("equivalence"))
+def equivalence():
+    return _run_job(equivalence_job, 2)
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    return _run_job(two_rank_job, 2, tmp_path_factory.mktemp("two_ranks"))
+def two_ranks():
+    return _run_job(two_rank_job, 2)
 
 
 # --------------------------------------------------------------------------- equivalence
@@ -415,8 +382,8 @@ def test_multi_bucket_two_ranks(two_ranks):
 
 
 @pytest.mark.slow
-def test_multi_bucket_three_ranks(tmp_path):
-    for rank_results in _run_job(three_rank_job, 3, tmp_path):
+def test_multi_bucket_three_ranks():
+    for rank_results in _run_job(three_rank_job, 3):
         _assert_multi_bucket(rank_results["multi_bucket"])
 
 

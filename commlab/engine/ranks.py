@@ -11,6 +11,7 @@ process started is ended through ``commlab.engine.procs`` before ``run_ranks`` r
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import pickle
 import socket
@@ -63,12 +64,16 @@ _LAUNCHER_CODE = ("import pickle, sys; d = pickle.load(sys.stdin.buffer); sys.pa
 
 def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
               backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S,
+              collective_timeout_s: float | None = None, preload: tuple[str, ...] = (),
               on_message: Callable[[Any], None] | None = None) -> list[Any]:
     """Run ``target(rank, world_size, report, *args)`` on ``world_size`` real ranks.
 
     ``target`` must be a module-level function (it is pickled by name).  Each rank has joined the
     default process group before ``target`` runs; ``report(obj)`` sends ``obj`` back here.
     Returns every report in the order received (``on_message`` sees each as it comes).  Raises
+    ``collective_timeout_s`` (default ``timeout_s``) bounds each collective, so a deadlock fails
+    sooner than the whole job would; ``preload`` names modules the launcher imports before it
+    forks (``torch._dynamo``, which DDP's constructor imports: seconds per rank otherwise).
     RuntimeError when a rank fails, TimeoutError after ``timeout_s``; either way, and on success,
     no process started here is left running.
     """
@@ -80,7 +85,8 @@ def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
     read_fd, write_fd = os.pipe()
     # Always an interface: one already named in the environment (a cluster's eth0) would make
     # Gloo listen on the network.
-    job = (target, world_size, backend, loopback_interface() or "lo", args, timeout_s)
+    job = (target, world_size, backend, loopback_interface() or "lo", args,
+           collective_timeout_s or timeout_s, tuple(preload))
     try:
         launcher = procs.spawn([sys.executable, "-c", _LAUNCHER_CODE], stdin=subprocess.PIPE,
                                pass_fds=(write_fd,))
@@ -156,7 +162,9 @@ def _launcher_main(fd: int, job: tuple) -> None:
     import torch.nn.parallel  # noqa: F401  (DDP)
     from torch.multiprocessing.spawn import ProcessException
 
-    target, world_size, backend, iface, args, timeout_s = job
+    target, world_size, backend, iface, args, timeout_s, preload = job
+    for name in preload:
+        importlib.import_module(name)
     # Nothing in this fresh interpreter has started a thread yet, so forking is safe, and each
     # rank starts with torch imported.  CUDA, though, must not be started in a parent that
     # forks, so NCCL ranks are spawned (and import torch themselves).
