@@ -31,3 +31,12 @@ def test_a_broken_layer_is_caught(tmp_path, monkeypatch):
                    'layers = ["commlab_probe.engine", "commlab_probe.config"]\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     assert importlinter_cli.lint_imports(config_filename=str(cfg), no_cache=True, no_logo=True) == 1
+
+
+def test_no_module_imports_itself_round_a_cycle():
+    """No cycles at all, inside a layer too (imports inside functions count)."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("commlab")
+    cycles = [(a, b) for a in sorted(graph.modules) for b in sorted(graph.find_modules_directly_imported_by(a))
+              if graph.chain_exists(importer=b, imported=a)]
+    assert not cycles, f"imports that close a cycle: {cycles}"

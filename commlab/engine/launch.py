@@ -44,7 +44,7 @@ def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable) 
 
 def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
     """The environment of the supervisor, torchrun and the workers, computed once, by ``start``."""
-    env = package_env(base)
+    env = procs.package_env(base)
     # Share the cores out instead of letting each rank start a thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.world_size)))
     env["MASTER_ADDR"] = "127.0.0.1"
@@ -52,16 +52,6 @@ def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
     # on the network.
     env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = loopback_interface() or "lo"
     env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def package_env(base: dict | None = None) -> dict:
-    """``base`` (this process's environment) with the package and a user's workload module
-    importable in a child as they are here; applying it twice changes nothing."""
-    env = dict(os.environ if base is None else base)
-    roots = [str(Path(__file__).resolve().parents[2]), os.getcwd(),
-             *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots))
     return env
 
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import psutil
 
@@ -67,6 +68,16 @@ def spawn(argv: Sequence[str], *, log: str | os.PathLike | None = None, env: dic
     finally:
         if out:
             out.close()  # the child holds its own copy
+
+
+def package_env(base: dict | None = None) -> dict:
+    """``base`` (this process's environment) with the package and a user's workload module
+    importable in a child as they are here; applying it twice changes nothing."""
+    env = dict(os.environ if base is None else base)
+    roots = [str(Path(__file__).resolve().parents[2]), os.getcwd(),
+             *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots))
+    return env
 
 
 def wait_until(predicate: Callable[[], object], timeout: float | None = None,

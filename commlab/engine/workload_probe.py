@@ -56,11 +56,9 @@ def shapes(spec: str, timeout_s: float = TIMEOUT_S) -> list[tuple[str, tuple[int
 
 def _ask(job: dict, timeout_s: float) -> dict | str:
     """Run ``job`` in a child: its answer, or why it gave none (a message)."""
-    from commlab.engine.launch import package_env
-
     with tempfile.TemporaryDirectory(prefix="commlab-probe-") as tmp:
         answer, log = Path(tmp) / "answer.json", Path(tmp) / "output.log"
-        env = {**package_env(), "OMP_NUM_THREADS": "1"}
+        env = {**procs.package_env(), "OMP_NUM_THREADS": "1"}
         child = procs.spawn([sys.executable, "-m", __name__, str(answer), json.dumps(job)],
                             log=log, env=env)
         finished = procs.wait_until(lambda: child.poll() is not None, timeout_s)

@@ -353,12 +353,10 @@ def start(spec: SweepSpec) -> Sweep:
     """Create a sweep and execute it in a detached process, which outlives the caller (the UI);
     that process answers for the sweep from the moment it is spawned."""
     from commlab.engine import workload_probe
-    from commlab.engine.launch import package_env
-
     workload_probe.check(spec.base)  # its runs share the base's workload: refused before any starts
     sweep = create(spec)
     child = procs.spawn([sys.executable, "-m", "commlab.tune.sweep", str(sweep.path.resolve())],
-                        log=sweep.file("sweep.log"), env=package_env(), detached=True)
+                        log=sweep.file("sweep.log"), env=procs.package_env(), detached=True)
     _write_state(sweep, **procs.identity(child.pid))
     return sweep
 
