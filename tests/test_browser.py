@@ -218,8 +218,6 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 run = api.list_runs(runs_dir)[0]
                 assert run.status() == "running", run.status_record()
                 assert run.meta()["hook_impl"] == "commlab"
-                screenshot_every_page(page)
-                log("every page captured")
 
                 # A fresh session, as after a reload or a Streamlit restart, re-attaches to the run.
                 page.goto(f"http://127.0.0.1:{port}/", timeout=SLOW_MS)
@@ -229,6 +227,9 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 expect(page.get_by_text("Status: stopped")).to_be_visible(timeout=SLOW_MS)
                 idle(page)
                 screenshot(page, "1_Launch_and_watch_stopped")
+                # After Stop, so that page loads do not share the two cores with the training run.
+                screenshot_every_page(page)
+                log("every page captured")
             finally:
                 browser.close()
         assert run.status() == "stopped"
