@@ -9,9 +9,9 @@ from __future__ import annotations
 from commlab.config import RunConfig
 from commlab.engine import launch as _launch
 from commlab.engine.launch import Run, list_runs, open_run
-from commlab.engine.store import GOING
+from commlab.engine.store import GOING, STOPPABLE
 
-__all__ = ["RunConfig", "Run", "GOING", "launch", "run", "open_run", "list_runs"]
+__all__ = ["RunConfig", "Run", "GOING", "STOPPABLE", "launch", "run", "open_run", "list_runs"]
 
 
 def launch(cfg: RunConfig | None = None, request_id: str | None = None, **overrides) -> Run:

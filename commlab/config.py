@@ -96,7 +96,7 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, group: str, label:
     aliases: CLI spellings beside the flag
     ``--name-in-dashes``; a boolean gets a ``--no-`` form of each.  sweep: None when the setting is
     not a sweep axis, else the values a sweep tries unless told (empty: the base's value).
-    export: the production exports (snippets, launch lines) read it.  form: False for the one
+    export: the Export page's form offers it (what an export renders).  form: False for the one
     setting the app sets itself (the runs folder it was started with).
     """
     if group not in GROUPS:
@@ -333,7 +333,7 @@ class Setting:
     choices: tuple | None  # the allowed values, when they are a closed list
     bounds: Bounds | None  # a number's allowed values
     sweep: tuple | None  # a sweep axis' default values (empty: the base's value); None: no axis
-    export: bool  # read by the production exports
+    export: bool  # offered by the Export page's form
     form: bool  # drawn on the Launch form
 
     @property

@@ -54,6 +54,9 @@ def launch_area(cfg, errors: dict) -> None:
         except ConfigError as e:  # found only at launch (a workload edited since the check)
             lab_widgets.show_errors(e)
             return
+        except (RuntimeError, OSError) as e:  # the run could not be started (a full disk, a spawn)
+            st.error(f"The run could not be started: {e}")
+            return
         st.session_state.draft = form.new_draft()
         st.session_state[lab_widgets.RUN_KEY] = str(run.path)
         st.session_state.notice = (f"Started run {run.id}." if started else
@@ -97,7 +100,7 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
     if impl["warning"]:
         st.warning(lab_widgets.literal(impl["warning"]))
     # A lost run's supervisor is gone, but torchrun or workers may outlive it: Stop ends them.
-    if status["status"] in (*api.GOING, "lost") and st.button("Stop", key="stop"):
+    if status["status"] in api.STOPPABLE and st.button("Stop", key="stop"):
         api.open_run(view.run.path).stop()
         st.rerun()
     if not view.rows:

@@ -6,13 +6,14 @@ def _rule(args) -> int:
     from commlab.analysis import shapes
     from commlab.analysis.rule import apply_rule
     from commlab.commands import emit
-    from commlab.config import ConfigError
+    from commlab.config import ConfigError, settings
     from commlab.engine import workload_probe
 
-    if args.matrix_approximation_rank < 1:
-        raise ConfigError({"matrix_approximation_rank": f"must be at least 1, got {args.matrix_approximation_rank}"})
-    if not args.min_compression_rate > 0:
-        raise ConfigError({"min_compression_rate": f"must be above 0, got {args.min_compression_rate}"})
+    table = {s.name: s for s in settings()}
+    errors = {name: msg for name in ("matrix_approximation_rank", "min_compression_rate")
+              if (msg := table[name].bounds.error(getattr(args, name)))}
+    if errors:  # the settings table's bounds, as for a run
+        raise ConfigError(errors)
     try:
         if args.checkpoint:
             named = shapes.from_checkpoint(args.checkpoint)

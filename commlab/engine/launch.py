@@ -189,7 +189,7 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
         procs.terminate(head, grace_s=grace_s + 5)  # the supervisor stops its own tree
         procs.terminate([p for p in everyone if p.is_running()], grace_s=1)
     procs.terminate(folder.processes(), grace_s=1)  # torchrun or workers that outlived it
-    if folder.status() in (*store.GOING, "lost"):
+    if folder.status() in store.STOPPABLE:
         store.write_json(folder.file("status.json"), {
             **folder.status_record(), "status": "stopped", "error": "stopped by the user"})
     return folder.status()

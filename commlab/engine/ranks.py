@@ -70,12 +70,12 @@ def run_ranks(target: Callable[..., None], world_size: int, args: tuple = (), *,
 
     ``target`` must be a module-level function (it is pickled by name).  Each rank has joined the
     default process group before ``target`` runs; ``report(obj)`` sends ``obj`` back here.
-    Returns every report in the order received (``on_message`` sees each as it comes).  Raises
+    Returns every report in the order received (``on_message`` sees each as it comes).
     ``collective_timeout_s`` (default ``timeout_s``) bounds each collective, so a deadlock fails
     sooner than the whole job would; ``preload`` names modules the launcher imports before it
     forks (``torch._dynamo``, which DDP's constructor imports: seconds per rank otherwise).
-    RuntimeError when a rank fails, TimeoutError after ``timeout_s``; either way, and on success,
-    no process started here is left running.
+    Raises RuntimeError when a rank fails, TimeoutError after ``timeout_s``; either way, and on
+    success, no process started here is left running.
     """
     from multiprocessing.connection import Connection
 
@@ -153,7 +153,7 @@ def _collect(inbox, launcher, started: list, timeout_s: float,
 
 def _launcher_main(fd: int, job: tuple) -> None:
     """The launcher: fork the ranks, wait for them, say how it went."""
-    _die_with_parent()  # the caller's thread waits in run_ranks for as long as this runs
+    procs.die_with_parent(os.getppid())  # the caller's thread waits in run_ranks all along
     import traceback
     from multiprocessing.connection import Connection
 
@@ -208,7 +208,7 @@ def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args
 
     from commlab.engine.teardown import end_process_group
 
-    _die_with_parent()
+    procs.die_with_parent(os.getppid())
     # Set, not defaulted: Gloo and NCCL would otherwise take the environment's interface, or an
     # address from the host name.
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = iface
@@ -230,14 +230,3 @@ def _rank_entry(rank, target, world_size, listener, backend, iface, outbox, args
     finally:
         end_process_group()
 
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when the thread that started it ends (a crash, a kill),
-    so neither the launcher nor a rank can outlive the caller."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: run_ranks still ends every rank it recorded

@@ -7,8 +7,9 @@ Layout of ``<runs_dir>/<run_id>/``:
                    process and (once spawned) the supervisor's PID and create time
   meta.json        torch version, hook implementation (written by rank 0 once DDP is up)
   status.json      starting | running | finished | failed | diverged | stopped | stalled, with
-                   the error; read as "lost" when it says starting or running but the process
-                   answerable for it is gone (see ``RunFolder.status_record``)
+                   the error; read as "orphaned" when the supervisor is gone but a process of
+                   the run still runs, "lost" when every one is gone, "damaged" when a file is
+                   not what commlab wrote (see ``RunFolder.status_record``)
   metrics.jsonl    one line per step, appended and flushed by rank 0
   errors.jsonl     approximation error every K steps      buckets.json  DDP's bucket layouts
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
@@ -44,6 +45,7 @@ FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
 # starting: the folder exists, its supervisor is not up yet; orphaned: the supervisor is gone but
 # some of the run's processes still run (nothing supervises them: Stop ends them)
 GOING = ("starting", "running", "orphaned")
+STOPPABLE = (*GOING, "lost")  # a lost run's torchrun or workers may still live: Stop ends them
 
 
 RESERVE = ".reserve"  # in every run folder: RESERVE_SLOTS files of SLOT_BYTES, written as it is made
@@ -345,9 +347,10 @@ def read_jsonl(path: Path, check=None) -> list[dict]:
     return JsonlTail(path, check).read_new()
 
 
-def new_run_dir(runs_dir: str | os.PathLike, label: str) -> Path:
-    """A fresh folder with its reserve; an existing one is never reused, so runs are never
-    overwritten.  ConfigError on runs_dir, and no folder, when the disk has too little room."""
+def new_run_dir(runs_dir: str | os.PathLike, label: str, reserve: bool = True) -> Path:
+    """A fresh folder with its reserve (``reserve``: a run's, freed by its final status); an
+    existing one is never reused, so runs are never overwritten.  ConfigError on runs_dir, and
+    no folder, when the disk has too little room."""
     root = Path(runs_dir)
     root.mkdir(parents=True, exist_ok=True)
     _enough_room(root)
@@ -360,7 +363,8 @@ def new_run_dir(runs_dir: str | os.PathLike, label: str) -> Path:
         except FileExistsError:
             continue
     try:
-        make_reserve(root / run_id)
+        if reserve:
+            make_reserve(root / run_id)
     except OSError as e:
         shutil.rmtree(root / run_id, ignore_errors=True)
         _enough_room(root, e)
@@ -577,5 +581,5 @@ def list_runs(runs_dir: str | os.PathLike) -> list[RunFolder]:
     root = Path(runs_dir)
     if not root.is_dir():
         return []
-    runs = [RunFolder(p) for p in root.iterdir() if (p / "config.json").exists()]
+    runs = [run for run in map(RunFolder, root.iterdir()) if run.exists()]
     return sorted(runs, key=lambda r: r.id, reverse=True)

@@ -13,16 +13,16 @@ Two additions for the engine: the workers learn this process's PID (``procs.LAUN
 that each can die with it; and when the workers fail, torchrun's own record of how each one ended
 (exit code or signal, when it saw it) is written to the file ``procs.TORCHRUN_RECORD_ENV`` names, if it is set.
 """
-import json
 import os
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
-from commlab.engine import procs
+from commlab.engine import procs, store
 from commlab.engine.ranks import loopback_listener
 
 
@@ -54,10 +54,7 @@ def main() -> int:
 def _write_record(path: str, e: ChildFailedError) -> None:
     failures = [{"rank": rank, "exitcode": f.exitcode, "signal": f.signal_name(), "pid": f.pid,
                  "time": f.timestamp} for rank, f in sorted(e.failures.items())]
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"failures": failures}, f)
-    os.replace(tmp, path)
+    store.write_json(Path(path), {"failures": failures})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A user's workload, checked in a child process before anything starts.
 
-    python -m commlab.engine.workload_probe ANSWER_FILE JOB_JSON     (started by ``error``)
+    python -m commlab.engine.workload_probe ANSWER_FILE JOB_JSON     (started by ``_ask``)
 
 Checking a ``module:function`` means importing the person's module and calling their function,
 and either may do anything: ``os.abort()``, ``sys.exit(0)``, hang on import.  Done in the Streamlit

@@ -219,7 +219,7 @@ class Sweep(store.Folder):
         self.file("stop").touch()
         if self.status() == "lost":
             for run in self.runs():
-                if run.status() in (*store.GOING, "lost"):
+                if run.status() in store.STOPPABLE:
                     run.stop()
             _write_state(self, status="stopped")
 
@@ -257,7 +257,7 @@ def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
     root = Path(runs_dir or default_runs_dir()) / SWEEPS
     if not root.is_dir():
         return []
-    return sorted((Sweep(p) for p in root.iterdir() if (p / "sweep.json").exists()),
+    return sorted((s for s in map(Sweep, root.iterdir()) if s.exists()),
                   key=lambda s: s.id, reverse=True)
 
 
@@ -269,7 +269,7 @@ def create(spec: SweepSpec) -> Sweep:
         raise ConfigError({"sweep": f"sweep {going[0]} is still running: two sweeps at once would "
                                     "share the cores and spoil each other's step times; stop it "
                                     "or let it finish first"})
-    sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep"))
+    sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep", reserve=False))
     # This process answers for the sweep until another executes it; sweep.json, the marker, last.
     store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": [],
                                                 **procs.identity(os.getpid())})
