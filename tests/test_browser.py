@@ -34,7 +34,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # Generous: on a loaded 2-core machine the first page load imports torch (minutes), and a 2-rank
 # job can take minutes to reach its first step.
 SLOW_MS = 900_000
-MEASURE_S = 30  # how long write-to-screen latency is sampled once the chart is up
+MEASURE_S = 15  # how long write-to-screen latency is sampled once the chart is up (~450 steps)
 GRACE_S = 15
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -110,6 +110,11 @@ class WriteTimes(threading.Thread):
     def __init__(self, runs_dir: Path):
         super().__init__(daemon=True)
         self.runs_dir, self.written, self.done = runs_dir, {}, threading.Event()
+        self.lock = threading.Lock()  # the test reads ``written`` while this thread adds to it
+
+    def snapshot(self) -> dict[int, float]:
+        with self.lock:
+            return dict(self.written)
 
     def run(self):
         path, offset = None, 0
@@ -124,8 +129,9 @@ class WriteTimes(threading.Thread):
                     chunk = f.read()
                 complete = chunk[:chunk.rfind(b"\n") + 1]
                 offset += len(complete)
-                for line in complete.splitlines():
-                    self.written.setdefault(json.loads(line)["step"], now)
+                with self.lock:
+                    for line in complete.splitlines():
+                        self.written.setdefault(json.loads(line)["step"], now)
             time.sleep(0.005)
 
 
@@ -210,7 +216,7 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 since = time.time()
                 time.sleep(MEASURE_S + GRACE_S)
                 shown = {int(k): v / 1000 for k, v in page.evaluate("window.__shown").items()}
-                latency = write_to_screen({s: t for s, t in writes.written.items()
+                latency = write_to_screen({s: t for s, t in writes.snapshot().items()
                                            if since < t < since + MEASURE_S}, shown, time.time())
                 log(f"latency measured over {latency['steps']} steps")
                 screenshot(page, "1_Launch_and_watch")
