@@ -237,8 +237,9 @@ def test_wait_until_answers_true_at_once_or_its_last_answer_at_the_timeout():
 
 # ---------------------------------------------------------------------------- the test tiers
 @pytest.mark.slow
-def test_the_leak_fixture_fails_an_unmarked_test_that_starts_a_process(pytester):
+def test_the_leak_fixture_fails_an_unmarked_test_that_starts_a_process(pytester, monkeypatch):
     """tests/conftest.py's rule, on a suite of three: it is not vacuous."""
+    monkeypatch.setenv("COMMLAB_TEST_LEAK_GRACE_S", "1")  # the sleeper below never ends by itself
     pytester.makeconftest((HERE / "conftest.py").read_text())
     pytester.makeini("[pytest]\nmarkers =\n    slow: starts processes\n")
     pytester.makepyfile(test_tiers="""
