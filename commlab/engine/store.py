@@ -491,6 +491,12 @@ class RunFolder(Folder):
     def layers(self) -> list[dict]:
         return read_json(self.file("layers.json"), [])
 
+    def listed_status_record(self) -> dict:
+        """``status_record``, or status "damaged" with the damage as its error when a file every
+        listing reads is damaged: the one place a run is called damaged."""
+        damage = self.damage()
+        return {"status": "damaged", "error": damage} if damage else self.status_record()
+
     def damage(self, *names: str) -> str | None:
         """``damaged: <file>: <what>`` for the first of ``names`` (by default the files every
         listing reads) that is damaged; None when none is."""
@@ -537,15 +543,14 @@ class RunFolder(Folder):
         from commlab.analysis import metrics
 
         row = {"run_id": self.id, "run_dir": str(self.path)}
-        damage = self.damage()
-        if damage:
-            return {**row, **dict.fromkeys(SUMMARY_COLUMNS), "status": "damaged", "error": damage,
-                    "skipped_lines": 0}
+        listed = self.listed_status_record()
+        if listed["status"] == "damaged":
+            return {**row, **dict.fromkeys(SUMMARY_COLUMNS), **listed, "skipped_lines": 0}
         cfg = self.config_dict()
         if records is None:
             tail = self.metrics_tail(SUMMARY_FIELDS)
             records, skipped = tail.read_new(), tail.skipped
-        status = self.status_record()
+        status = listed  # not damaged: the status record itself
         last = records[-1] if records else {}
         return {
             **row,

@@ -29,8 +29,7 @@ class LiveView:
         return len(new)
 
     def status(self) -> dict:
-        damage = self.run.damage()
-        return {"status": "damaged", "error": damage} if damage else self.run.status_record()
+        return self.run.listed_status_record()
 
     @property
     def skipped(self) -> int:
@@ -75,7 +74,7 @@ def run_choices(runs_dir: str | None = None) -> list[dict]:
 
 def listed_status(run: store.RunFolder) -> str:
     """Its status, or "damaged" when a file every listing reads is (``RunFolder.damage``)."""
-    return "damaged" if run.damage() else run.status()
+    return run.listed_status_record()["status"]
 
 
 def picker_label(run: store.RunFolder) -> str:
