@@ -6,6 +6,7 @@ folder on ``sys.path`` (and the tests do the same for AppTest).
 from __future__ import annotations
 
 import re
+import threading
 
 import streamlit as st
 
@@ -14,6 +15,17 @@ from commlab.engine.store import RunFolder
 
 # The run the pages show, whichever page chose it; Launch sets it to the run it starts.
 RUN_KEY = "watch"
+
+
+def _warm_imports() -> None:
+    # torch takes seconds to import; the pages that build models (Compression rule, Low-rank
+    # error) would each pay it on a first visit. Imported once, in the background, while the
+    # person reads the first page (Python's import lock makes a page that needs it meanwhile wait).
+    import commlab.analysis.shapes  # noqa: F401  (torch and the workloads)
+
+
+# Once per server process: every page imports this module, Python runs its body once.
+threading.Thread(target=_warm_imports, name="commlab-warm-imports", daemon=True).start()
 
 
 def show_errors(errors: ConfigError | dict[str, str], slots: dict | None = None) -> None:

@@ -3,22 +3,36 @@
     from commlab.api import RunConfig, launch, open_run, list_runs
     run = launch(RunConfig(hook="powersgd", steps=100))   # returns at once
     run.wait(); run.metrics()                              # a pandas DataFrame
+    run.evals()                  # held-out loss (and accuracy or bits per character) by step
+    more = resume(run.path, steps=400)   # a new run that continues it from its checkpoint
 """
 from __future__ import annotations
 
 from commlab.config import RunConfig
+from commlab.engine import checkpoint as _checkpoint
 from commlab.engine import launch as _launch
 from commlab.engine.launch import Run, list_runs, open_run
 from commlab.engine.store import GOING, STOPPABLE
 
-__all__ = ["RunConfig", "Run", "GOING", "STOPPABLE", "launch", "run", "open_run", "list_runs"]
+__all__ = ["RunConfig", "Run", "GOING", "STOPPABLE", "launch", "run", "resume", "open_run",
+           "list_runs"]
 
 
-def launch(cfg: RunConfig | None = None, request_id: str | None = None, **overrides) -> Run:
+def launch(cfg: RunConfig | None = None, request_id: str | None = None, resume=None,
+           **overrides) -> Run:
     """Validate and start a run in the background (status ``starting``, then ``running``: both
-    in ``GOING``); raises ConfigError before starting anything."""
+    in ``GOING``); raises ConfigError before starting anything.  ``resume``: the folder of a
+    finished run that this one continues from its checkpoint (see ``resume``)."""
     cfg = (cfg or RunConfig()).with_overrides(**overrides) if overrides else (cfg or RunConfig())
-    return _launch.start(cfg, request_id)
+    return _launch.start(cfg, request_id, resume)
+
+
+def resume(run_dir, request_id: str | None = None, **overrides) -> Run:
+    """Continue the finished run in ``run_dir`` from its checkpoint, in a new run folder that
+    names it (``Run.resumed_from()``): its settings, with ``overrides`` of those that may change
+    (``steps`` counts from its step 0; by default as many steps again).  ConfigError, naming the
+    field, before anything starts when it cannot."""
+    return launch(_checkpoint.resume_config(run_dir, **overrides), request_id, resume=run_dir)
 
 
 def run(cfg: RunConfig | None = None, timeout: float | None = None, **overrides) -> Run:

@@ -1,4 +1,4 @@
-"""``commlab`` / ``python -m commlab``: one subcommand per module in ``commlab.commands``.
+"""commlab (or python -m commlab): one subcommand per module in commlab.commands.
 
 With ``--json`` the last line a command prints is one JSON object.  Exit codes: 0 success,
 1 the work ran and did not succeed, 2 bad input (nothing was started).
@@ -6,6 +6,7 @@ With ``--json`` the last line a command prints is one JSON object.  Exit codes: 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import pkgutil
@@ -15,10 +16,15 @@ from commlab import commands
 from commlab.commands import EXIT_BAD_INPUT
 from commlab.config import ConfigError
 
+DESCRIPTION = ("The PowerSGD communication-hook lab: runs, sweeps, exports and classroom "
+               "collectives on real processes. `commlab COMMAND --help` shows a command's options.")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="commlab", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = argparse.ArgumentParser(prog="commlab", description=DESCRIPTION,
+                                     formatter_class=commands.HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=functools.partial(
+        argparse.ArgumentParser, formatter_class=commands.HelpFormatter))
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
     return parser

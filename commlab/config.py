@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "noop")
+# The hooks of PyTorch's "DDP Communication Hooks" page, then PyTorch's other algorithms (quantization
+# by allgather, post-local SGD), then the classic compressors commlab implements (commlab.hooks.compressors).
+PAGE_HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "noop")
+QUANTIZATION_HOOKS = ("quantize_pertensor", "quantize_perchannel")
+LOCALSGD_HOOKS = ("post_localsgd",)
+COMPRESSOR_HOOKS = ("topk", "randomk", "qsgd", "terngrad", "signsgd", "ef_signsgd", "onebit",
+                    "threshold", "dgc", "natural", "signum")
+HOOKS = PAGE_HOOKS + QUANTIZATION_HOOKS + LOCALSGD_HOOKS + COMPRESSOR_HOOKS
 WRAPPERS = ("none", "fp16", "bf16")
 IMPLS = ("auto", "stock", "commlab")
 RESOLVED_BACKENDS = ("gloo", "nccl")  # what "auto" resolves to on a machine
@@ -29,7 +36,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 POWERSGD_HOOKS = ("powersgd", "batched_powersgd")
 # The sections of the settings table, in the Launch form's order: group -> its heading.
 GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
-          "workload": "Workload", "instrument": "Instrumentation and an emulated link"}
+          "workload": "Workload", "instrument": "Instrumentation and an emulated link",
+          "localsgd": "Post-local SGD settings", "compressors": "Quantization and sparsification settings"}
 
 
 def default_runs_dir() -> str:
@@ -120,6 +128,10 @@ class RunConfig:
         "auto: PyTorch's hook wherever it works on this backend, commlab's Gloo-safe variant "
         "where it does not. stock: PyTorch's always (it may hang or fail). commlab: "
         "commlab's variant wherever one exists."))
+    overlap: bool = setting(True, group="hook", label="overlap (commlab's PowerSGD)", help=(
+        "commlab's PowerSGD and batched PowerSGD hand each bucket to one communication thread "
+        "per rank, so backward goes on while they wait for their allreduces; off, they wait in "
+        "the hook and backward stops (the blocking variant, for comparison)."))
     # -- PowerSGDState's arguments (read only by the PowerSGD hooks) in its order and spelling;
     #    the help carries the tuning advice of its docstring; lab defaults suit a 200-step run
     matrix_approximation_rank: int = setting(1, group="powersgd", bounds=Bounds(1, 1024, (
@@ -156,6 +168,53 @@ class RunConfig:
     batch_tensors_with_same_shape: bool = setting(False, group="powersgd", export=True, help=(
         "Compress same-shaped tensors in one batched operation; raise the bucket cap so more of "
         "them share a bucket. Helps when compression compute is the bottleneck."))
+    # -- PostLocalSGDState's and PeriodicModelAverager's arguments (read only by post_localsgd)
+    start_localSGD_iter: int = setting(20, group="localsgd", bounds=Bounds(0, MAX_STEPS, (
+        "a step number; one past steps keeps global gradient allreduce throughout")), export=True, help=(
+        "PostLocalSGDState: gradients are allreduced over all ranks until this step, then only "
+        "within each rank's subgroup; set averager_warmup_steps to the same step, as PyTorch "
+        "advises."))
+    post_local_gradient_allreduce: bool = setting(True, group="localsgd", export=True, help=(
+        "PostLocalSGDState: after the start, still allreduce gradients within each subgroup "
+        "(off: every rank steps with its own gradient)."))
+    localsgd_subgroup_size: int = setting(1, group="localsgd", bounds=Bounds(1, 64, (
+        "ranks per subgroup; it must divide the number of ranks")), export=True, help=(
+        "Ranks per local subgroup (dist.new_subgroups(group_size=...)); 1: every rank trains "
+        "alone between averagings. PyTorch's default (one subgroup per machine) needs CUDA."))
+    averager_period: int = setting(4, group="localsgd", bounds=Bounds(1, MAX_STEPS, (
+        "a number of steps; 1 averages every step, costing more than allreducing gradients")),
+        export=True, help=(
+        "PeriodicModelAverager: average the parameters over all ranks every this many steps, "
+        "after the optimizer step."))
+    averager_warmup_steps: int = setting(20, group="localsgd", bounds=Bounds(0, MAX_STEPS, (
+        "a step number")), export=True, help=(
+        "PeriodicModelAverager: no parameter averaging before this step (use start_localSGD_iter)."))
+    # -- the quantization and sparsification hooks' hyperparameters (commlab.hooks.compressors)
+    quantization_bucket_size: int = setting(512, group="compressors", bounds=Bounds(1, 2**24, (
+        "elements per channel; each channel sends its own scale and zero point")), export=True,
+        help=("quantization_perchannel_hook's bucket_size: the bucket is cut into channels of "
+              "this many elements, each quantized to uint8 with its own scale."))
+    compress_ratio: float = setting(0.01, group="compressors", bounds=Bounds(0, 1, (
+        "the share of a bucket's elements that is sent"), lo_open=True), export=True, help=(
+        "topk, randomk and dgc send k = ceil(compress_ratio * n) elements of each n-element bucket."))
+    sparse_error_feedback: bool = setting(True, group="compressors", export=True, help=(
+        "topk and threshold keep what they did not send and add it to the next step's gradient."))
+    sparsify_threshold: float = setting(1e-3, group="compressors", bounds=Bounds(0, 1e6, (
+        "a gradient magnitude"), lo_open=True), export=True, help=(
+        "threshold sends the elements whose magnitude exceeds this (their number varies per "
+        "rank and step, so it allgathers the counts first)."))
+    qsgd_levels: int = setting(7, group="compressors", bounds=Bounds(1, 127, (
+        "levels per sign; up to 127 fits the signed level in one byte")), export=True, help=(
+        "QSGD's s: each element is rounded at random to one of s levels of the bucket's norm "
+        "(7 levels pack into 4 bits, 127 into 8)."))
+    compressor_momentum: float = setting(0.9, group="compressors", bounds=Bounds(0, 0.999, (
+        "a momentum factor below 1: at 1 the momentum would never forget")), export=True, help=(
+        "dgc's momentum correction and signum's momentum (the optimizer should then be plain "
+        "SGD without momentum)."))
+    dgc_clip_norm: float = setting(0.0, group="compressors", bounds=Bounds(1e-6, 1e6, (
+        "a gradient norm"), off=0.0), export=True, help=(
+        "dgc's local gradient clipping: each rank clips a bucket's gradient to this norm times "
+        "N^-1/2 before accumulating it (0 = off)."))
     # -- the job and its workload
     world_size: int = setting(2, group="job", bounds=Bounds(1, 64, (
         "each rank is a process of its own on this machine, with torch (about 300 MB) loaded")), export=True, label="ranks", help=(
@@ -171,6 +230,13 @@ class RunConfig:
         "module is imported from the folder the lab started in."))
     steps: int = setting(200, group="job", bounds=Bounds(1, MAX_STEPS, (
         "each step writes a line of metrics; a million steps is days of training here")), help="Training steps; each writes one line of metrics.")
+    eval_every: int = setting(50, group="job", bounds=Bounds(0, MAX_STEPS, (
+        "a number of steps")), label="eval_every (steps)", help=(
+        "Evaluate on the workload's held-out set every K steps and after the last (rank 0, "
+        "outside the timed step, its time recorded apart); 0 = never."))
+    save_checkpoint: bool = setting(True, group="job", help=(
+        "Save a checkpoint when the run finishes (model, optimizer, hook state, step), from "
+        "which `commlab run --resume RUN_DIR` continues it."))
     batch_size: int = setting(16, group="workload", bounds=Bounds(1, 65536, (
         "each rank holds a batch and its activations in memory at once")), label="batch size per rank", help=(
         "Examples each rank draws per step."))
@@ -196,6 +262,12 @@ class RunConfig:
     save_grads_at: list[int] = setting(default_factory=list, group="instrument",
                                        label="save_grads_at (steps)", help=(
         "Steps whose exact mean gradients are saved, comma-separated."))
+    trace_steps: list[int] = setting(default_factory=lambda: [1], group="instrument",
+                                     label="trace_steps (steps)", help=(
+        "Steps whose timeline is recorded on every rank (backward, each bucket's hook call, "
+        "collectives, futures, the optimizer step) into timeline.json and trace.json (Chrome "
+        "trace); the default, 1, is the first step after DDP rebuilt its buckets. Needs "
+        "instrument on; steps past the end are not traced."))
     stall_timeout_s: float = setting(120.0, group="instrument", bounds=Bounds(1, 7 * 86400, (
         "the supervisor looks about twice a second; past a week a hung run holds the machine "
         "unnoticed")), help=(
@@ -232,6 +304,27 @@ class RunConfig:
     # ------------------------------------------------------------------ conversions
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def checked(cls, data: dict[str, Any], source: str = "config") -> tuple[RunConfig | None, dict[str, str]]:
+        """(config, every problem by field) at once, as a form shows them: a value of the wrong
+        type is named beside the out-of-range ones, not instead of them (the config is None then;
+        the other fields are checked with the bad one left at its default, and no rule between
+        settings is judged on a field that is itself wrong)."""
+        try:
+            cfg = cls.from_dict(data, source)
+        except ConfigError as e:
+            typed = e.errors
+        else:
+            return cfg, cfg.errors()
+        # Unknown keys are refused before any value is read: then the values get their turn.
+        kept = {k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}}
+        try:
+            cls.from_dict({k: v for k, v in kept.items() if k not in typed}, source)
+        except ConfigError as e:
+            typed |= e.errors
+        rest = cls.from_dict({k: v for k, v in kept.items() if k not in typed}, source)
+        return None, typed | _field_errors(rest, None, typed)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
@@ -438,12 +531,15 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str | None:
     return f"unknown {what} {shown(value)}; valid {what}s are: {', '.join(allowed)}"
 
 
-def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
+def _field_errors(c: RunConfig, gpu_count: int | None, known_bad: dict | None = None) -> dict[str, str]:
     """What can be told without running anything: the table's choices and bounds, the rules
     between settings, the runs folder; of a user's workload only how it is spelled (the engine's
-    ``workload_probe`` runs it, in a child process, before a run starts)."""
-    e: dict[str, str] = {}
+    ``workload_probe`` runs it, in a child process, before a run starts).  ``known_bad``: fields
+    already refused (their value here is a stand-in), left out, as is every rule reading one."""
+    e: dict[str, str] = dict(known_bad or {})
     for f in dataclasses.fields(c):
+        if f.name in e:
+            continue
         value, m = getattr(c, f.name), f.metadata
         msg = None
         if m["choices"]:
@@ -453,26 +549,41 @@ def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
             msg = m["bounds"].error(value) if is_number else f"must be a number, got {shown(value)}"
         if msg:
             e[f.name] = msg
-    if c.hook == "noop" and c.wrapper != "none":
+    if not {"hook", "wrapper"} & e.keys() and c.hook == "noop" and c.wrapper != "none":
         e["wrapper"] = ("a compress wrapper cannot wrap noop: noop sends nothing, so there is "
                         "nothing to compress; use wrapper 'none'")
-    if ("start_powerSGD_iter" not in e and c.is_powersgd and c.start_powerSGD_iter < 2
+    if (not {"hook", "wrapper"} & e.keys() and c.hook in QUANTIZATION_HOOKS + COMPRESSOR_HOOKS
+            and c.wrapper != "none"):
+        e["wrapper"] = (f"a compress wrapper cannot wrap {c.hook}: it chooses its own wire format "
+                        "(uint8 codes, packed signs or indices), so a cast before it only loses "
+                        "precision; use wrapper 'none'")
+    if not {"hook", "impl"} & e.keys() and c.hook in COMPRESSOR_HOOKS and c.impl == "stock":
+        e["impl"] = (f"PyTorch has no {c.hook} hook, so impl=stock cannot run it: commlab's is the "
+                     "only one; use impl auto or commlab")
+    if (not {"localsgd_subgroup_size", "world_size", "hook"} & e.keys() and c.hook in LOCALSGD_HOOKS
+            and c.world_size % c.localsgd_subgroup_size):
+        e["localsgd_subgroup_size"] = (f"must divide the number of ranks ({c.world_size}), got "
+                                       f"{c.localsgd_subgroup_size}: dist.new_subgroups cuts the "
+                                       "ranks into subgroups of equal size")
+    if (not {"start_powerSGD_iter", "hook", "use_error_feedback", "warm_start"} & e.keys()
+            and c.is_powersgd and c.start_powerSGD_iter < 2
             and (c.use_error_feedback or c.warm_start)):
         e["start_powerSGD_iter"] = (
             f"must be at least 2 while use_error_feedback or warm_start is on, got "
             f"{c.start_powerSGD_iter}: DDP rebuilds its buckets after the first iteration, which "
             "conflicts with any tensor memorized before the rebuild (turn both off to start earlier)")
-    if "world_size" not in e and c.backend == "nccl":
+    if not {"world_size", "backend"} & e.keys() and c.backend == "nccl":
         from commlab.devices import gpu_count as count_gpus
 
         gpus = count_gpus() if gpu_count is None else gpu_count
         if c.world_size > gpus:
             e["world_size"] = (f"{c.world_size} NCCL ranks need {c.world_size} GPUs, this machine "
                                f"has {gpus}: NCCL runs one rank per GPU (use backend gloo or auto)")
-    bad = [s for s in c.save_grads_at if not 0 <= s < max(c.steps, 1)]
-    if bad:
-        e["save_grads_at"] = f"steps must lie in 0..{c.steps - 1}, got {shown(bad)}"
-    if not c.instrument:
+    bad = [s for s in c.save_grads_at if not 0 <= s < c.steps]
+    if bad and not {"steps", "save_grads_at"} & e.keys():  # a bad steps gives no range to name
+        e["save_grads_at"] = (f"each step must be from 0 to {c.steps - 1} (steps is {c.steps}; "
+                              f"they count from 0), got {shown(bad)}")
+    if not c.instrument and "instrument" not in e:
         # These are carried out by the instrumentation; without it they would be silently ignored.
         for name, on in (("error_every", c.error_every > 0), ("save_grads_at", bool(c.save_grads_at)),
                          ("emulate_bandwidth_gbps", c.emulate_bandwidth_gbps > 0),
@@ -483,7 +594,7 @@ def _field_errors(c: RunConfig, gpu_count: int | None) -> dict[str, str]:
 
     if "workload" not in e and spec_error(c.workload):
         e["workload"] = f"{shown(c.workload)} {spec_error(c.workload)}"
-    msg = runs_dir_error(c.runs_dir)
+    msg = None if "runs_dir" in e else runs_dir_error(c.runs_dir)
     if msg:
         e["runs_dir"] = msg
     return e

@@ -5,6 +5,17 @@ The contract for a user's workload: a function callable with no required argumen
 returning an iterator of ``(inputs, targets)`` for this rank.  Integer targets train with
 cross-entropy, float targets with mean squared error.  If the function accepts any of the keyword
 arguments ``rank``, ``world_size``, ``batch_size`` or ``seed``, the lab passes them.
+
+Held-out data (optional): return ``(model, batches, eval_batches)``, where ``eval_batches`` is a
+callable returning a finite iterable of ``(inputs, targets)`` that no rank trains on.  Rank 0
+draws it once (at most ``MAX_EVAL_BATCHES`` batches) and evaluates the model on all of it every
+``eval_every`` steps and after the last: the loss, and the accuracy for integer targets.  A
+workload without it trains as before, with no held-out evaluation.  A resumed run draws and
+discards the batches the first run trained on (``batches`` must give the same stream again).
+
+The built-in workloads' held-out sets are fixed and disjoint from training: ``charlm`` evaluates
+on other standard-library files than it trains on (loss and bits per character), ``mlp``,
+``cnn`` and ``wide`` on samples from the same generator drawn from a stream no rank trains on.
 """
 from __future__ import annotations
 
@@ -15,7 +26,7 @@ import math
 import os
 import sys
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,19 +36,70 @@ import torch.nn.functional as F
 
 CONTRACT = ("a workload function must return (model, batches): model a torch.nn.Module, batches a "
             "callable that yields (inputs, targets) tensors for this rank (integer targets: "
-            "cross-entropy; float targets: mean squared error)")
+            "cross-entropy; float targets: mean squared error); optionally a third item, "
+            "eval_batches, a callable that yields the held-out (inputs, targets)")
+MAX_EVAL_BATCHES = 1000  # a held-out set is drawn once and kept: an endless one is cut here
+# The data stream of held-out samples of the generated workloads: training draws seed * 1000 +
+# rank with rank below the 64 ranks a run may have, so no rank ever draws this one.
+EVAL_STREAM = 999
+EVAL_METRICS = ("accuracy", "bits_per_char")  # reported beside the held-out loss
+
+Batches = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
 
 
 @dataclass
 class Workload:
     model: nn.Module
     batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+    eval_batches: Batches | None = None  # the held-out set; None: the run evaluates nothing
+    # What is reported beside the held-out loss (one of EVAL_METRICS); None: the accuracy for
+    # integer targets, nothing for float ones.
+    eval_metric: str | None = None
 
 
 def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     if targets.is_floating_point():
         return F.mse_loss(output, targets)
     return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+
+def held_out(work: Workload) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The workload's held-out batches, drawn once (at most MAX_EVAL_BATCHES); None without any."""
+    if work.eval_batches is None:
+        return None
+    batches = list(itertools.islice(work.eval_batches(), MAX_EVAL_BATCHES))
+    if not batches:
+        raise ValueError("eval_batches() yielded nothing: a held-out set needs at least one batch")
+    return batches
+
+
+def evaluate(model: nn.Module, batches: list, metric: str | None = None,
+             device: torch.device | str = "cpu") -> dict:
+    """The model's loss on the held-out ``batches`` (the mean over every target, as ``loss_fn``
+    takes it over a batch) and ``metric``: the accuracy (default for integer targets), or the
+    bits per character (the loss in bits).  The model is left in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    total = correct = count = 0
+    try:
+        with torch.no_grad():
+            for x, y in batches:
+                x, y = x.to(device), y.to(device)
+                out = model(x)
+                total += float(loss_fn(out, y)) * y.numel()
+                count += y.numel()
+                if not y.is_floating_point():
+                    correct += int((out.reshape(-1, out.shape[-1]).argmax(-1) == y.reshape(-1)).sum())
+    finally:
+        model.train(was_training)
+    loss = total / count
+    integer = not batches[0][1].is_floating_point()
+    metric = metric or ("accuracy" if integer else None)
+    if metric == "accuracy":
+        return {"loss": loss, "accuracy": correct / count}
+    if metric == "bits_per_char":
+        return {"loss": loss, "bits_per_char": loss / math.log(2)}
+    return {"loss": loss}
 
 
 # ---------------------------------------------------------------------------- charlm
@@ -81,15 +143,43 @@ class CharLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def stdlib_text(max_bytes: int = 1 << 20) -> bytes:
-    """Source text that ships with every Python: its standard library, read in a fixed order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+TRAIN_BYTES = 1 << 20
+EVAL_BYTES = 1 << 16  # of held-out text, from the files after the training ones
+EVAL_SEQUENCES = 128  # held-out windows of block_size + 1 characters: about 8k characters
+
+
+def stdlib_files(max_bytes: int = TRAIN_BYTES) -> tuple[list[Path], list[Path]]:
+    """The standard library's top-level modules in a fixed order, split into those the training
+    text reads (its first ``max_bytes``) and the rest, which it never reads."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    size = 0
+    for i, path in enumerate(files):
+        size += path.stat().st_size
+        if size >= max_bytes:
+            return files[:i + 1], files[i + 1:]
+    return files, []
+
+
+def _read(files: list[Path], max_bytes: int) -> bytes:
     out = bytearray()
-    for path in sorted(root.glob("*.py")):
+    for path in files:
         out += path.read_bytes()
         if len(out) >= max_bytes:
             break
     return bytes(out[:max_bytes])
+
+
+def stdlib_text(max_bytes: int = TRAIN_BYTES) -> bytes:
+    """Source text that ships with every Python: its standard library, read in a fixed order."""
+    return _read(stdlib_files(max_bytes)[0], max_bytes)
+
+
+def stdlib_held_out_text(max_bytes: int = EVAL_BYTES) -> bytes:
+    """Held-out text: the standard-library files after the ones ``stdlib_text`` reads."""
+    rest = stdlib_files()[1]
+    if not rest:
+        raise ValueError("this Python's standard library is too small to hold out text")
+    return _read(rest, max_bytes)
 
 
 def charlm(rank: int = 0, world_size: int = 1, batch_size: int = 16, seed: int = 0,
@@ -105,7 +195,14 @@ def charlm(rank: int = 0, world_size: int = 1, batch_size: int = 16, seed: int =
             y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
             yield x, y
 
-    return Workload(model, batches)
+    def eval_batches():
+        held = torch.frombuffer(bytearray(stdlib_held_out_text()), dtype=torch.uint8).long()
+        starts = torch.linspace(0, len(held) - block_size - 1, EVAL_SEQUENCES).long()
+        x = torch.stack([held[i:i + block_size] for i in starts])
+        y = torch.stack([held[i + 1:i + 1 + block_size] for i in starts])
+        return zip(x.split(64), y.split(64))
+
+    return Workload(model, batches, eval_batches, "bits_per_char")
 
 
 # ---------------------------------------------------------------------------- mlp
@@ -125,7 +222,11 @@ def mlp(rank: int = 0, world_size: int = 1, batch_size: int = 64, seed: int = 0)
             x = torch.randn(batch_size, d_in, generator=g)
             yield x, (x @ teacher).argmax(dim=1)
 
-    return Workload(model, batches)
+    def eval_batches():
+        x = torch.randn(2048, d_in, generator=torch.Generator().manual_seed(seed * 1000 + EVAL_STREAM))
+        return zip(x.split(512), (x @ teacher).argmax(dim=1).split(512))
+
+    return Workload(model, batches, eval_batches, "accuracy")
 
 
 # ---------------------------------------------------------------------------- cnn
@@ -165,7 +266,11 @@ def cnn(rank: int = 0, world_size: int = 1, batch_size: int = 32, seed: int = 0)
         while True:
             yield shape_images(batch_size, g)
 
-    return Workload(model, batches)
+    def eval_batches():
+        x, y = shape_images(512, torch.Generator().manual_seed(seed * 1000 + EVAL_STREAM))
+        return zip(x.split(128), y.split(128))
+
+    return Workload(model, batches, eval_batches, "accuracy")
 
 
 # ---------------------------------------------------------------------------- wide
@@ -186,7 +291,11 @@ def wide(rank: int = 0, world_size: int = 1, batch_size: int = 8, seed: int = 0,
             x = torch.randn(batch_size, width, generator=g)
             yield x, torch.tanh(x @ teacher)
 
-    return Workload(model, batches)
+    def eval_batches():
+        x = torch.randn(256, width, generator=torch.Generator().manual_seed(seed * 1000 + EVAL_STREAM))
+        return zip(x.split(64), torch.tanh(x @ teacher).split(64))
+
+    return Workload(model, batches, eval_batches)
 
 
 MODELS = {"charlm": CharLM, "mlp": mlp_model, "cnn": cnn_model, "wide": wide_model}
@@ -236,8 +345,8 @@ def load(spec: str, rank: int = 0, world_size: int = 1, batch_size: int | None =
         raise ValueError(f"workload {spec!r} raised {type(e).__name__}: {e}") from None
     if isinstance(out, Workload):
         return out
-    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], nn.Module)
-            and callable(out[1])):
+    if not (isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], nn.Module)
+            and callable(out[1]) and (len(out) == 2 or out[2] is None or callable(out[2]))):
         raise ValueError(f"workload {spec!r} returned {type(out).__name__}; {CONTRACT}")
     return Workload(*out)
 
@@ -299,7 +408,30 @@ def check(spec: str, *, rank: int = 0, world_size: int = 1, batch_size: int | No
     msg = loss_mismatch(output, batch[1])
     if msg:
         return f"workload {spec!r}: {msg}"
-    return _too_few(spec, batches, steps)
+    return _held_out_error(spec, w) or _too_few(spec, batches, steps)
+
+
+def _held_out_error(spec: str, w: Workload) -> str | None:
+    """Why the workload's held-out set (if it has one) cannot be evaluated: its first batch."""
+    if w.eval_batches is None:
+        return None
+    try:
+        batch = next(iter(w.eval_batches()))
+    except StopIteration:
+        return f"workload {spec!r}: eval_batches() yielded nothing; {CONTRACT}"
+    except Exception as e:
+        return f"workload {spec!r}: drawing a held-out batch raised {type(e).__name__}: {e}"
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        return (f"workload {spec!r}: a held-out batch must be an (inputs, targets) pair of "
+                f"tensors; {CONTRACT}")
+    try:
+        with torch.no_grad():
+            output = w.model(batch[0])
+    except Exception as e:
+        return f"workload {spec!r}: the model raised {type(e).__name__} on a held-out batch: {e}"
+    msg = loss_mismatch(output, batch[1])
+    return f"workload {spec!r}: held-out batch: {msg}" if msg else None
 
 
 def loss_mismatch(output: object, targets: torch.Tensor) -> str | None:

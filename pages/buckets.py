@@ -6,6 +6,7 @@ import lab_widgets
 from commlab.analysis import buckets
 from commlab.api import open_run
 from commlab.figures import runs as figures
+from commlab.figures import timeline as timeline_figures
 from commlab.ui import runs
 
 st.title("Buckets")
@@ -36,9 +37,30 @@ for col, (title, rows) in zip(st.columns(len(layouts)), layouts.items()):
     else:
         col.caption("not recorded")
 for title, log in buckets.ddp_logged_sizes(recorded).items():
-    if log["logged"] is None:
-        st.caption(f"DDP's log has no {log['field']} yet ({title}).")
+    if log["logged"] is None and log["recorded"]:
+        # The hook saw the layout; DDP's log was saved before DDP wrote this field into it.
+        st.caption(f"DDP's log, as saved in the run folder, does not hold {log['field']}: the "
+                   f"{title} layout drawn above is the one the hook recorded.")
+    elif log["logged"] is None:
+        st.caption(f"DDP's log has no {log['field']} yet ({title}): nothing to compare.")
     else:
         verdict = "agrees with" if log["agrees"] else "differs from"
         st.caption(f"DDP's own {log['field']} {log['logged']} {verdict} the {title} layout "
                    f"recorded in the hook {log['recorded']}.")
+
+st.subheader("One step, rank by rank")
+traced = run.timeline()
+if not traced.get("steps"):
+    st.caption("No step of this run was traced (trace_steps; it needs instrument on).")
+    st.stop()
+step = st.selectbox("traced step", list(traced["steps"]), key="trace_step")
+st.plotly_chart(timeline_figures.step_figure(traced, step), key="timeline")
+share = traced.get("overlap_share")
+st.caption("Bars over the backward pass: each bucket's hook call (its gradients are ready) on the "
+           "compute row, its allreduces on the communication row, the part only the emulated link "
+           "held back hatched. Overlap share (communication hidden behind backward / all "
+           "communication, over the traced steps and ranks): "
+           + ("none communicated" if share is None else f"{share:.0%}") + ".")
+if (trace := run.trace()) is not None:
+    st.download_button("Download trace.json (Perfetto, chrome://tracing)", trace,
+                       file_name=f"{run.id}-trace.json", mime="application/json")

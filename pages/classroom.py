@@ -6,57 +6,94 @@ import pandas as pd
 import streamlit as st
 
 import lab_widgets
-from commlab.analysis.ring import steps as ring_steps
+from commlab.analysis import ring as ring_cost
 from commlab.config import ConfigError
 from commlab.figures import classroom as figs
 from commlab.teach import classroom
+
+# Large text for a projector: Streamlit's own elements by CSS, the figures by figs.present.
+PRESENTATION_CSS = """<style>
+[data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li,
+[data-testid="stWidgetLabel"] p, [data-testid="stAlertContentInfo"] p {font-size: 1.6rem;}
+h1 {font-size: 3.2rem !important;} h2, h3 {font-size: 2.3rem !important;}
+[data-testid="stDataFrame"], [data-testid="stCode"] {zoom: 1.5;}
+</style>"""
+
+
+def chart(fig) -> None:
+    st.plotly_chart(figs.present(fig, large))
 
 
 def scheme_panel(trace: classroom.Trace, k: int) -> None:
     phase = trace.steps[k - 1].phase if k else "before anything moves"
     st.subheader(f"{trace.scheme.capitalize()} — step {k}/{len(trace.steps)}: {phase}")
-    st.plotly_chart(figs.holdings_figure(trace, k))
+    chart(figs.ring_diagram(trace, k))
+    chart(figs.holdings_figure(trace, k))
     st.dataframe(figs.transfers_table(trace, k), hide_index=True)
 
+
+def describe(result: classroom.CollectiveResult) -> tuple[str, str]:
+    """(the call, what it leaves on the ranks) for one real collective."""
+    n, op = result.world_size, (result.op or "").upper()
+    return {
+        "all_reduce": (f"dist.all_reduce(op={op})", "every rank ends with the same"),
+        "broadcast": (f"dist.broadcast(src={result.src})",
+                      f"rank {result.src}'s tensor everywhere"),
+        "reduce": (f"dist.reduce(dst={result.dst}, op={op})",
+                   f"only rank {result.dst} receives the result; what the other ranks hold "
+                   "afterwards is scratch (Gloo leaves partial results there)"),
+        "all_gather": ("dist.all_gather_single", f"every rank ends with all {n} tensors, "
+                                                 "rank 0's first"),
+        "reduce_scatter": (f"dist.reduce_scatter_single(op={op})",
+                           f"rank r ends with chunk r of the reduced tensor (1/{n} of it)"),
+    }[result.kind]
 
 
 # ---------------------------------------------------------------------------- the three sections
 def real_collectives() -> classroom.Collective | None:
     """Tab 1; returns the all_reduce job the inputs describe (None while they are invalid)."""
-    c1, c2, c3 = st.columns(3)
+    c1, c2, c3, c4 = st.columns(4)
     world_size = c1.slider("Ranks (processes)", 1, classroom.MAX_WORLD_SIZE, 3)
-    op = c2.selectbox("Reduce op for all_reduce", classroom.OPS, format_func=str.upper)
-    src = c3.number_input("Broadcast from rank", 0, world_size - 1, 0)
+    op = c2.selectbox("Reduce op (all_reduce, reduce, reduce_scatter)", classroom.OPS,
+                      format_func=str.upper)
+    src = c3.number_input("Broadcast from rank", 0, world_size - 1,
+                          classroom.default_src(world_size), key=f"src_{world_size}")
+    dst = c4.number_input("Reduce to rank", 0, world_size - 1, 0, key=f"dst_{world_size}")
     values = st.text_area("Each rank's tensor: one line per rank, numbers split by commas",
                           "\n".join(figs.fmt(v) for v in classroom.default_values(world_size)),
                           key=f"values_{world_size}", height=80 + 12 * world_size)
     try:
         jobs = [classroom.all_reduce_job(world_size, op, values),
-                classroom.broadcast_job(world_size, src, values)]
+                classroom.broadcast_job(world_size, src, values),
+                classroom.reduce_job(world_size, op, dst, values),
+                classroom.all_gather_job(world_size, values)]
     except ConfigError as e:
         lab_widgets.show_errors(e)
         return None
+    try:
+        jobs.append(classroom.reduce_scatter_job(world_size, op, values))
+    except ConfigError as e:  # only this one needs a length that N divides: run the others
+        st.info(f"reduce_scatter is left out: {e.errors['values']}.")
     if st.button("Run on real processes", type="primary"):
-        with st.spinner(f"Starting {world_size} Gloo process(es): dist.all_reduce, then "
-                        "dist.broadcast ..."):
+        with st.spinner(f"Starting {world_size} Gloo process(es): "
+                        + ", ".join(j.kind for j in jobs) + " ..."):
             try:
-                st.session_state["collectives"] = (jobs[0], classroom.run_collectives(jobs))
+                st.session_state["collectives"] = (jobs, classroom.run_collectives(jobs))
             except (RuntimeError, TimeoutError) as e:
                 st.error(f"The processes failed: {e}")
     if "collectives" in st.session_state:
-        reduced, sent = st.session_state["collectives"][1]
-        left, right = st.columns(2)
-        with left:
-            st.subheader(f"dist.all_reduce(op={reduced.op.upper()})")
-            st.dataframe(figs.rank_table(reduced), hide_index=True)
-            st.plotly_chart(figs.before_after_chart(reduced, "every rank ends with the same"))
-        with right:
-            st.subheader(f"dist.broadcast(src={sent.src})")
-            st.dataframe(figs.rank_table(sent), hide_index=True)
-            st.plotly_chart(figs.before_after_chart(sent, f"rank {sent.src}'s tensor everywhere"))
+        results = st.session_state["collectives"][1]
+        for row in range(0, len(results), 2):
+            for column, result in zip(st.columns(2), results[row:row + 2]):
+                call, what = describe(result)
+                with column:
+                    st.subheader(call)
+                    st.dataframe(figs.rank_table(result), hide_index=True)
+                    chart(figs.before_after_chart(result, what))
+        reduced = results[0]
         st.markdown("**Order in which the ranks reported back from all_reduce:** "
                     + " → ".join(f"rank {r}" for r in reduced.arrival_order))
-        st.plotly_chart(figs.arrival_chart(reduced))
+        chart(figs.arrival_chart(reduced))
         st.info(classroom.ARRIVAL_NOTE + " Press Run again and compare.")
     return jobs[0]
 
@@ -65,28 +102,33 @@ def ring_walkthrough(job: classroom.Collective | None) -> None:
     if job is None:
         st.warning("Fix the tensors in tab 1 first: the ring walks through those inputs.")
         return
-    n, op = job.world_size, job.op
+    n, op, length = job.world_size, job.op, len(job.values[0])
     ring, naive = classroom.ring_trace(job.values, op), classroom.naive_trace(job.values, op)
     st.markdown(
-        f"The {len(job.values[0])}-element tensor is cut into **{n} chunks**. "
+        f"The {length}-element tensor is cut into **{n} chunks**. "
         f"**Reduce-scatter** ({n - 1} steps): every rank passes one chunk to its right-hand "
         f"neighbour, which combines it ({op}) with its own copy; afterwards each rank owns one "
         f"finished chunk. **All-gather** ({n - 1} steps): the finished chunks go once more round "
-        f"the ring. **{ring_steps(n)} steps** in all, and each rank sends 2(N−1)/N · S = "
-        f"{classroom.ring_bytes_per_rank(1, n):.2f} · S bytes. Beside it, the naive scheme: "
-        "everyone sends everything to rank 0, which sends the result back.")
+        f"the ring. **{ring_cost.steps(n)} steps** in all, and each rank sends 2(N−1)/N · S = "
+        f"{ring_cost.factor(n):.2f} · S bytes: here S = {length * classroom.ITEMSIZE} B, so "
+        f"{max(ring.bytes_sent)} B per rank, where the naive scheme (everyone sends everything "
+        f"to rank 0, which sends the result back) makes rank 0 send {max(naive.bytes_sent)} B.")
+    if 1 < n and length < n:
+        st.warning(f"{length} element(s) for {n} chunks: some chunks are empty, and the ring "
+                   f"cannot spread the load. Give every rank at least {n} elements.")
     if n == 1:
         st.info("With one rank there is nothing to send: the result is the input.")
     else:
         k = st.slider("Step", 0, len(ring.steps), 0,
-                      help="0 is before anything moves; the arrow keys walk through the steps")
+                      help="0 is before anything moves; the arrow keys walk through the steps. "
+                           "The diagrams' own ▶ Play walks through every step by itself.")
         left, right = st.columns(2)
         with left:
             scheme_panel(ring, k)
         with right:
             scheme_panel(naive, k)
         st.subheader("Bytes each rank sends")
-        st.plotly_chart(figs.bytes_chart(ring, naive))
+        chart(figs.bytes_chart(ring, naive))
         size_mb = st.number_input("Tensor size for this table (MB)", 1.0, 1e5, 100.0)
         st.dataframe(figs.costs_table(size_mb, n), hide_index=True)
         st.caption("Both take 2(N−1) steps, but a ring step moves S/N over every link at once "
@@ -113,11 +155,11 @@ def ring_walkthrough(job: classroom.Collective | None) -> None:
 
 def real_result_for(job: classroom.Collective) -> classroom.CollectiveResult | None:
     """The real all_reduce of exactly these inputs, if tab 1 or the ring tab has run it."""
-    for key, pick in (("collectives", lambda run: run[1][0]), ("ring_check", lambda run: run[1])):
-        run = st.session_state.get(key)
-        if run and run[0] == job:
-            return pick(run)
-    return None
+    jobs, results = st.session_state.get("collectives", ((), ()))
+    if job in jobs:
+        return results[jobs.index(job)]
+    checked = st.session_state.get("ring_check")
+    return checked[1] if checked and checked[0] == job else None
 
 
 def gradient_averaging() -> None:
@@ -146,7 +188,7 @@ def gradient_averaging() -> None:
             f"Largest |DDP gradient − hand-averaged gradient| over {demo.steps} steps and "
             f"{demo.world_size} ranks: {demo.max_grad_diff:.2e} (they must agree to 1e-6).")
         rows = pd.DataFrame(demo.rows)
-        st.plotly_chart(figs.distance_chart(rows))
+        chart(figs.distance_chart(rows))
         st.caption("With the allreduce every rank applies the same averaged gradient, so the "
                    "distance stays exactly 0. Without it each rank follows its own data and the "
                    "replicas drift apart: they are no longer one model.")
@@ -154,6 +196,10 @@ def gradient_averaging() -> None:
 
 
 st.title("Classroom: allreduce")
+large = st.toggle("Presentation mode", key="presentation",
+                  help="Large text and figures, for a projector in front of a class")
+if large:
+    st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)
 st.caption("Every number here comes from real processes on this machine, except the ring "
            "walk-through, which is checked against them.")
 real_tab, ring_tab, grad_tab = st.tabs(["1 · Real collectives",

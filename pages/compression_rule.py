@@ -5,7 +5,7 @@ import tempfile
 
 import streamlit as st
 
-from commlab.analysis import shapes
+from commlab.analysis import shapes, units
 from commlab.analysis.rule import apply_rule
 from commlab.engine import workload_probe
 from commlab.figures import rule as figs
@@ -83,13 +83,33 @@ summary = apply_rule(named, rank, rate)
 sent = figs.step_bytes(summary)
 
 m1, m2, m3, m4 = st.columns(4)
-m1.metric("Compression ratio", f"{summary.compression_ratio:.2f}×")
-m2.metric("Layers compressed", f"{summary.compressed_count} / {len(summary.layers)}")
-m3.metric("PowerSGD sends per step", figs.human_bytes(sent["powersgd"]))
-m4.metric("Plain allreduce sends", figs.human_bytes(sent["allreduce"]))
+m1.metric("Predicted compression ratio", f"{summary.predicted_ratio:.2f}×",
+          help="Elements before over after, from the shapes alone; a run of the per-tensor "
+          "PowerSGD hook measures the same ratio over its steady steps (the Runs page's "
+          "steady-state compression ratio).")
+m2.metric("Layers compressed", f"{summary.compressed_count:,} / {len(summary.layers):,}")
+m3.metric("PowerSGD sends per step", units.human_bytes(sent["powersgd"]))
+m4.metric("Plain allreduce sends", units.human_bytes(sent["allreduce"]))
 st.caption(f"Per rank and step, in fp32: {summary.numel_after:,} elements × {figs.FP32_BYTES} B = "
            f"{sent['powersgd']:,} bytes with PowerSGD, against {summary.numel_before:,} elements × "
            f"{figs.FP32_BYTES} B = {sent['allreduce']:,} bytes with plain allreduce.")
 
-st.plotly_chart(figs.savings_figure(summary))
-st.dataframe(figs.rule_frame(summary), hide_index=True)
+g1, g2 = st.columns([3, 1])
+many = len(summary.layers) > figs.TOP_N * 3
+if st.session_state.get("rule_many") != many:
+    # A widget keeps its value across reruns: a switch to a model with hundreds of layers would
+    # otherwise keep the few-layer view and draw every bar.
+    st.session_state.update(rule_many=many, rule_grouping=figs.GROUPINGS[1 if many else 0], rule_log=many)
+grouping = g1.radio("Bars", figs.GROUPINGS, horizontal=True,
+                    key="rule_grouping", help=f"A bar per layer, per kind of layer (block numbers "
+                    f"starred), or the {figs.TOP_N} largest layers and the rest as one bar.")
+log_y = g2.toggle("log scale", key="rule_log",
+                  help="Layers differ by decades in size: a log axis shows the small ones too.")
+fig = figs.savings_figure(summary, grouping)
+if log_y:
+    fig.update_yaxes(type="log")
+st.plotly_chart(fig, key="rule_chart")
+# Thousands separated, and wide enough for gpt2-xl's 80,411,200 (a narrow column cuts digits).
+st.dataframe(figs.rule_frame(summary), hide_index=True, column_config={
+    c: st.column_config.NumberColumn(format="localized", width="medium")
+    for c in ("n", "m", "(n+m)·r·rate", "n·m", "elements before", "elements after", "saved")})

@@ -1,5 +1,7 @@
 """Export a run's settings, or settings entered here, for production: config files, snippets, scripts.
-Thin: widgets in, commlab.tune.export, one copy-ready block and one download button per format."""
+Thin: widgets in, commlab.tune.export, one copy-ready block and one download button per format.
+Every bad field is named, as on Launch, and nothing is shown or downloads until it is fixed: no
+widget clamps a value, so what the page shows is what an export would say."""
 import streamlit as st
 
 import lab_widgets
@@ -21,7 +23,14 @@ def settings_form() -> RunConfig | None:
     for i, s in enumerate(s for s in settings() if s.export):
         w = form.widget(s, values, value=getattr(PRESET, s.name), prefix="export_", titled=True)
         values[s.name] = w.draw(columns[i % len(columns)])
-    cfg, errors = form.config_from_form(values)
+    # Checked as production reads the settings: the workload is never run (no probe), and this
+    # machine's GPUs and runs folder do not count.
+    try:
+        cfg = RunConfig.from_dict(values, "the form")
+    except ConfigError as e:
+        cfg, errors = None, e.errors
+    else:
+        errors = export.export_errors(cfg)
     lab_widgets.show_errors(errors)
     return None if errors else cfg
 
@@ -30,14 +39,18 @@ def target_form() -> export.Target | None:
     d = export.Target()
     with st.expander("Where it will run (torchrun, SLURM, Lightning, Accelerate)"):
         c1, c2, c3 = st.columns(3)
-        nnodes = c1.number_input("Nodes", 1, 4096, d.nnodes)
-        nproc = c2.number_input("Processes per node (0: the run's world size)", 0, 1024, 0)
+        # No bounds: Target.errors names a bad value; a clamped widget would show one value and
+        # export another.
+        nnodes = c1.number_input("Nodes", value=d.nnodes, step=1)
+        nproc = c2.number_input("Processes per node (0: the run's world size)", value=0, step=1)
         backend = c3.selectbox("Production backend", RESOLVED_BACKENDS,
                                index=RESOLVED_BACKENDS.index(d.backend),
                                help="decides which warnings apply to PyTorch's own hooks")
-        c1, c2 = st.columns(2)
+        c1, c2, c3 = st.columns(3)
         script = c1.text_input("Training script", d.script)
         script_args = c2.text_input("Its arguments (shell words)", "")
+        threads = c3.number_input("Threads per process (OMP_NUM_THREADS)", value=d.threads_per_process,
+                                  step=1, help="SLURM's --cpus-per-task is processes per node × this")
         c1, c2, c3, c4 = st.columns(4)
         endpoint = c1.text_input("Rendezvous endpoint (host:port)", "",
                                  help="empty: the script reads $HEAD_NODE")
@@ -48,7 +61,7 @@ def target_form() -> export.Target | None:
         target = export.Target.from_entries(
             nnodes=nnodes, nproc_per_node=nproc or None, backend=backend, script=script,
             script_args=script_args, rdzv_endpoint=endpoint, job_name=job_name,
-            time_limit=time_limit, partition=partition)
+            time_limit=time_limit, partition=partition, threads_per_process=threads)
     except ValueError as e:
         lab_widgets.show_errors({"script_args": str(e)})
         return None
@@ -57,9 +70,11 @@ def target_form() -> export.Target | None:
 
 
 st.title("Export")
-st.caption("The chosen settings for production, with PyTorch's own hooks: a config file that loads "
-           "back into commlab, a snippet for plain DDP, Lightning or Accelerate, and launch lines "
-           "for torchrun and SLURM. Every block has a copy button at its top right.")
+st.caption("The chosen settings for production: a config file that loads back into commlab, a "
+           "snippet for plain DDP, Lightning or Accelerate, and launch lines for torchrun and "
+           "SLURM. Snippets use PyTorch's hooks where they work on the production backend and "
+           "commlab's (commlab.hooks) where they fail, and say which. Every block has a copy "
+           "button at its top right.")
 
 choices = runs.run_choices()
 source = st.radio("Settings from", ["a run", "settings entered here"], index=0 if choices else 1,
@@ -74,6 +89,8 @@ if source == "a run":
             if damage := run.damage("config.json"):
                 raise ConfigError({"config.json": damage})
             cfg, source_id = run.config(), run.id
+            if errors := export.export_errors(cfg):
+                raise ConfigError(errors)
         except ConfigError as e:  # a damaged run, or one whose settings no longer validate
             lab_widgets.show_errors({k: lab_widgets.literal(m) for k, m in e.errors.items()})
         else:
@@ -83,7 +100,9 @@ else:
     cfg = settings_form()
 
 target = target_form()
-if cfg is not None and target is not None:
+if (cfg is None and (source != "a run" or choices)) or target is None:
+    st.error("Nothing to export until every field named above is fixed.")
+elif cfg is not None:
     general = export.notes(cfg, target)
     for note in general:
         st.warning(note)

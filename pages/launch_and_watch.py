@@ -3,6 +3,7 @@ import streamlit as st
 
 import lab_widgets
 from commlab import api
+from commlab.analysis import metrics, units
 from commlab.config import ConfigError
 from commlab.figures import runs as figures
 from commlab.ui import form, runs
@@ -89,9 +90,11 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
         st.rerun()  # a full rerun stops the refresh and lists the run's new status
     h = view.headline()
     impl = view.implementation()
-    st.markdown(f"**Status: {lab_widgets.literal(status['status'])}** · step {h['step'] if h['step'] is not None else '–'}"
-                f" of {h['steps_planned']}")
-    if status.get("error") and status["status"] not in api.GOING:
+    st.markdown(f"**Status: {lab_widgets.literal(status['status'])}** · {h['steps_done']:,} of "
+                f"{h['steps_planned']:,} steps done")
+    if status["status"] == "stopped":  # the person pressed Stop: news, not a failure
+        st.caption(f"Stopped by the user after {h['steps_done']:,} steps.")
+    elif status.get("error") and status["status"] not in api.GOING:
         st.error(lab_widgets.literal(status["error"]))
     ran = "ran" if impl["ran"] else "will run (planned: rank 0 has not reported yet)"
     shown = {k: lab_widgets.literal(impl[k]) for k in ("backend", "owner", "hook_impl", "hook_reason")}
@@ -112,13 +115,20 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
         return
     cols = st.columns(4)
     cols[0].metric("loss", f"{h['loss']:.4f}")
-    cols[1].metric("median step time", f"{h['median_step_s'] * 1000:.1f} ms")
+    cols[1].metric("median step time", units.seconds(h["median_step_s"]))
     if h["bytes_per_step"] is not None:
-        cols[2].metric("bytes per step (median)", f"{h['bytes_per_step']:,.0f}",
-                       help=f"plain allreduce would send {h['plain_bytes_per_step']:,} bytes")
+        cols[2].metric("bytes per step (median)", units.human_bytes(h["bytes_per_step"]),
+                       help=f"{h['bytes_per_step']:,.0f} bytes per rank and step handed to the "
+                       f"collectives; plain allreduce would send {h['plain_bytes_per_step']:,} bytes")
     if h["compression_ratio"] is not None:
-        cols[3].metric("compression ratio", f"{h['compression_ratio']:.2f}")
-    st.caption(f"Last step shown: {h['step']} · loss {h['loss']:.4f}")
+        steady = h["steady_compression_ratio"]
+        cols[3].metric(metrics.STEADY_RATIO, "–" if steady is None else f"{steady:.2f}×",
+                       help="Plain over sent bytes over the steady steps only (warm-up and "
+                       "PowerSGD's allreduce steps left out): the ratio the hook runs at. "
+                       f"{metrics.CUMULATIVE_RATIO.capitalize()}, every step included: "
+                       f"{h['compression_ratio']:.2f}×.")
+    st.caption(f"Last point on the charts: step {h['step']:,} (steps count from 0) · "
+               f"loss {h['loss']:.4f}")
     st.plotly_chart(figures.live_figure(view.frame()), key="live")
 
 

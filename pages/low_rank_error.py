@@ -47,7 +47,11 @@ def offline_section(path: str, run: lowrank_view.Inputs) -> None:
                "the truncated SVD (the best any rank-r method can do); dashed, PowerSGD's one "
                f"power iteration from a fresh Q drawn with the run's random_seed ({run.random_seed}). "
                "Error feedback's residual is not in the saved gradient, so it is left out here.")
-    st.plotly_chart(figs.error_vs_rank(layers, run.rank))
+    names = [le.name for le in layers]
+    picked = st.multiselect("Layers on the chart", names, default=names[:figs.SHOWN_LAYERS],
+                            key="lowrank_layers", help=f"{len(names):,} compressed layers; the "
+                            "table below lists them all")
+    st.plotly_chart(figs.error_vs_rank([le for le in layers if le.name in picked], run.rank))
     st.dataframe(figs.error_table(layers, rank), hide_index=True)
 
     chosen = st.selectbox("Layer", [le.name for le in layers])

@@ -1,41 +1,90 @@
-"""A PowerSGD sweep beside an allreduce baseline: start it, watch it, stop it, read its front.
+"""A PowerSGD sweep beside an allreduce baseline, every setting with N seeds: start it, watch it,
+stop or resume it, read its front and the noise-aware recommendation.
 Thin: widgets in, commlab.tune.sweep (which runs in its own process), plotly out."""
 import streamlit as st
 
 import lab_widgets
 from commlab.config import ConfigError, RunConfig, default_runs_dir, settings
-from commlab.figures.sweep import pareto_figure
-from commlab.tune import pareto
+from commlab.figures.sweep import curves_figure, pareto_figure
+from commlab.tune import pareto, quality
 from commlab.tune import sweep as sw
 from commlab.ui import form
 
-# What the form shows first: a short job, PowerSGD from step 10.
-PRESET = RunConfig(workload="mlp", steps=60, start_powerSGD_iter=10)
+# What the form shows first: a short job, PowerSGD from step 10, held out every 10 steps, three seeds.
+PRESET = RunConfig(workload="mlp", steps=60, start_powerSGD_iter=10, eval_every=10)
+PRESET_REPEATS = 3
 # The job every run of the sweep shares (the rest keeps its defaults); the axes come from the table.
-JOB = ("workload", "steps", "world_size", "emulate_bandwidth_gbps", "emulate_latency_us")
+JOB = ("workload", "steps", "world_size", "eval_every", "emulate_bandwidth_gbps", "emulate_latency_us")
 # The sweep shown, kept across reruns; no widget has this key (Streamlit refuses to set one that has).
 CHOSEN = "chosen_sweep"
+NAMES = {s.name: s.label for s in settings()} | {"repeats": "seeds per setting"}
+
+
+def _named(field: str) -> str:
+    label = NAMES.get(field, field)
+    return f"{label} ({field})" if label != field else field
 
 
 def spec_form() -> sw.SweepSpec | None:
     table = {s.name: s for s in settings()}
+    slots: dict = {}
     with st.form("sweep_form"):
-        job = {name: form.widget(table[name], value=getattr(PRESET, name), prefix="sweep_",
-                                 titled=True).draw(col)
-               for col, name in zip(st.columns(len(JOB)), JOB)}
-        axes = {s.name: form.axis_widget(s, PRESET).draw(col)
-                for col, s in zip(st.columns(len(sw.AXES)), sw.AXES)}
-        baseline = st.checkbox("Plain allreduce baseline first", True)
-        if not st.form_submit_button("Start sweep", type="primary"):
-            return None
-    try:
-        values = {s.name: axes[s.name] if s.choices else sw.axis_values(s, axes[s.name])
-                  for s in sw.AXES}  # several choices picked, or comma-separated text
-        return sw.SweepSpec(base=RunConfig.from_dict(job, "the sweep's job"), baseline=baseline,
-                            **values)
-    except ConfigError as e:
-        lab_widgets.show_errors(e)
+        job = {}
+        for col, name in zip(st.columns(len(JOB)), JOB):
+            job[name] = form.widget(table[name], value=getattr(PRESET, name), prefix="sweep_",
+                                    titled=True).draw(col)
+            slots[name] = col.empty()
+        axes = {}
+        for col, s in zip(st.columns(len(sw.POWERSGD_AXES)), sw.POWERSGD_AXES):
+            axes[s.name] = form.axis_widget(s, PRESET).draw(col)
+            slots[s.name] = col.empty()
+        c1, c2, c3 = st.columns(3)
+        repeats = c1.number_input("Seeds per setting", value=PRESET_REPEATS, step=1, key="sweep_repeats",
+                                  help="Every setting, the baseline included, runs with this many "
+                                       "seeds (initial weights and data order); 3 or more let the "
+                                       "recommendation tell a difference from seed noise.")
+        slots["repeats"] = c1.empty()
+        tolerance = c2.number_input("X: tolerance, % of allreduce's loss", value=5.0, step=0.5,
+                                    key="sweep_tolerance", format="%g")
+        slots["tolerance_pct"] = c2.empty()
+        baseline = c3.checkbox("Plain allreduce baseline first", True)
+        submitted = st.form_submit_button("Start sweep", type="primary")
+    if not submitted:
         return None
+    errors: dict[str, str] = {}
+    values = {}
+    for s in sw.POWERSGD_AXES:  # several choices picked, or comma-separated text
+        try:
+            values[s.name] = axes[s.name] if s.choices else sw.axis_values(s, axes[s.name])
+        except ConfigError as e:
+            errors |= e.errors
+    try:
+        base = RunConfig.from_dict(job, "the sweep's job")
+    except ConfigError as e:
+        errors |= e.errors
+        base = None
+    spec = None
+    if base is not None:  # checked even when an axis did not parse: every bad field at once
+        spec = sw.SweepSpec(base=base, baseline=baseline, tolerance_pct=float(tolerance),
+                            repeats=int(repeats), **values)
+        try:
+            sw.grid(spec)
+        except ConfigError as e:
+            errors = e.errors | errors
+    if errors:
+        refuse(errors, slots)
+        return None
+    return spec
+
+
+def refuse(errors: dict[str, str], slots: dict) -> None:
+    """Every bad field named, under its widget and in one line; nothing starts."""
+    for name, msg in errors.items():
+        if name in slots:
+            slots[name].error(lab_widgets.literal(msg))
+    lab_widgets.show_errors({k: m for k, m in errors.items() if k not in slots})
+    st.error(f"Fix {len(errors)} setting(s) before the sweep starts: "
+             + ", ".join(f"**{lab_widgets.literal(_named(k))}**" for k in errors))
 
 
 @st.fragment(run_every=1.0)
@@ -53,29 +102,86 @@ def live(sweep: sw.Sweep) -> None:
         st.toast("Stopping: the current run ends, finished runs are kept.")
 
 
+def cluster_inputs() -> quality.Cluster:
+    st.markdown("**Predicted times** are for this cluster (the What-if page's model, fed by each run):")
+    c1, c2, c3 = st.columns(3)
+    world = c1.number_input("Workers", value=quality.Cluster.world_size, step=1, key="predict_world")
+    bw = c2.number_input("Bandwidth, Gb/s", value=quality.Cluster.bandwidth_gbps, format="%g",
+                         key="predict_bw")
+    lat = c3.number_input("Latency per hop, µs", value=quality.Cluster.latency_us, format="%g",
+                          key="predict_lat")
+    cluster = quality.Cluster(int(world), float(bw), float(lat))
+    if cluster.errors():  # named, and the default cluster shown until fixed
+        lab_widgets.show_errors(cluster.errors())
+        st.caption(f"Showing the default cluster ({quality.Cluster().text()}) until these are fixed.")
+        return quality.Cluster()
+    return cluster
+
+
 def results(sweep: sw.Sweep) -> None:
-    table = sweep.results()
-    if not len(table):
+    tolerance = st.slider("X: a setting qualifies when its loss is within X% of allreduce's, beyond "
+                          "the seed noise", 0.0, 50.0, float(sweep.spec().tolerance_pct), 0.5)
+    cluster = cluster_inputs()
+    runs = sweep.results(tolerance, cluster)
+    if not len(runs):
         st.info("No run has started yet.")
         return
-    tolerance = st.slider("X: a setting qualifies when its final loss is within X% of allreduce's",
-                          0.0, 50.0, float(sweep.spec().tolerance_pct), 0.5)
-    rec = pareto.recommend(table, tolerance)
-    st.success(f"**Recommendation** ({rec.rule}): {lab_widgets.literal(rec.text)}")
+    table = pareto.by_setting(runs)
+    rec = pareto.recommend(runs, tolerance)
+    said = f"**Recommendation**: {lab_widgets.literal(rec.text)}"
+    if rec.decided and rec.label and not table[table["label"] == rec.label]["baseline"].iloc[0]:
+        st.success(said)
+    elif rec.decided:
+        st.info(said)
+    else:
+        st.warning(said)
+    st.caption(f"Rule: {lab_widgets.literal(rec.rule)}.")
+    basis = set(runs["quality_basis"].dropna())
+    if quality.TRAINING in basis:
+        st.caption(f"Quality basis: {lab_widgets.literal(quality.BASIS_TEXT[quality.TRAINING])}.")
     links = set(table["link"]) - {"loopback"}
     if links:
-        st.warning(f"These runs used an **{', '.join(sorted(links))}** link: their times are the "
-                   "emulated network's, not this machine's.")
-    c1, c2 = st.columns(2)
-    c1.plotly_chart(pareto_figure(table, "bytes_per_step", rec.run_id))
-    c2.plotly_chart(pareto_figure(table, "time_s", rec.run_id))
-    st.dataframe(table.drop(columns=["run_dir"]), hide_index=True)
+        st.warning(f"These runs used an **{', '.join(sorted(links))}** link: their measured times are "
+                   "the emulated network's, not this machine's.")
+    if not pareto.comparable(table).any():
+        st.info("The charts appear once a setting has a finished seed.")
+    else:
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(pareto_figure(table, "bytes_per_step", rec.label, runs))
+        c2.plotly_chart(pareto_figure(table, "predicted_s", rec.label, runs, cluster.text()))
+        st.plotly_chart(curves_figure(runs, runs["target"].iloc[0]))
+    st.markdown(f"**Per setting** (target loss {_num(runs['target'].iloc[0])}: allreduce's plus X%; "
+                "*to target*: where each seed first reached it, mean over the seeds that did)")
+    st.dataframe(table[["label", "seeds", "qualities", "quality_mean", "quality_std", "broken",
+                        "bytes_per_step", "time_s", "predicted_s", "reached", "reach_step",
+                        "reach_time_s", "reach_predicted_s", "reach_bytes", "pareto_bytes",
+                        "pareto_predicted"]],
+                 hide_index=True, column_config={
+                     "label": "setting", "qualities": "loss per seed", "quality_mean": "loss mean",
+                     "quality_std": "± sd", "broken": "failed seeds",
+                     "bytes_per_step": st.column_config.NumberColumn("bytes/step", format="%,.0f"),
+                     "time_s": st.column_config.NumberColumn("measured s", format="%.2f"),
+                     "predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
+                     "reach_step": st.column_config.NumberColumn("to target: step", format="%.0f"),
+                     "reach_time_s": st.column_config.NumberColumn("measured s", format="%.2f"),
+                     "reach_predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
+                     "reach_bytes": st.column_config.NumberColumn("bytes", format="%,.0f")})
+    if rec.verdicts:
+        st.markdown("**Each setting against allreduce**")
+        st.dataframe(rec.verdicts, hide_index=True)
+    with st.expander("Every run"):
+        st.dataframe(runs.drop(columns=["run_dir", "curve"]), hide_index=True)
+
+
+def _num(x) -> str:
+    return "-" if x is None or x != x else f"{x:.4g}"
 
 
 st.title("Sweep")
-st.caption("Every combination of the PowerSGD settings listed, each a run of its own after a plain "
-           "allreduce baseline, one at a time. Final loss against bytes per step and against time, "
-           "with the Pareto front: the settings nothing else beats on both.")
+st.caption("Every combination of the PowerSGD settings listed, each run with several seeds after a "
+           "plain allreduce baseline, one run at a time. Held-out loss against bytes per step and "
+           "against the time predicted on your cluster, with the Pareto front: the settings nothing "
+           "else beats on both.")
 
 spec = spec_form()
 if spec is not None:
@@ -100,5 +206,19 @@ if current.damage():  # the others stay listed and usable
 if current.is_running():
     live(current)
 else:
-    st.caption(f"Status: **{lab_widgets.literal(current.status())}**")
+    status = current.status()
+    st.caption(f"Status: **{lab_widgets.literal(status)}**")
+    if status in ("stopped", "lost"):
+        done = sum(r.status() == "finished" for r in current.runs())
+        left = len(current.configs()) - done
+        st.info(f"This sweep {'was stopped' if status == 'stopped' else 'lost its process'} with "
+                f"{done} run(s) finished and {left} to go. Resume runs those {left}; the finished "
+                "ones are kept.")
+        if st.button("Resume sweep", key=f"resume_{current.id}"):
+            try:
+                sw.start_resume(current)
+                st.session_state[CHOSEN] = str(current.path)
+                st.rerun()
+            except ConfigError as e:
+                lab_widgets.show_errors(e)
 results(current)

@@ -42,8 +42,10 @@ if not profiles:
 st.subheader("What each hook costs per step, measured")
 st.dataframe(pd.DataFrame([{
     "hook": p.label, "compute ms": p.compute_s * 1e3, "arithmetic ms": p.arithmetic_s * 1e3,
-    "bytes/step": p.payload_bytes, "collectives/step": p.collectives,
-    "measured over": p.measured_over, "run": p.run_id} for p in profiles]), hide_index=True)
+    "bytes per step (B)": p.payload_bytes, "collectives/step": p.collectives,
+    "measured over": p.measured_over, "run": p.run_id} for p in profiles]), hide_index=True,
+    column_config={"bytes per step (B)": st.column_config.NumberColumn(
+        format="localized", help="bytes per rank and step the hook hands to the collectives")})
 if any(p.measured_over != "loopback" for p in profiles):
     st.caption("Rows measured over an emulated link: the emulated link's time was taken off the "
                "hook's time to leave its arithmetic.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import io
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import psutil
 import pytest
 import torch
@@ -24,9 +26,11 @@ from streamlit.testing.v1 import AppTest
 
 import lab_widgets
 from commlab import api
-from commlab.analysis import buckets
-from commlab.config import RunConfig
+from commlab.analysis import buckets, metrics, units
+from commlab.config import POWERSGD_HOOKS, RunConfig, settings
 from commlab.engine import launch, machine, procs, store
+from commlab.figures import runs as figures_runs
+from commlab.teach import headroom
 from commlab.ui import form, lowrank_view, runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,17 +180,66 @@ def test_invalid_settings_are_shown_under_their_field_and_block_launch(tmp_path,
     assert not list(tmp_path.iterdir())  # nothing launched
 
 
+def test_every_bad_field_is_named_at_once_with_a_wrong_type_among_them(tmp_path, monkeypatch):
+    """Seven bad fields, one of them text where step numbers go: all seven are named, each under
+    its own widget, and no rule between settings is judged on a field that is itself wrong."""
+    at = open_app(monkeypatch, tmp_path)
+    bad = {"f_steps": 0, "f_world_size": 0, "f_batch_size": 0, "f_lr": 0.0, "f_bucket_cap_mb": 0.0,
+           "f_stall_timeout_s": 0.0}
+    for key, value in bad.items():
+        at.number_input(key=key).set_value(value)
+    at.text_input(key="f_save_grads_at").set_value("500, x")
+    at.run()
+    order = list(at.main)
+    named = {}
+    for key in [*bad, "f_save_grads_at"]:
+        i = next(i for i, n in enumerate(order) if getattr(n, "key", None) == key)
+        assert order[i + 1].type == "error", key
+        named[key[2:]] = order[i + 1].value
+    assert named["save_grads_at"] == "must be a list of step numbers, got ['500', 'x']"
+    assert named["steps"].startswith("must be at least 1")
+    assert "0..-1" not in texts(at) and "from 0 to -1" not in texts(at)
+    summary = next(e.value for e in at.error if e.value.startswith("Fix 7 setting(s)"))
+    assert all(f"**{name}**" in summary for name in named)
+    assert at.button(key="launch").disabled
+
+
+def test_checked_names_each_bad_field_and_skips_rules_on_wrong_fields():
+    cfg, errors = RunConfig.checked({"steps": 0, "save_grads_at": [500]})
+    assert cfg is not None and set(errors) == {"steps"}  # no range from a steps that is wrong
+    cfg, errors = RunConfig.checked({"steps": 100, "save_grads_at": [500, 3]})
+    assert errors == {"save_grads_at": "each step must be from 0 to 99 (steps is 100; they count "
+                                       "from 0), got [500]"}
+    cfg, errors = RunConfig.checked({"hook": "nope", "wrapper": "fp16", "steps": "x", "lr": -1,
+                                     "start_powerSGD_iter": 1, "bogus": 1})
+    assert cfg is None and set(errors) == {"hook", "steps", "lr", "bogus"}
+    assert RunConfig.checked({})[1] == RunConfig().errors() == {}
+
+
+def test_form_labels_wrap_between_words_and_the_help_names_the_setting():
+    for s in settings():
+        w = form.widget(s)
+        assert "_" not in w.label, w.label  # a label breaks only between words
+        assert f"`{s.name}`" in w.kwargs["help"] and s.flag in w.kwargs["help"]
+    by_name = {s.name: s for s in settings()}
+    assert form.readable_label(by_name["stall_timeout_s"]) == "stall timeout (s)"
+    assert form.readable_label(by_name["orthogonalization_epsilon"]) == "orthogonalization epsilon"
+    assert "PowerSGDState's argument `orthogonalization_epsilon`" in \
+        form.widget(by_name["orthogonalization_epsilon"]).kwargs["help"]
+
+
 # ---------------------------------------------------------------------------- real runs
 def test_watch_panel_shows_the_run_folders_numbers(runs_dir, powersgd_run, monkeypatch):
     at = open_app(monkeypatch, runs_dir, watch=powersgd_run.path)
     s = powersgd_run.summary()
     rows = powersgd_run.metrics_records()
-    assert f"**Status: {s['status']}** · step {rows[-1]['step']} of {s['steps_planned']}" in texts(at)
+    assert len(rows) == rows[-1]["step"] + 1 == s["steps_planned"]  # finished: every step done
+    assert f"**Status: {s['status']}** · {len(rows)} of {s['steps_planned']} steps done" in texts(at)
     assert metric(at, "loss") == f"{s['final_loss']:.4f}"
-    assert metric(at, "median step time") == f"{s['median_step_s'] * 1000:.1f} ms"
-    assert metric(at, "bytes per step (median)") == f"{s['bytes_per_step']:,.0f}"
-    assert metric(at, "compression ratio") == f"{s['compression_ratio']:.2f}"
-    assert f"Last step shown: {rows[-1]['step']} · loss {s['final_loss']:.4f}" in texts(at)
+    assert metric(at, "median step time") == units.seconds(s["median_step_s"])
+    assert metric(at, "bytes per step (median)") == units.human_bytes(s["bytes_per_step"])
+    assert metric(at, metrics.STEADY_RATIO) == f"{s['steady_compression_ratio']:.2f}×"
+    assert f"Last point on the charts: step {rows[-1]['step']} (steps count from 0) · loss {s['final_loss']:.4f}" in texts(at)
     meta = powersgd_run.meta()
     assert meta["hook_impl"] == "commlab"  # PowerSGD on Gloo with several buckets
     assert (f"Hook implementation that ran on gloo: **commlab's** (commlab). "
@@ -239,7 +292,12 @@ def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatc
         for col in ("status", "hook", "hook_impl", "steps", "final_loss", "median_step_s",
                     "bytes_per_step", "compression_ratio"):
             assert row[col] == s[col], col
-        assert row["min_compression_rate"] == run.config_dict()["min_compression_rate"]
+        cfg = run.config_dict()
+        if cfg["hook"] in POWERSGD_HOOKS:
+            assert row["min_compression_rate"] == cfg["min_compression_rate"]
+            assert row["rank"] == cfg["matrix_approximation_rank"]
+        else:  # PowerSGD's settings mean nothing for another hook: blank
+            assert pd.isna(row["min_compression_rate"]) and pd.isna(row["rank"])
     overlays = [c for c in charts(at) if c["layout"]["title"]["text"].startswith("Loss against")]
     assert [c["layout"]["title"]["text"] for c in overlays] == [
         "Loss against step", "Loss against wall time", "Loss against bytes sent"]
@@ -249,6 +307,98 @@ def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatc
         assert trace["y"] == [r["loss"] for r in rows]
         assert trace["x"] == list(np.cumsum([r["payload_bytes"] for r in rows]))
     assert overlays[1]["data"][0]["x"] == [r["t"] for r in listed[0].metrics_records()]
+
+
+def test_runs_page_tracker_filters_smooths_diffs_names_and_exports(runs_dir, powersgd_run,
+                                                                   allreduce_run, tmp_path, monkeypatch):
+    mine = tmp_path / "runs"
+    for run in (powersgd_run, allreduce_run):
+        shutil.copytree(run.path, mine / run.id)
+    psgd, base = api.open_run(mine / powersgd_run.id), api.open_run(mine / allreduce_run.id)
+    at = open_app(monkeypatch, mine, page=RUNS)
+    assert len(at.dataframe[0].value) == 2
+    # Filter by hook: the table and every picker below keep only those runs.
+    at.multiselect(key="filter_hook").set_value(["allreduce"]).run()
+    assert list(at.dataframe[0].value["run_id"]) == [base.id]
+    assert "1 of 2 runs shown" in texts(at)
+    assert selectbox(at, "Run to delete").options == [lab_widgets.run_name(c) for c in
+                                                      runs.run_choices(mine) if c["path"] == str(base.path)]
+    at.multiselect(key="filter_hook").set_value([]).run()
+
+    # Smoothing draws the moving average over the faded raw curve; log axes on request.
+    at.slider(key="smoothing").set_value(0.6)
+    at.toggle(key="log_y").set_value(True)
+    at.toggle(key="log_x").set_value(True)
+    at.run()
+    step_chart = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Loss against step"))
+    assert step_chart["layout"]["yaxis"]["type"] == "log" == step_chart["layout"]["xaxis"]["type"]
+    raw = {t["name"]: t for t in step_chart["data"]}
+    label = runs.picker_label(psgd)
+    losses = [r["loss"] for r in psgd.metrics_records()]
+    assert raw[f"{label} (raw)"]["y"] == losses
+    assert raw[label]["y"] == pytest.approx(list(figures_runs.smoothed(losses, 0.6)))
+    assert raw[label]["y"][0] == losses[0] and raw[label]["y"] != losses
+
+    # Two runs' settings side by side: the ones that differ, or every one.
+    at.selectbox(key="diff_a").set_value(str(psgd.path))
+    at.selectbox(key="diff_b").set_value(str(base.path))
+    at.run()
+    diff = at.dataframe[1].value
+    assert "hook" in list(diff["setting"]) and "steps" not in list(diff["setting"])
+    row = diff[diff["setting"] == "hook"].iloc[0]
+    assert (row["first"], row["second"]) == ("powersgd", "allreduce")
+    at.toggle(key="diff_every").set_value(True).run()
+    assert len(at.dataframe[1].value) == len(psgd.config_dict())
+
+    # A name and a note, stored in the run folder; every picker shows the name.
+    selectbox(at, "Run").set_value(str(psgd.path)).run()
+    next(t for t in at.text_input if t.label == "Name").input("baseline-beater")
+    next(t for t in at.text_area if t.label == "Note").input("rank 2 was enough")
+    next(b for b in at.button if b.label == "Save name and note").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert psgd.notes() == {"name": "baseline-beater", "note": "rank 2 was enough"}
+    assert runs.picker_label(psgd).startswith("baseline-beater: powersgd")
+    assert "baseline-beater" in list(at.dataframe[0].value["name"])
+
+    # The metrics as CSV: every step, every field.
+    assert at.get("download_button")
+    frame = pd.read_csv(io.BytesIO(runs.metrics_csv(psgd.path)))
+    assert list(frame["step"]) == [r["step"] for r in psgd.metrics_records()]
+    assert list(frame["loss"]) == pytest.approx(losses)
+
+
+def test_the_three_compression_ratios_by_hand():
+    cfg = RunConfig(hook="powersgd", start_powerSGD_iter=5).to_dict()
+    # Steps 0-4 plain allreduce (1000 of 1000 bytes), 5-9 compressed (40 bytes).
+    rows = [{"step": i, "loss": 1.0, "plain_bytes": 1000, "payload_bytes": 1000 if i < 5 else 40,
+             "compression_ratio": 1000 * (i + 1) / (1000 * min(i + 1, 5) + 40 * max(i - 4, 0))}
+            for i in range(10)]
+    assert metrics.steady_compression_ratio(rows, cfg) == pytest.approx(25.0)
+    assert metrics.cumulative_compression_ratio(rows) == pytest.approx(10_000 / 5_200)
+    assert metrics.steady_compression_ratio(rows[:5], cfg) is None  # not compressing yet
+    assert metrics.cumulative_compression_ratio([]) is None
+    uninstrumented = [{k: r[k] for k in ("step", "loss")} for r in rows]
+    assert metrics.steady_compression_ratio(uninstrumented, cfg) is None
+
+
+def test_steady_state_ratio_is_the_rules_prediction_on_a_real_run(powersgd_run):
+    """The three compression ratios of one run: the rule's prediction from the shapes equals the
+    ratio measured over the steady steps (per-tensor PowerSGD: P and Q of the compressed
+    tensors, the others whole); the cumulative one counts the allreduce warm-up too, so it is
+    lower, by exactly the bytes of those steps."""
+    from commlab.analysis import shapes
+    from commlab.analysis.rule import apply_rule
+
+    cfg, rows = powersgd_run.config_dict(), powersgd_run.metrics_records()
+    predicted = apply_rule(shapes.from_workload(cfg["workload"]), cfg["matrix_approximation_rank"],
+                           cfg["min_compression_rate"]).predicted_ratio
+    steady = metrics.steady_compression_ratio(rows, cfg)
+    assert steady == pytest.approx(predicted, rel=1e-9)
+    assert powersgd_run.summary()["steady_compression_ratio"] == steady
+    cumulative = metrics.cumulative_compression_ratio(rows)
+    assert cumulative == pytest.approx(sum(r["plain_bytes"] for r in rows)
+                                       / sum(r["payload_bytes"] for r in rows))
+    assert 1 < cumulative < steady
 
 
 def test_delete_asks_first_then_removes_only_that_run(runs_dir, powersgd_run, allreduce_run,
@@ -285,7 +435,8 @@ def test_the_run_picker_remembers_the_chosen_run_across_pages(runs_dir, powersgd
     assert str(at.session_state["views"][other].run.path) == other  # the live panel shows it
     at.switch_page(RUNS).run()
     assert selectbox(at, "Run to delete").value == other
-    assert at.multiselect[0].options == names  # the overlay names runs the same way
+    overlay = next(m for m in at.multiselect if m.label == "Runs to overlay")
+    assert overlay.options == names  # the overlay names runs the same way
 
     # Low-rank error offers only the runs that saved gradients or measured errors; showing one
     # of those does not make the other pages forget a run it leaves out.
@@ -309,7 +460,7 @@ def test_reload_reattaches_refreshes_from_new_lines_and_stops(tmp_path, monkeypa
     runs = tmp_path / "runs"
     running = fake_running_run(runs, sleeper)
     at = open_app(monkeypatch, runs)  # a fresh session, as after a reload or a restart
-    assert "**Status: running** · step 2 of 50" in texts(at)
+    assert "**Status: running** · 3 of 50 steps done" in texts(at)
     assert not at.expander[0].proto.expanded  # the form is folded: the live panel is in view
     view = at.session_state["views"][str(running.path)]
     assert len(view.rows) == 3
@@ -319,13 +470,17 @@ def test_reload_reattaches_refreshes_from_new_lines_and_stops(tmp_path, monkeypa
     at.run()
     assert [r["step"] for r in view.rows] == list(range(7))
     assert live_chart(at)["data"][0]["x"] == list(range(7))
-    assert "Last step shown: 6" in texts(at)
+    assert "Last point on the charts: step 6 (steps" in texts(at)
 
     supervisor = store.read_json(running.file("supervisor.json"))["pid"]
     at.button(key="stop").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert running.status() == "stopped" and not procs.alive(supervisor)
     assert "**Status: stopped**" in texts(at)
+    # A Stop the person asked for is news, not a failure: no red box, now or on a later visit.
+    assert "Stopped by the user after 7 steps." in texts(at) and not at.error
+    later = open_app(monkeypatch, runs)
+    assert "**Status: stopped**" in texts(later) and not later.error
 
 
 @pytest.mark.slow
@@ -408,9 +563,18 @@ def test_bandwidth_headroom_button_runs_noop_and_allreduce(tmp_path, monkeypatch
     assert not at.exception, [e.value for e in at.exception]
     h = at.session_state["headroom"]
     assert (h.steps, h.world_size) == (10, 1)
+    assert h.step_s_allreduce > 0 and h.step_s_noop > 0
     assert metric(at, "allreduce step") == f"{h.step_s_allreduce * 1e3:.2f} ms"
     assert metric(at, "noop step") == f"{h.step_s_noop * 1e3:.2f} ms"
-    assert metric(at, "communication share") == f"{h.comm_share:.0%}"
+    # One figure, one name: the share of the allreduce step that noop saves, against 10%.
+    assert h.saved == pytest.approx(1 - h.step_s_noop / h.step_s_allreduce)
+    assert metric(at, headroom.SAVED_LABEL) == f"{h.saved:.0%}"
+    assert h.allreduce_is_bottleneck == (h.saved >= headroom.THRESHOLD)
+    shown = [m.value for m in [*at.warning, *at.success] if "noop saves" in m.value]
+    assert shown == [h.verdict]
+    chart = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith(headroom.SAVED_LABEL))
+    assert chart["data"][0]["y"] == pytest.approx([h.step_s_allreduce * 1e3, h.step_s_noop * 1e3])
+    assert chart["data"][0]["text"] == [f"{h.step_s_allreduce * 1e3:.2f} ms", f"{h.step_s_noop * 1e3:.2f} ms"]
     made = {r.id: r.config_dict()["hook"] for r in api.list_runs(tmp_path / "runs")}
     assert made == {h.run_ids["allreduce"]: "allreduce", h.run_ids["noop"]: "noop"}
 

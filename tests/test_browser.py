@@ -34,8 +34,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # Generous: on a loaded 2-core machine the first page load imports torch (minutes), and a 2-rank
 # job can take minutes to reach its first step.
 SLOW_MS = 900_000
-MEASURE_S = 15  # how long write-to-screen latency is sampled once the chart is up (~450 steps)
-GRACE_S = 15
+MEASURE_S = 10  # how long write-to-screen latency is sampled once the chart is up (~300 steps)
+GRACE_S = 8  # for a step to reach the screen: the slowest of 431 took 4.9 s on a loaded machine
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -198,10 +198,10 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 log("page 1 loaded")
 
                 choose(page, "hook", "powersgd", exact=True)
-                choose(page, "built-in workload", "mlp: multilayer")
+                choose(page, "built-in workload", "mlp", exact=True)
                 set_number(page, "steps", 100_000)  # runs until Stop
                 set_number(page, "bucket cap (MiB)", 0.05)
-                set_number(page, "stall_timeout_s", 900)
+                set_number(page, "stall timeout (s)", 900)
                 expect(page.get_by_text("Hook implementation: commlab")).to_be_visible()
                 screenshot(page, "1_Launch_and_watch_form")
                 log("form filled")
@@ -219,6 +219,7 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 latency = write_to_screen({s: t for s, t in writes.snapshot().items()
                                            if since < t < since + MEASURE_S}, shown, time.time())
                 log(f"latency measured over {latency['steps']} steps")
+                assert_no_exception(page, "Launch and watch, running")
                 screenshot(page, "1_Launch_and_watch")
 
                 run = api.list_runs(runs_dir)[0]
@@ -232,6 +233,9 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 page.get_by_role("button", name="Stop").click()
                 expect(page.get_by_text("Status: stopped")).to_be_visible(timeout=SLOW_MS)
                 idle(page)
+                assert_no_exception(page, "Launch and watch, stopped")
+                # A Stop the person asked for is not shown as a failure.
+                assert not page.locator('[data-testid="stAlertContentError"]').count()
                 screenshot(page, "1_Launch_and_watch_stopped")
                 # After Stop, so that page loads do not share the two cores with the training run.
                 screenshot_every_page(page)
@@ -281,7 +285,9 @@ def screenshot_every_page(page) -> None:
     pages = [entry for entries in sections.values() for entry in entries]
     links = nav.locator("a")
     assert links.all_inner_texts() == [title for _, title in pages]
+    loads = {}
     for file, title in pages:
+        started = time.monotonic()
         links.filter(has_text=title).first.click()
         # Page headings may say more than the title ("Classroom: allreduce"): match the start.
         first_word = re.escape(title.split()[0])
@@ -291,5 +297,15 @@ def screenshot_every_page(page) -> None:
             idle(page, timeout_ms=300_000)
         except PlaywrightTimeout:  # a page that keeps working still gets its picture
             pass
+        loads[Path(file).stem] = round(time.monotonic() - started, 2)
+        assert_no_exception(page, file)
         screenshot(page, Path(file).stem)
-        log(f"captured {Path(file).stem}")
+        log(f"captured {Path(file).stem}: loaded in {loads[Path(file).stem]:.2f} s")
+    (ARTIFACTS / "page_load_s.json").write_text(json.dumps(loads, indent=1))
+    print("\npage load (s): " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
+
+
+def assert_no_exception(page, where: str) -> None:
+    """A page that shows a Python exception (Streamlit's red traceback box) fails the test."""
+    shown = page.locator('[data-testid="stException"]')
+    assert not shown.count(), (where, shown.all_inner_texts())

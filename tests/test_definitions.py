@@ -49,12 +49,12 @@ def test_ring_trace_sends_what_the_formula_says(n):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_every_reader_of_the_ring_agrees_with_it(n):
     size, bw, lat = 123_456, 10.0, 7.0
-    assert classroom.ring_bytes_per_rank(size, n) == ring.wire_bytes(size, n)
     ring_cost, naive_cost = classroom.scheme_costs(size, n)
     assert (ring_cost.steps, ring_cost.max_sent_bytes) == (ring.steps(n), ring.wire_bytes(size, n))
     assert naive_cost.steps == ring.steps(n)
-    assert bench.bus_factor(n) == ring.factor(n)
+    assert ring.bus_factor("all_reduce", n) == ring.factor(n)
     assert bench.busbw(2e9, n) == 2e9 * ring.factor(n)
+    assert bench.busbw(2e9, n, "all_gather") == 2e9 * ring.bus_factor("all_gather", n)
     assert Link(bw, lat).seconds(size, n) == ring.allreduce_s(size, n, bw, lat)
     profile = whatif.HookProfile("p", "powersgd", "none", 0.01, 0.002, size, 3, 2, "r", "loopback", 5)
     assert profile.comm_s(n, bw, lat) == ring.allreduce_s(size, n, bw, lat, collectives=3)

@@ -8,12 +8,12 @@ objects they build are handed a stand-in model to see which hook, wrapper and st
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from unittest import mock
 
@@ -25,7 +25,6 @@ from commlab.tune import export
 from commlab.tune.export import ExportRefused, Target
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCHRUN_TIMEOUT_S = 900  # two ranks importing torch on a loaded two-core machine
 
 CONFIGS = {
     "powersgd_fp16": RunConfig(hook="powersgd", wrapper="fp16", matrix_approximation_rank=2,
@@ -49,13 +48,16 @@ CONFIGS = {
               emulate_latency_us=30.0, runs_dir="/tmp/some where"),
 ])
 def test_json_and_toml_load_back_to_the_identical_config(cfg, tmp_path):
+    # ... less the runs folder, a path of the exporting machine: the loading one uses its own.
     target = Target()
-    assert RunConfig.from_json(export.render(cfg, "json", target).text) == cfg
-    assert RunConfig.from_toml(export.render(cfg, "toml", target).text) == cfg
+    here = dataclasses.replace(cfg, runs_dir=RunConfig().runs_dir)
+    assert RunConfig.from_json(export.render(cfg, "json", target).text) == here
+    assert RunConfig.from_toml(export.render(cfg, "toml", target).text) == here
     for fmt, suffix in (("json", ".json"), ("toml", ".toml")):
         path = tmp_path / f"c{suffix}"
         path.write_text(export.render(cfg, fmt, target).text)
-        assert RunConfig.load(path) == cfg
+        assert RunConfig.load(path) == here
+        assert "runs_dir" not in path.read_text()
 
 
 @pytest.mark.timeout(900)
@@ -69,8 +71,13 @@ def test_powersgd_defaults_are_pytorchs():
 def test_every_hook_and_wrapper_named_exists_in_torch():
     import importlib
 
-    for module, attr in {**export.HOOKS, **export.WRAPPERS}.values():
-        assert hasattr(importlib.import_module(export.MODULES[module]), attr)
+    from commlab.config import HOOKS, WRAPPERS
+    from commlab.hooks import registry
+
+    for hook in filter(lambda h: export.exportable(RunConfig(hook=h)), HOOKS):
+        for wrapper in WRAPPERS:
+            for piece in registry.pieces(hook, wrapper, "nccl"):
+                assert hasattr(importlib.import_module(piece.module), piece.attr)
 
 
 def test_state_spells_out_every_non_default_and_the_two_tuned_settings():
@@ -82,7 +89,7 @@ def test_state_spells_out_every_non_default_and_the_two_tuned_settings():
         "matrix_approximation_rank": 1, "start_powerSGD_iter": 1000}
 
 
-# --------------------------------------------------------------------------- plain DDP under torchrun
+# --------------------------------------------------------------------------- snippets name what exists
 def _snippet_names(text: str) -> None:
     """Every ``alias.attr`` the snippet names exists once its own imports ran."""
     tree = ast.parse(text)
@@ -93,90 +100,6 @@ def _snippet_names(text: str) -> None:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
                 and node.value.id in namespace:
             assert hasattr(namespace[node.value.id], node.attr), ast.unparse(node)
-
-
-TRAIN = '''
-import gc, json, sys
-import torch, torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-
-{functions}
-
-def train(register):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
-    ddp_model = DistributedDataParallel(model, bucket_cap_mb=64)  # one bucket
-    state = register(ddp_model)
-    opt = torch.optim.SGD(ddp_model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(dist.get_rank())
-    for _ in range(8):
-        x = torch.randn(16, 32, generator=g)
-        loss = nn.functional.cross_entropy(ddp_model(x), x[:, :8].argmax(1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, flat)
-    out = {{"max_diff": max((t - flat).abs().max().item() for t in every),
-           "finite": bool(torch.isfinite(flat).all())}}
-    if state is not None:
-        out.update(iter=state.iter, before=state.total_numel_before_compression,
-                   after=state.total_numel_after_compression, rank=state.matrix_approximation_rank,
-                   start=state.start_powerSGD_iter, ef=state.use_error_feedback,
-                   warm=state.warm_start, seed_rate=state.min_compression_rate)
-    return out
-
-dist.init_process_group("gloo")
-results = {{name: train(fn) for name, fn in REGISTER.items()}}
-if dist.get_rank() == 0:
-    with open(sys.argv[1], "w") as f:
-        json.dump(results, f)
-gc.collect()  # DDP models gone before the group: Gloo can abort at exit otherwise
-dist.destroy_process_group()
-'''
-
-
-def training_script(snippets: dict[str, str]) -> str:
-    """Each snippet pasted as it is into a function that receives ``ddp_model``."""
-    functions = []
-    for i, (_name, text) in enumerate(snippets.items()):
-        functions.append(f"def register_{i}(ddp_model):\n{textwrap.indent(text, '    ')}"
-                         "    return locals().get('state')\n")
-    table = ", ".join(f"{n!r}: register_{i}" for i, n in enumerate(snippets))
-    return TRAIN.format(functions="\n".join(functions) + f"\nREGISTER = {{{table}}}\n")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(TORCHRUN_TIMEOUT_S + 60)
-def test_ddp_snippets_train_under_torchrun_on_two_gloo_ranks(tmp_path):
-    snippets = {name: export.render(cfg, "ddp", Target(backend="gloo")).text
-                for name, cfg in CONFIGS.items()}
-    for text in snippets.values():
-        compile(text, "<snippet>", "exec")
-        _snippet_names(text)
-    script = tmp_path / "train.py"
-    script.write_text(training_script(snippets))
-    out = tmp_path / "out.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "commlab.engine.torchrun", "--nnodes", "1", "--nproc-per-node", "2",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-         "--max-restarts", "0",
-         str(script), str(out)],
-        capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = json.loads(out.read_text())
-    for name in ("powersgd_fp16", "powersgd_plain", "fp16", "allreduce"):
-        assert res[name]["finite"] and res[name]["max_diff"] < 1e-5, (name, res[name])
-    assert res["noop"]["max_diff"] > 0  # noop averages nothing: the replicas drift apart
-    fp16 = res["powersgd_fp16"]
-    assert (fp16["rank"], fp16["start"], fp16["seed_rate"]) == (2, 2, 1.5)
-    assert fp16["iter"] == 8 and fp16["after"] < fp16["before"]  # it compressed
-    plain = res["powersgd_plain"]
-    assert (plain["rank"], plain["start"], plain["ef"], plain["warm"]) == (1, 3, False, False)
-    assert plain["after"] < plain["before"]
 
 
 # --------------------------------------------------------------------------- Lightning
@@ -224,6 +147,21 @@ def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_onl
             state.min_compression_rate) == (2, 2, 1.5)
     assert hook.__name__ == "fp16_compress_wrapper_hook"
 
+    # Exported for Gloo, the strategy is commlab's, which registers on CPU as well.
+    text = export.render(CONFIGS["powersgd_fp16"], "lightning", Target(backend="gloo")).text
+    tree = ast.parse(text)
+    body = [n for n in tree.body if not (isinstance(n, ast.Assign) and n.targets[0].id == "trainer")]
+    namespace = {}
+    exec(compile(ast.Module(body, type_ignores=[]), "<lightning>", "exec"), namespace)
+    strategy, registered = namespace["strategy"], []
+    model = mock.Mock(spec=DistributedDataParallel)
+    model.register_comm_hook.side_effect = lambda state, hook: registered.append((state, hook))
+    strategy.model, strategy.parallel_devices = model, [torch.device("cpu", 0)]
+    strategy._register_ddp_hooks()
+    ((state, hook),) = registered
+    assert type(strategy).__name__ == "AnyDeviceDDPStrategy" and isinstance(strategy, DDPStrategy)
+    assert state.start_powerSGD_iter == 2 and hook.__name__ == "fp16_compress_wrapper_hook"
+
 
 # --------------------------------------------------------------------------- Accelerate
 @pytest.mark.timeout(900)
@@ -243,13 +181,16 @@ def test_accelerate_snippet_registers_the_hook_wrapper_and_state(name, hook_name
         assert {kw.arg for kw in call.keywords} <= set(fields)
     members = set(DDPCommunicationHookType.__members__)
     assert {"NO", "FP16", "BF16", "POWER_SGD", "BATCHED_POWER_SGD"} <= members
-    body = [n for n in tree.body if not (isinstance(n, ast.Assign) and n.targets[0].id == "accelerator")]
-    namespace: dict = {}
-    exec(compile(ast.Module(body, type_ignores=[]), "<accelerate>", "exec"), namespace)
+    # Everything but the Accelerator and prepare(), which want a launched job; the prepared model a
+    # stand-in.  Accelerate registers the hooks it names; the snippet registers PowerSGD's itself.
+    body = [n for n in tree.body if not (isinstance(n, ast.Assign) and ast.unparse(n.value).startswith(
+        ("Accelerator(", "accelerator.prepare(")))]
     model = mock.Mock()
+    namespace: dict = {"model": model}
+    exec(compile(ast.Module(body, type_ignores=[]), "<accelerate>", "exec"), namespace)
     namespace["ddp_kwargs"].register_comm_hook(model)
     (call,) = model.register_comm_hook.call_args_list
-    state, hook = call.kwargs["state"], call.kwargs["hook"]
+    state, hook = call.args or (call.kwargs["state"], call.kwargs["hook"])
     assert hook.__name__ == hook_name
     if CONFIGS[name].is_powersgd:
         assert isinstance(state, powerSGD_hook.PowerSGDState)
@@ -355,6 +296,19 @@ def test_cli_exports_from_a_run_folder_a_file_and_run_options(tmp_path, capsys):
     assert rc == 0 and "--rdzv-backend c10d" in (tmp_path / "job.sbatch").read_text()
 
 
+def test_cli_exports_a_run_whose_workload_and_runs_folder_are_not_of_this_machine(tmp_path, capsys):
+    cfg = RunConfig(hook="powersgd", workload="not_installed_here.model:make", world_size=8,
+                    backend="nccl", runs_dir="/home/someone/runs")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
+    rc, out, _ = _cli(capsys, "export", str(run_dir), "--format", "ddp")
+    assert rc == 0 and "commlab_hooks" not in out  # for NCCL, PyTorch's hook
+    rc, out, _ = _cli(capsys, "export", str(run_dir), "--format", "json")
+    assert rc == 0 and "/home/someone" not in out and json.loads(out)["workload"] == cfg.workload
+    assert "not_installed_here" not in sys.modules
+
+
 def test_cli_refuses_what_a_format_cannot_express(tmp_path, capsys):
     rc, out, err = _cli(capsys, "export", "--hook", "noop", "--format", "accelerate")
     assert rc == 2 and "Accelerate cannot express the noop hook" in err and not out
@@ -381,6 +335,34 @@ def test_export_page_works_with_no_runs(tmp_path, monkeypatch):
     hook = next(s for s in at.selectbox if s.label == "Hook")
     hook.set_value("noop").run()
     assert any("Accelerate cannot express the noop hook" in e.value for e in at.error)
+
+
+@pytest.mark.timeout(900)
+def test_export_page_names_every_bad_field_and_exports_nothing_until_fixed(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+    at.switch_page("pages/export.py").run()
+    def inputs():  # the settings' widgets by field name (keyed export_<name>), the target's by label
+        return {n.key.removeprefix("export_") if (n.key or "").startswith("export_") else n.label: n
+                for n in at.number_input}
+
+    bad = ("world_size", "matrix_approximation_rank", "Nodes", "Threads per process (OMP_NUM_THREADS)")
+    for name in bad:
+        inputs()[name].set_value(0)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert all(inputs()[name].value == 0 for name in bad)  # what was typed, not a clamped value
+    errors = " ".join(e.value for e in at.error)
+    for name in ("world_size", "matrix_approximation_rank", "nnodes", "threads_per_process"):
+        assert f"**{name}**" in errors, (name, errors)
+    assert "Nothing to export" in errors
+    assert not at.code and not at.get("download_button")  # no text, no download with bad values
+    for name in bad:
+        inputs()[name].set_value(2 if name == "world_size" else 1)
+    at.run()
+    assert json.loads(at.code[0].value)["world_size"] == 2 and at.get("download_button")
 
 
 def test_export_page_exports_the_run_the_picker_remembers(runs_dir, powersgd_run, monkeypatch):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from commlab import cli
-from commlab.config import RunConfig, settings
+from commlab.config import HOOKS, RunConfig, settings
 from commlab.engine import procs, workload_probe
 from commlab.ui import form
 
@@ -328,3 +328,82 @@ def test_the_app_started_from_another_folder_listens_on_loopback_only(tmp_path):
         app.wait(10)
     assert subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True,
                           text=True).stdout.strip() == ""
+
+
+# --------------------------------------------------------------------------- the CLI for reading
+def test_help_shows_choices_and_defaults_without_rest_markup(capsys):
+    for argv in (["--help"], ["run", "--help"], ["whatif", "--help"], ["rule", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = capsys.readouterr().out
+        assert "``" not in out, argv
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    run_help = " ".join(capsys.readouterr().out.split())
+    assert f"One of: {', '.join(HOOKS)}. (default: allreduce)" in run_help
+    with pytest.raises(SystemExit):
+        cli.main(["whatif", "--help"])
+    whatif_help = " ".join(capsys.readouterr().out.split())
+    assert "(default: 5.0)" in whatif_help and "run ids" in whatif_help
+
+
+def test_numbers_are_printed_for_reading():
+    from commlab.analysis.units import human_bytes, number
+    from commlab.commands.run import result_text
+
+    assert number(1.6396629810333252) == "1.640" and number(80_411_200) == "80,411,200"
+    assert human_bytes(340_008) == "332.0 KiB" and human_bytes(1023) == "1,023 B"
+    text = result_text({"status": "finished", "steps": 200, "final_loss": 1.6396629810333252,
+                        "median_step_s": 0.0123456, "bytes_per_step": 340_008.0,
+                        "steady_compression_ratio": 31.2737, "compression_ratio": 7.918,
+                        "hook_impl": "commlab"})
+    assert text == ("finished: 200 steps, final loss 1.640, median step 12.3 ms, 332.0 KiB per "
+                    "step and rank, steady-state compression ratio 31.27x (compression ratio so "
+                    "far 7.92x), hook implementation commlab")
+
+
+def test_progress_piped_is_a_few_plain_lines():
+    import io
+
+    from commlab.commands import Progress
+
+    out = io.StringIO()  # not a terminal: no bar, no carriage returns
+    progress = Progress(200, stream=out)
+    for done in range(1, 201):
+        progress.update(done, loss=2.0 / done)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+    assert len(lines) == 11 and lines[0] == "step 1/200  loss 2.000" and lines[-1].startswith("step 200/200")
+
+
+def test_runs_and_sweeps_are_found_by_the_id_commlab_runs_prints(tmp_path, monkeypatch):
+    from commlab.commands import resolve_run, resolve_sweep
+    from commlab.config import ConfigError
+
+    run = tmp_path / "20260101-000000-allreduce-abcd"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    sweep = tmp_path / "sweeps" / "20260101-000000-sweep-ef01"
+    sweep.mkdir(parents=True)
+    (sweep / "sweep.json").write_text("{}")
+    assert resolve_run(run.name, str(tmp_path)) == run
+    assert resolve_run(str(run)) == run
+    assert resolve_sweep(sweep.name, str(tmp_path)) == sweep
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    assert resolve_run(run.name) == run
+    with pytest.raises(ConfigError, match="neither a run folder nor the id"):
+        resolve_run("nope")
+    assert cli.main(["whatif", "nope"]) == 2
+
+
+def test_a_whole_pickled_model_is_refused_in_one_line_without_colour(tmp_path, capsys):
+    import torch
+
+    torch.save(torch.nn.Sequential(torch.nn.Linear(4, 3)), tmp_path / "whole.pt")
+    assert cli.main(["rule", "--checkpoint", str(tmp_path / "whole.pt"),
+                     "--matrix-approximation-rank", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and len(err.strip().splitlines()) == 2  # the heading and one line
+    assert "holds a pickled Sequential (saved with torch.save(model)?)" in err
+    assert "torch.save(model.state_dict(), path)" in err

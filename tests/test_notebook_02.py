@@ -1,5 +1,6 @@
-"""notebooks/02_tune_powersgd.ipynb runs top to bottom: a small sweep, its Pareto chart, the
-what-if charts and an export, through the Python API (it makes its own runs)."""
+"""notebooks/02_tune_powersgd.ipynb runs top to bottom: a sweep with three seeds and held-out
+evaluations, its curves, the noise-aware recommendation, time to quality, the Pareto charts, the
+what-if chart and an export, through the Python API (it makes its own runs)."""
 from __future__ import annotations
 
 import os
@@ -17,14 +18,16 @@ pytestmark = pytest.mark.slow  # a Jupyter kernel, and the processes the noteboo
 @pytest.mark.timeout(3600)
 def test_notebook_02_executes():
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    # The sweep cell waits for three 2-rank runs: minutes on a loaded machine.
+    # The sweep cell waits for six 2-rank runs: minutes on a loaded machine.
     nbclient.NotebookClient(nb, timeout=3000, kernel_name="python3",
                             resources={"metadata": {"path": ROOT}}).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs)
     assert "sweep finished" in text and "recommendation:" in text
-    assert "[3/3] powersgd r=2 start=5: finished" in text
+    assert "[6/6] powersgd r=1 start=5 seed 2: finished" in text
+    assert "paired by seed" in text and "with 2 seeds: no decision: 2 seeds cannot separate these" in text
+    assert "target held-out loss:" in text
     assert "ddp_model.register_comm_hook(" in text and "DistributedDataParallelKwargs(" in text
     figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
-    assert len(figures) == 3
+    assert len(figures) == 4  # curves, loss against bytes and against predicted time, what-if

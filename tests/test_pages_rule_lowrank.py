@@ -14,7 +14,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import lab_widgets
-from commlab.analysis import lowrank, shapes
+from commlab.analysis import lowrank, shapes, units
 from commlab.analysis.rule import apply_rule
 from commlab.figures import lowrank as lowrank_figs
 from commlab.figures import rule as rule_figs
@@ -69,16 +69,23 @@ def check_rule_page(at: AppTest, named, rank: int, rate: float) -> None:
     metrics = {m.label: m.value for m in at.metric}
     sent = rule_figs.step_bytes(summary)
     assert sent == {"powersgd": 4 * summary.numel_after, "allreduce": 4 * summary.numel_before}
-    assert metrics["Compression ratio"] == f"{summary.compression_ratio:.2f}×"
+    assert metrics["Predicted compression ratio"] == f"{summary.predicted_ratio:.2f}×"
     assert metrics["Layers compressed"] == f"{summary.compressed_count} / {len(summary.layers)}"
-    assert metrics["PowerSGD sends per step"] == rule_figs.human_bytes(sent["powersgd"])
-    assert metrics["Plain allreduce sends"] == rule_figs.human_bytes(sent["allreduce"])
+    assert metrics["PowerSGD sends per step"] == units.human_bytes(sent["powersgd"])
+    assert metrics["Plain allreduce sends"] == units.human_bytes(sent["allreduce"])
     caption = next(c.value for c in at.caption if "bytes with PowerSGD" in c.value)
     assert f"{sent['powersgd']:,} bytes with PowerSGD" in caption
     assert f"{sent['allreduce']:,} bytes with plain allreduce" in caption
     sent_trace, saved_trace = plotly_arrays(at, 0)
-    assert sent_trace["y"] == [d.numel_after for d in summary.layers]
-    assert saved_trace["y"] == [d.numel_before - d.numel_after for d in summary.layers]
+    grouping = at.radio(key="rule_grouping").value
+    if grouping == "every layer":
+        assert sent_trace["y"] == [d.numel_after for d in summary.layers]
+        assert saved_trace["y"] == [d.numel_before - d.numel_after for d in summary.layers]
+    bars = rule_figs.grouped(summary, grouping)
+    assert list(sent_trace["x"]) == list(bars["name"]) and sent_trace["y"] == list(bars["sent"])
+    # Grouped or not, the bars hold every element once.
+    assert sum(sent_trace["y"]) == summary.numel_after
+    assert sum(sent_trace["y"]) + sum(saved_trace["y"]) == summary.numel_before
 
 
 # ------------------------------------------------------------------ no runs at all
@@ -144,6 +151,16 @@ def test_rule_page_on_the_1_5b_reference_model(monkeypatch, tmp_path):
         at.run()
         times.append(time.perf_counter() - t0)
         check_rule_page(at, named, rank, 2.0)
+    # 581 bars are grouped by kind unless told; the largest layers and the rest as one bar.
+    assert at.radio(key="rule_grouping").value == "by layer kind"
+    at.radio(key="rule_grouping").set_value("largest layers").run()
+    check_rule_page(at, named, 16, 2.0)
+    assert len(plotly_arrays(at, 0)[0]["x"]) == rule_figs.TOP_N + 1
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert spec["layout"]["yaxis"]["type"] == "log"  # sizes span decades: log unless told
+    at.toggle(key="rule_log").set_value(False).run()
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert spec["layout"]["yaxis"].get("type", "linear") == "linear"
     print(f"\n[timing] rule page, one slider change on {name} ({len(named)} tensors): "
           + ", ".join(f"{t:.3f} s" for t in times))
 
@@ -200,6 +217,9 @@ def test_lowrank_page_numbers_equal_the_run_folder(monkeypatch, runs_dir, powers
         assert list(warm["PowerSGD, new Q each step"]) == pytest.approx(ws.cold, rel=1e-9)
         assert list(warm["optimum (SVD)"]) == pytest.approx(ws.optimum, rel=1e-9)
 
+    picker = at.multiselect(key="lowrank_layers")
+    assert picker.value == picker.options[:lowrank_figs.SHOWN_LAYERS]
+    assert len(plotly_arrays(at, 0)) == 2 * len(picker.value)  # optimum and PowerSGD per layer
     assert widget(at.selectbox, "Saved step").value == 10
     assert widget(at.slider, "Rank to compare at").value == cfg["matrix_approximation_rank"]
     check(10, cfg["matrix_approximation_rank"])
@@ -213,3 +233,26 @@ def test_lowrank_page_numbers_equal_the_run_folder(monkeypatch, runs_dir, powers
     assert len(measured) == len(rows) > 0
     assert list(measured["rel_error"]) == [r["rel_error"] for r in rows]
     assert sorted(set(measured["step"])) == list(range(0, cfg["steps"], cfg["error_every"]))
+
+
+def test_a_spectrum_stops_at_float32_precision():
+    from commlab.analysis.lowrank import LayerError
+
+    sv = [10.0, 1.0, 1e-3, 1e-7, 1e-30, 1e-49, 0.0]
+    le = LayerError("w", (7, 7), 7, 7, [1], [0.0], [0.0], sv)
+    fig = lowrank_figs.spectrum(le)
+    # σ₁·ε(float32) = 10 · 2⁻²³ ≈ 1.2e-6: 1e-7 and below are rounding noise.
+    assert list(fig.data[0].y) == [10.0, 1.0, 1e-3] and list(fig.data[0].x) == [1, 2, 3]
+    assert "4 σₖ below σ₁·ε(float32) not drawn" in fig.layout.annotations[-1].text
+
+
+def test_the_winner_map_has_log_axes_and_a_log_colour_scale():
+    from commlab.figures import whatif as whatif_figs
+
+    cells = [{"world_size": n, "bandwidth_gbps": b, "best": "powersgd", "speedup": s}
+             for n, b, s in ((2, 1, 1.0), (2, 400, 1.02), (1024, 1, 40.0), (1024, 400, 1.5))]
+    fig = whatif_figs.winner_map(cells)
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    heat = fig.data[0]
+    assert list(heat.customdata[1]) == [1.02, 1.5]  # the speed-ups shown, rows by bandwidth
+    assert heat.z[0][1] == pytest.approx(np.log10(40.0))

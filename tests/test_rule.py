@@ -35,7 +35,7 @@ def test_summary_ratio():
     s = apply_rule([("a", (256, 64)), ("b", (64,))], 1, 2.0)
     assert s.numel_before == 256 * 64 + 64
     assert s.numel_after == 320 + 64
-    assert s.compression_ratio == pytest.approx(s.numel_before / s.numel_after)
+    assert s.predicted_ratio == pytest.approx(s.numel_before / s.numel_after)
 
 
 def test_ring_bytes():

@@ -33,8 +33,8 @@ def other_value(s):
         return not s.default
     if s.kind == "int":
         return s.default + 3
-    if s.kind == "float":
-        return s.default + 0.5
+    if s.kind == "float":  # half a unit up, or halfway to the top where that is past it (a momentum)
+        return s.default + 0.5 if s.bounds.error(s.default + 0.5) is None else (s.default + s.bounds.hi) / 2
     if s.kind == "list[int]":
         return [2, 5]
     options = form.widget(s).kwargs.get("options")  # the workload: the form's built-ins
@@ -95,7 +95,10 @@ def test_each_setting_is_settable_from_the_form(name):
     assert s in form.form_settings(s.group)
     value = other_value(s)
     w = form.widget(s, value=value)
-    assert w.name == name and w.label and w.kwargs["help"] == s.help
+    # The table's help, then the setting's exact name (the label is for reading); the workload
+    # picker adds what each built-in is.
+    assert w.name == name and w.label and w.kwargs["help"].startswith(form.help_text(s))
+    assert form.help_text(s).startswith(s.help) and f"`{name}`" in form.help_text(s)
     cfg, errors = form.config_from_form({name: shown(w)})
     assert errors == {} and cfg == RunConfig(**{name: value})
 
@@ -147,7 +150,7 @@ def test_every_sweepable_setting_is_an_axis_of_the_sweep_and_its_cli():
         assert spec.axes()[s.name] == values
         assert all(getattr(c, s.name) in values for c in sw.grid(spec)[1:])
         w = form.axis_widget(s, RunConfig())
-        assert w.kwargs["help"] == s.help
+        assert w.kwargs["help"] == form.help_text(s) and w.kwargs["help"].startswith(s.help)
 
 
 def test_the_sweep_keeps_its_defaults_and_its_stored_form():
@@ -157,7 +160,7 @@ def test_the_sweep_keeps_its_defaults_and_its_stored_form():
         "min_compression_rate": [2.0], "wrapper": ["none"]}
     stored = sw.SweepSpec(matrix_approximation_rank=[2], wrapper=["fp16"]).to_dict()
     assert list(stored) == ["base", "matrix_approximation_rank", "start_powerSGD_iter",
-                            "min_compression_rate", "wrapper", "baseline", "tolerance_pct"]
+                            "min_compression_rate", "wrapper", "baseline", "tolerance_pct", "repeats"]
     assert sw.SweepSpec.from_dict(stored) == sw.SweepSpec(matrix_approximation_rank=[2],
                                                           wrapper=["fp16"])
     with pytest.raises(TypeError, match="not a sweep axis: steps"):
@@ -176,5 +179,6 @@ def test_the_launch_page_draws_every_form_setting_with_its_key_label_and_help(mo
         if s.form:
             w = form.widget(s)
             assert w.key in drawn, s.name
-            assert drawn[w.key].label == w.label and drawn[w.key].help == s.help
+            assert drawn[w.key].label == w.label and drawn[w.key].help == w.kwargs["help"]
+            assert drawn[w.key].help.startswith(s.help)
     assert default_runs_dir() == str(tmp_path)

@@ -22,7 +22,7 @@ from commlab import cli
 from commlab.analysis import ring
 from commlab.config import ConfigError, RunConfig
 from commlab.hooks.instrument import Link
-from commlab.tune import pareto, whatif
+from commlab.tune import pareto, quality, whatif
 from commlab.tune import sweep as sw
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +85,15 @@ def test_cli_dry_run_prints_the_plan(capsys):
 
 
 # =========================================================================== analysis
-def _row(label, loss, nbytes, secs, status="finished", baseline=False):
-    return {"label": label, "run_id": label, "run_dir": "", "status": status, "baseline": baseline,
-            "hook": "allreduce" if baseline else "powersgd", "wrapper": "none",
-            "matrix_approximation_rank": 1, "start_powerSGD_iter": 1, "min_compression_rate": 2.0,
-            "steps": 10, "final_loss": loss, "bytes_per_step": nbytes, "time_s": secs,
-            "median_step_s": secs / 10, "link": "loopback"}
+def _row(label, loss, nbytes, secs, status="finished", baseline=False, seed=0):
+    return {c: None for c in sw.ROW_COLUMNS} | {
+        "label": label, "seed": seed, "run_id": f"{label}-{seed}", "run_dir": "", "status": status,
+        "diverged": status == "diverged", "baseline": baseline,
+        "hook": "allreduce" if baseline else "powersgd", "wrapper": "none",
+        "matrix_approximation_rank": 1, "start_powerSGD_iter": 1, "min_compression_rate": 2.0,
+        "steps": 10, "quality": loss, "quality_basis": "held-out", "final_loss": loss,
+        "bytes_per_step": nbytes, "time_s": secs, "predicted_s": secs / 2, "median_step_s": secs / 10,
+        "link": "loopback"}
 
 
 def test_pareto_front_keeps_what_nothing_beats_on_both_axes():
@@ -99,21 +102,27 @@ def test_pareto_front_keeps_what_nothing_beats_on_both_axes():
 
 
 def test_recommendation_is_the_fewest_bytes_within_x_percent_of_allreduce():
-    table = pareto.mark(pd.DataFrame([
-        _row("allreduce", 1.00, 1000, 5.0, baseline=True),
-        _row("r=1", 1.08, 100, 4.0), _row("r=2", 1.04, 200, 6.0), _row("r=4", 1.01, 400, 7.0),
-        _row("r=8", 0.5, 50, 1.0, status="stopped"), _row("r=16", math.nan, 20, 1.0, status="diverged"),
-    ], columns=sw.ROW_COLUMNS))
+    # Three seeds each, every seed's luck shared across settings (+-0.02), so the gaps are clear.
+    luck = (0.0, 0.02, -0.02)
+    runs = pd.DataFrame([_row(label, loss + d, nbytes, secs, status, label == "allreduce", seed)
+                         for label, loss, nbytes, secs, status in (
+                             ("allreduce", 1.00, 1000, 5.0, "finished"), ("r=1", 1.08, 100, 4.0, "finished"),
+                             ("r=2", 1.04, 200, 6.0, "finished"), ("r=4", 1.01, 400, 7.0, "finished"),
+                             ("r=8", 0.5, 50, 1.0, "stopped"), ("r=16", math.nan, 20, 1.0, "diverged"))
+                         for seed, d in enumerate(luck)], columns=sw.ROW_COLUMNS)
+    table = pareto.by_setting(runs)
     assert table.set_index("label")["pareto_bytes"].to_dict() == {
         "allreduce": True, "r=1": True, "r=2": True, "r=4": True, "r=8": False, "r=16": False}
     assert table.set_index("label")["pareto_time"].to_dict() == {
         "allreduce": True, "r=1": True, "r=2": False, "r=4": False, "r=8": False, "r=16": False}
-    assert pareto.recommend(table, 5).label == "r=2"
-    assert pareto.recommend(table, 10).label == "r=1"
-    rec = pareto.recommend(table, 0.5)
+    assert pareto.recommend(runs, 5).label == "r=2"
+    assert pareto.recommend(runs, 10).label == "r=1"
+    # Nothing within 0.5%; r=8 stopped before its seeds finished, so it could still qualify.
+    assert "r=8: unfinished seed" in pareto.recommend(runs, 0.5).text
+    rec = pareto.recommend(runs[runs["label"] != "r=8"], 0.5)
     assert rec.label == "allreduce" and rec.text.startswith("keep allreduce")
-    assert "within 0.5% of the allreduce baseline" in rec.rule
-    assert pareto.recommend(table[~table["baseline"]], 5).run_id is None
+    assert "at most 0.5% of allreduce's loss" in rec.rule
+    assert pareto.recommend(runs[~runs["baseline"]], 5).run_id is None
 
 
 def test_summarize_reads_final_loss_bytes_and_time_from_metrics():
@@ -121,7 +130,10 @@ def test_summarize_reads_final_loss_bytes_and_time_from_metrics():
                 "payload_bytes": 400 if i < 2 else 40} for i in range(10)]
     cfg = RunConfig(hook="powersgd", start_powerSGD_iter=2, emulate_latency_us=5).to_dict()
     row = sw.summarize(records, cfg, "finished", final_window=3)
-    assert row["final_loss"] == pytest.approx((3 + 2 + 1) / 3)
+    assert row["final_loss"] == pytest.approx((3 + 2 + 1) / 3) == row["quality"]
+    assert row["quality_basis"] == "training" and not row["diverged"]
+    held_out = sw.summarize(records, cfg, "finished", evals=[{"step": 10, "loss": 1.5, "accuracy": 0.6}])
+    assert (held_out["quality"], held_out["quality_basis"], held_out["accuracy"]) == (1.5, "held-out", 0.6)
     assert row["bytes_per_step"] == pytest.approx((2 * 400 + 8 * 40) / 10)
     assert row["time_s"] == pytest.approx(1.0)
     assert row["link"] == "emulated unlimited bandwidth, 5 µs" and not row["baseline"]
@@ -300,15 +312,16 @@ def _sweep_cli(runs_dir: Path, log: Path, *extra: str) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def stopped_sweep(tmp_path_factory):
-    """Allreduce, then PowerSGD r=1 and r=2 over an emulated link; stopped once the third starts,
-    through the stop flag the page uses."""
+    """Allreduce and PowerSGD r=1 over an emulated link, with two seeds: seed 0's two runs, then
+    seed 1's; stopped once the third starts, through the stop flag the page uses (the last test
+    of the module resumes it)."""
     runs_dir = tmp_path_factory.mktemp("sweep_runs")
     log = runs_dir / "stderr.txt"
-    proc = _sweep_cli(runs_dir, log, "--matrix-approximation-rank", "1,2", "--start-powersgd-iter",
-                      "4", "--emulate-bandwidth-gbps", str(BANDWIDTH_GBPS), "--emulate-latency-us",
-                      str(LATENCY_US))
+    proc = _sweep_cli(runs_dir, log, "--matrix-approximation-rank", "1", "--start-powersgd-iter",
+                      "4", "--repeats", "2", "--emulate-bandwidth-gbps", str(BANDWIDTH_GBPS),
+                      "--emulate-latency-us", str(LATENCY_US))
     try:
-        _wait_for_text(log, "[3/3]", proc, 3 * RUN_TIMEOUT_S)
+        _wait_for_text(log, "[3/4]", proc, 3 * RUN_TIMEOUT_S)
         (sweep,) = sw.list_sweeps(runs_dir)
         sweep.request_stop()
         out, _ = proc.communicate(timeout=120)
@@ -326,32 +339,39 @@ def test_a_stopped_sweep_keeps_its_finished_runs(stopped_sweep):
     assert stopped_sweep["rc"] == 1, stopped_sweep["stderr"][-3000:]
     assert sweep.status() == "stopped"
     assert [r.status() for r in sweep.runs()] == ["finished", "finished", "stopped"]
-    assert "[1/3] allreduce [emulated 0.05 Gb/s, 20 µs]: running, step" in stopped_sweep["stderr"]
-    assert "[2/3] powersgd r=1 start=4 [emulated 0.05 Gb/s, 20 µs]: finished, step 12/12" in \
+    assert [r.config().seed for r in sweep.runs()] == [0, 0, 1]
+    assert "[1/4] allreduce [emulated 0.05 Gb/s, 20 µs] seed 0: running, step" in stopped_sweep["stderr"]
+    assert "[2/4] powersgd r=1 start=4 [emulated 0.05 Gb/s, 20 µs] seed 0: finished, step 12/12" in \
         stopped_sweep["stderr"]
+    assert "\r" not in stopped_sweep["stderr"]  # piped: lines, no bar
     assert "sweep " in stopped_sweep["out"] and "recommendation:" in stopped_sweep["out"]
     p = sweep.progress()
-    assert (p.index, p.total, p.sweep_status) == (2, 3, "stopped")
+    assert (p.index, p.total, p.sweep_status) == (2, 4, "stopped")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_the_sweep_table_front_and_recommendation(stopped_sweep):
     sweep = stopped_sweep["sweep"]
-    table = sweep.results()
-    assert list(table["status"]) == ["finished", "finished", "stopped"]
-    assert (table["link"] == "emulated 0.05 Gb/s, 20 µs").all()
-    assert all(label.endswith("[emulated 0.05 Gb/s, 20 µs]") for label in table["label"])
-    finished = table[table["status"] == "finished"]
-    assert finished.iloc[0]["bytes_per_step"] > finished.iloc[1]["bytes_per_step"]
-    assert finished["pareto_bytes"].any() and not table.iloc[2]["pareto_bytes"]
-    rec = pareto.recommend(table, 1000)  # any loss qualifies: the fewest bytes win
-    assert rec.run_id == finished.iloc[1]["run_id"]
+    runs = sweep.results(cluster=quality.Cluster(64, 10.0, 5.0))
+    assert list(runs["status"]) == ["finished", "finished", "stopped"]
+    assert (runs["link"] == "emulated 0.05 Gb/s, 20 µs").all()
+    assert all(label.endswith("[emulated 0.05 Gb/s, 20 µs]") for label in runs["label"])
+    # eval_every's default evaluates after the last step: quality is held out, the target from it.
+    assert list(runs["quality_basis"][:2]) == ["held-out"] * 2 and runs["target"].iloc[0] > 0
+    assert runs.iloc[0]["quality"] == sweep.runs()[0].evals()[-1]["loss"]
+    table = pareto.by_setting(runs)
+    assert list(table["seeds"]) == [[0, 1], [0]] and list(table["finished"]) == [1, 1]
+    assert table.iloc[0]["bytes_per_step"] > table.iloc[1]["bytes_per_step"]
+    assert table["pareto_bytes"].any() and (table["predicted_s"] > 0).all()
+    rec = pareto.recommend(runs, 1000)  # any loss is within: but one seed tells nothing
+    assert not rec.decided and "1 seed cannot separate these: run 3 or more" in rec.text
     from commlab.figures.sweep import pareto_figure
 
-    fig = pareto_figure(table, "time_s", rec.run_id)
+    fig = pareto_figure(table, "time_s", table.iloc[1]["label"], runs)
     assert "emulated 0.05 Gb/s, 20 µs" in fig.layout.title.text
-    assert {t.name for t in fig.data} >= {"Pareto front", "allreduce baseline", "recommended"}
+    assert {t.name for t in fig.data} >= {"Pareto front", "allreduce baseline", "recommended",
+                                          "each seed"}
 
 
 @pytest.mark.slow
@@ -408,11 +428,34 @@ def test_pages_show_the_sweep_and_the_model(stopped_sweep, monkeypatch):
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
     at.switch_page("pages/sweep.py").run()
     assert not at.exception, [e.value for e in at.exception]
-    assert len(at.get("plotly_chart")) == 2 and any("emulated 0.05 Gb/s" in w.value for w in at.warning)
-    assert any("Recommendation" in s.value for s in at.success)
+    assert len(at.get("plotly_chart")) == 3 and any("emulated 0.05 Gb/s" in w.value for w in at.warning)
+    assert any("Recommendation" in w.value and "1 seed cannot separate" in w.value for w in at.warning)
+    assert any("was stopped with 2 run(s) finished and 2 to go" in i.value for i in at.info)
+    assert any(b.label == "Resume sweep" for b in at.button)
     at.switch_page("pages/what_if.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert len(at.get("plotly_chart")) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_a_resumed_sweep_runs_only_what_is_left(stopped_sweep):
+    """Last of the fixture's tests: it changes the sweep.  The two finished runs are kept, the
+    stopped one runs anew, the fourth after it."""
+    sweep, runs_dir = stopped_sweep["sweep"], stopped_sweep["runs_dir"]
+    before = [r.path for r in sweep.runs()]
+    out = subprocess.run([sys.executable, "-m", "commlab", "sweep", "--resume", sweep.id,
+                          "--runs-dir", str(runs_dir), "--json"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=2 * RUN_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    after = sweep.runs()
+    assert [r.status() for r in after] == ["finished"] * 4
+    assert [r.path for r in after[:2]] == before[:2] and after[2].path != before[2]
+    payload = json.loads(out.stdout.splitlines()[-1])
+    assert [s["seeds"] for s in payload["settings"]] == [[0, 1], [0, 1]]
+    assert "2 seeds cannot separate these: run 3 or more" in payload["recommendation"]["text"]
+    with pytest.raises(ConfigError, match="only a stopped or lost sweep resumes"):
+        sw.resume(sweep)
 
 
 @pytest.mark.slow
@@ -485,3 +528,27 @@ def test_pages_work_with_no_runs(page, title, tmp_path, monkeypatch):
     at.switch_page(page).run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == title and at.info
+
+
+@pytest.mark.timeout(1800)
+def test_sweep_page_names_every_bad_field_and_starts_nothing(tmp_path, monkeypatch):
+    """0 steps, 0 ranks, 0 seeds and a rank that is not a number: each named under its field and
+    in one line, as Launch does; no sweep starts."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+    at.switch_page("pages/sweep.py").run()
+    at.number_input(key="sweep_steps").set_value(0)
+    at.number_input(key="sweep_world_size").set_value(0)
+    at.number_input(key="sweep_repeats").set_value(0)
+    at.text_input(key="sweep_matrix_approximation_rank").set_value("1,x")
+    next(b for b in at.button if b.label == "Start sweep").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    summary = next(e for e in errors if e.startswith("Fix 4 setting(s) before the sweep starts"))
+    for name in ("ranks (world_size)", "steps", "seeds per setting (repeats)", "matrix_approximation_rank"):
+        assert f"**{name}**" in summary.replace("\\_", "_"), summary
+    assert any("got 0" in e and "1 to 64" in e for e in errors)  # the reason, shown, not on hover
+    assert any("comma-separated list of int" in e for e in errors)
+    assert sw.list_sweeps(tmp_path) == [] and not any(tmp_path.iterdir())

@@ -75,6 +75,33 @@ def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
             "bytes_per_step": nbytes, "steady_steps": len(steady)}
 
 
+# A run has three compression ratios; each is defined once, here or in commlab.analysis.rule, and
+# every page and command names it with these words.
+CUMULATIVE_RATIO = "compression ratio so far"  # the worker's plain / sent bytes over every step
+STEADY_RATIO = "steady-state compression ratio"  # ``steady_compression_ratio``
+PREDICTED_RATIO = "predicted compression ratio"  # ``rule.RuleSummary.predicted_ratio``, shapes alone
+
+
+def cumulative_compression_ratio(records: Sequence[dict]) -> float | None:
+    """What plain allreduce would have sent over what the hook sent, summed over every step so far,
+    warm-up and PowerSGD's allreduce steps included (the ``compression_ratio`` field rank 0 writes
+    with each step): it climbs towards the steady-state ratio as a run goes."""
+    return records[-1].get("compression_ratio") if records else None
+
+
+def steady_compression_ratio(records: Sequence[dict], cfg: dict) -> float | None:
+    """Plain over sent bytes summed over the steady steps only: the ratio the hook runs at. For
+    the per-tensor PowerSGD hook it equals the rule's prediction from the shapes (both count P
+    and Q, (n + m)·r elements, for a compressed tensor and every element of the others); the
+    batched hook compresses a whole bucket as one padded square matrix instead, so its ratio
+    differs. None without steady steps or instrumentation."""
+    steady = steady_rows(records, cfg)
+    if not steady or "plain_bytes" not in steady[0]:
+        return None
+    sent = sum(r["payload_bytes"] for r in steady)
+    return sum(r["plain_bytes"] for r in steady) / sent if sent else None
+
+
 def relative_error(approx, exact) -> float:
     """||approx - exact|| / ||exact|| of two tensors (0 when both are zero, inf when only exact is)."""
     denom = float(exact.norm())

@@ -14,6 +14,8 @@ sends, and receives, 2(N-1) chunks of S/N:
 
 with alpha the latency of one step and beta the bandwidth of the slowest link.  nccl-tests calls
 the factor the allreduce bus factor (busbw = algbw * 2(N-1)/N).  One rank sends nothing.
+
+The other collectives' bus factors, from nccl-tests' PERFORMANCE.md, are here too (``bus_factor``).
 """
 from __future__ import annotations
 
@@ -40,3 +42,26 @@ def allreduce_s(payload_bytes: float, world_size: int, bandwidth_gbps: float,
     beta = bandwidth_gbps * 1e9 / 8
     transfer = wire_bytes(payload_bytes, world_size) / beta if beta > 0 else 0.0
     return collectives * steps(world_size) * latency_us * 1e-6 + transfer
+
+
+# nccl-tests' PERFORMANCE.md: busbw = algbw * factor, so that each collective's busbw can be held
+# against the links' peak whatever N.  S, in algbw = S / t, is the largest buffer of the call:
+# all_gather's output and reduce_scatter's input, N chunks of S/N each.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' busbw / algbw for ``collective`` on ``world_size`` ranks.
+
+    all_reduce 2(N-1)/N (``factor``); all_gather and reduce_scatter (N-1)/N, every rank receives
+    (or sends) the N-1 chunks of S/N it does not hold; broadcast and reduce 1, every byte crosses
+    each link once, pipelined, whatever N.
+    """
+    n = world_size
+    if collective == "all_reduce":
+        return factor(n)
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")

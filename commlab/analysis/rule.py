@@ -65,7 +65,9 @@ class RuleSummary:
     numel_after: int
 
     @property
-    def compression_ratio(self) -> float:
+    def predicted_ratio(self) -> float:
+        """The rule's predicted compression ratio: elements before over elements after, from the
+        shapes alone (``metrics.steady_compression_ratio`` is what a run measured)."""
         return self.numel_before / self.numel_after if self.numel_after else math.inf
 
     @property
@@ -74,7 +76,7 @@ class RuleSummary:
 
     def as_dict(self) -> dict:
         return {
-            "compression_ratio": self.compression_ratio,
+            "predicted_ratio": self.predicted_ratio,
             "numel_before": self.numel_before,
             "numel_after": self.numel_after,
             "layers": [d.as_dict() for d in self.layers],

@@ -68,14 +68,29 @@ def from_state_dict(state: dict) -> Shapes:
 def from_checkpoint(path: str | os.PathLike) -> Shapes:
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # not a zip checkpoint: mmap is impossible, read it normally
+    except Exception:  # not a zip checkpoint: mmap is impossible, read it normally
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            raise ValueError(f"{path} is not a readable torch checkpoint: {type(e).__name__}: {e}") from None
+        except Exception as again:  # its own reason: the mmap attempt's is about mmap
+            raise ValueError(_unreadable(path, again)) from None
     if not isinstance(state, dict):
         raise ValueError(f"{path} holds a {type(state).__name__}, not a state_dict")
     return from_state_dict(state)
+
+
+def _unreadable(path, e: Exception) -> str:
+    """One line on why torch.load refused a file: torch's own message is paragraphs, with
+    terminal colour codes."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    pickled = re.search(r"GLOBAL ([\w.]+) was not an allowed global", text)
+    if pickled:
+        return (f"{path} holds a pickled {pickled[1].rsplit('.', 1)[-1]} (saved with "
+                "torch.save(model)?), not a state_dict: reading it would run code from the file. "
+                "Save the weights with torch.save(model.state_dict(), path) and give that file")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{path} is not a readable torch checkpoint: {type(e).__name__}: {first[:200]}"
 
 
 def total_numel(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> int:

@@ -1,6 +1,6 @@
-"""``commlab bench``: allreduce bandwidth against message size; ``commlab headroom``: the noop test.
+"""``commlab bench``: collective bandwidth against message size; ``commlab headroom``: the noop test.
 
-    commlab bench --world-size 2 --sizes 1KB,1MB,16MB
+    commlab bench --world-size 2 --sizes 1KB,1MB,16MB --collectives all_reduce,broadcast
     commlab headroom --workload mlp --steps 40 --world-size 2
 """
 from __future__ import annotations
@@ -10,14 +10,19 @@ import json
 import sys
 
 from commlab.analysis.metrics import WARMUP_STEPS
+from commlab.analysis.ring import COLLECTIVES
 
-HEADER = (f"{'size':>8} {'iters':>6} {'time (us)':>12} {'algbw GB/s':>11} {'busbw GB/s':>11} "
-          f"{'memcpy GB/s':>12}")
+HEADER = (("#" + " " * 33 + f"{'out-of-place':^36}{'in-place':^36}").rstrip() + "\n"
+          f"{'collective':>14} {'size':>8} {'count':>9} "
+          + f"{'time (us)':>11} {'algbw':>8} {'busbw':>8} {'#wrong':>6}" * 2 + f" {'memcpy':>8}")
 
 
 def _line(row) -> str:
-    return (f"{row.size:>8} {row.iters:>6} {row.time_us:>12.1f} {row.algbw_gbps:>11.3f} "
-            f"{row.busbw_gbps:>11.3f} {row.memcpy_gbps:>12.3f}")
+    def group(t) -> str:
+        return f"{t.time_us:>11.1f} {t.algbw_gbps:>8.3f} {t.busbw_gbps:>8.3f} {t.wrong:>6}"
+
+    return (f"{row.collective:>14} {row.size:>8} {row.count:>9} {group(row.out_of_place)}"
+            f"{group(row.in_place)} {row.memcpy_gbps:>8.3f}")
 
 
 def _failed(args: argparse.Namespace, e: Exception) -> int:
@@ -29,27 +34,31 @@ def _failed(args: argparse.Namespace, e: Exception) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from commlab.analysis.ring import bus_factor
     from commlab.commands import emit
-    from commlab.teach.bench import bench_plan, bus_factor, run_plan
+    from commlab.teach.bench import DEFAULT_SIZES, bench_plan, run_plan
 
-    plan = bench_plan(args.world_size, args.sizes, args.backend, args.iters, args.warmup)
+    plan = bench_plan(args.world_size, args.sizes or DEFAULT_SIZES, args.backend, args.iters,
+                      args.warmup, args.collectives)
     if not args.json:
-        print(f"allreduce on {plan.world_size} rank(s), {plan.backend}; busbw = algbw x 2(N-1)/N "
-              f"= algbw x {bus_factor(plan.world_size):.2f}; memcpy: rank 0 copying the same "
-              "bytes, the ceiling", flush=True)
+        factors = ", ".join(f"{c} {bus_factor(c, plan.world_size):.2f}" for c in plan.collectives)
+        print(f"{plan.world_size} rank(s), {plan.backend}; busbw = algbw x bus factor ({factors}); "
+              "#wrong: elements off the exact answer; memcpy: rank 0 copying the same bytes, "
+              "the ceiling", flush=True)
         print(HEADER, flush=True)
     on_row = None if args.json else (lambda row: print(_line(row), flush=True))
     try:
         result = run_plan(plan, args.timeout, on_row=on_row)
     except (RuntimeError, TimeoutError) as e:
         return _failed(args, e)
-    emit(args, result.to_dict(), "(GB/s: 1e9 bytes per second, as nccl-tests prints)")
+    emit(args, result.to_dict(), "(time in us; algbw, busbw and memcpy in GB/s, 1e9 bytes per "
+                                 "second, as nccl-tests prints)")
     return 0
 
 
 def _headroom(args: argparse.Namespace) -> int:
     from commlab.commands import emit
-    from commlab.teach.headroom import measure_headroom
+    from commlab.teach.headroom import SAVED_HELP, SAVED_LABEL, measure_headroom
 
     try:
         h = measure_headroom(args.workload, args.steps, args.world_size, args.skip, args.timeout)
@@ -59,19 +68,22 @@ def _headroom(args: argparse.Namespace) -> int:
         f"{h.workload} on {h.world_size} rank(s), median of steps {h.skip}..{h.steps - 1}:",
         f"  allreduce hook: {h.step_s_allreduce * 1e3:.2f} ms per step",
         f"  noop hook:      {h.step_s_noop * 1e3:.2f} ms per step",
-        f"  communication is {h.comm_share:.0%} of an allreduce step",
+        f"  {SAVED_LABEL}: {h.saved:.0%}  ({SAVED_HELP})",
         f"  {h.verdict}"]))
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="allreduce time, algbw and busbw by message size")
+    p = sub.add_parser("bench", help="collective time, algbw, busbw and #wrong by message size, "
+                                     "out-of-place and in-place, as nccl-tests prints them")
     p.add_argument("--world-size", type=int, default=2, help="number of ranks, 1 to 8")
-    p.add_argument("--sizes", default="1KB,16KB,256KB,1MB,4MB,16MB,64MB",
-                   help="comma-separated message sizes; K, M, G are powers of 1024")
+    p.add_argument("--sizes", help="comma-separated message sizes; K, M, G are powers of 1024 "
+                                   "(default: 1KB to 64MB)")
     p.add_argument("--backend", default="auto", help="auto (NCCL with a GPU per rank), gloo, nccl")
     p.add_argument("--iters", type=int, help="timed iterations per size (default: by size)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations per size")
+    p.add_argument("--collectives", default=",".join(COLLECTIVES),
+                   help=f"comma-separated, from {', '.join(COLLECTIVES)} (default: all)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_bench)

@@ -6,6 +6,8 @@
 
 Run options given beside RUN_DIR override the run's settings.  Exit 2 when the format cannot
 express the settings (Accelerate has no noop, for instance); the message says what to do instead.
+The settings are checked as production reads them: the workload is never imported, and this
+machine's GPUs and runs folder do not count.
 """
 from __future__ import annotations
 
@@ -42,15 +44,18 @@ def target_from_args(args: argparse.Namespace):
     return Target.from_entries(
         nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, backend=args.target_backend,
         script=args.script, script_args=args.script_args, rdzv_endpoint=args.rdzv_endpoint,
-        job_name=args.job_name, time_limit=args.time_limit, partition=args.partition)
+        job_name=args.job_name, time_limit=args.time_limit, partition=args.partition,
+        threads_per_process=args.threads_per_process)
 
 
 def _export(args: argparse.Namespace) -> int:
     from commlab.commands import EXIT_BAD_INPUT, emit
-    from commlab.tune.export import render
+    from commlab.config import ConfigError
+    from commlab.tune.export import export_errors, render
 
     cfg, source = config_for(args)
-    cfg.check()
+    if errors := export_errors(cfg):
+        raise ConfigError(errors)
     try:
         out = render(cfg, args.format, target_from_args(args), source)
     except ValueError as e:  # ExportRefused, a bad target, unbalanced quotes in --script-args
@@ -90,5 +95,7 @@ def register(sub) -> None:
     p.add_argument("--job-name", default=d.job_name, help="SLURM job name and rendezvous id")
     p.add_argument("--time-limit", default=d.time_limit, help="SLURM time limit")
     p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--threads-per-process", type=int, default=d.threads_per_process,
+                   help="OMP_NUM_THREADS of each process; SLURM's --cpus-per-task is processes × this")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_export)

@@ -24,24 +24,33 @@ def _rule(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError({"checkpoint" if args.checkpoint else "workload": str(e)}) from None
     summary = apply_rule(named, args.matrix_approximation_rank, args.min_compression_rate)
-    lines = [f"{'layer':<40} {'shape':<18} {'n':>7} {'m':>8} {'r':>3} {'(n+m)r*c':>12} {'n*m':>12}  decision"]
+    lines = [f"{'layer':<40} {'shape':<18} {'n':>9} {'m':>11} {'r':>4} {'(n+m)r*c':>14} "
+             f"{'n*m':>14}  decision"]
     for d in summary.layers:
-        lines.append(f"{d.name:<40} {str(list(d.shape)):<18} {d.n:>7} {d.m:>8} {d.r:>3} "
-                     f"{d.lhs:>12.0f} {d.rhs:>12}  {'compressed' if d.compressed else 'allreduced'}")
-    lines.append(f"{summary.compressed_count}/{len(summary.layers)} layers compressed; "
-                 f"{summary.numel_before} -> {summary.numel_after} elements; "
-                 f"compression ratio {summary.compression_ratio:.2f}")
+        lines.append(f"{d.name:<40} {'x'.join(map(str, d.shape)) or 'scalar':<18} {d.n:>9,} "
+                     f"{d.m:>11,} {d.r:>4} {d.lhs:>14,.0f} {d.rhs:>14,}  "
+                     f"{'compressed' if d.compressed else 'allreduced'}")
+    lines.append(f"{summary.compressed_count:,}/{len(summary.layers):,} layers compressed; "
+                 f"{summary.numel_before:,} -> {summary.numel_after:,} elements; "
+                 f"predicted compression ratio {summary.predicted_ratio:.2f}")
     emit(args, summary.as_dict(), "\n".join(lines))
     return 0
 
 
 def register(sub) -> None:
+    from commlab.workloads import MODELS
+
     p = sub.add_parser("rule", help="which layers PowerSGD compresses, from shapes alone")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", help="a built-in workload (built on the meta device)")
-    src.add_argument("--module", help="your module:function workload")
-    src.add_argument("--checkpoint", help="a state_dict file (memory-mapped, not loaded)")
-    p.add_argument("--matrix-approximation-rank", type=int, required=True)
-    p.add_argument("--min-compression-rate", type=float, default=2.0)
-    p.add_argument("--json", action="store_true")
+    src.add_argument("--workload", choices=list(MODELS),
+                     help="a built-in workload (built on the meta device)")
+    src.add_argument("--module", metavar="MODULE:FUNCTION", help="your module:function workload")
+    src.add_argument("--checkpoint", metavar="FILE",
+                     help="a state_dict file, torch.save(model.state_dict(), FILE) (memory-mapped, "
+                          "not loaded)")
+    p.add_argument("--matrix-approximation-rank", metavar="N", type=int, required=True,
+                   help="PowerSGD's rank r")
+    p.add_argument("--min-compression-rate", metavar="X", type=float, default=2.0,
+                   help="compress when (n + m)·r·rate < n·m")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_rule)

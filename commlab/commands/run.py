@@ -6,7 +6,7 @@ import signal
 import sys
 from collections.abc import Collection
 
-from commlab.config import RunConfig, settings
+from commlab.config import ConfigError, RunConfig, settings
 
 FLAG_TYPES = {"int": int, "float": float}  # the rest is text, parsed as a config file's is
 METAVARS = {"int": "N", "float": "X", "list[int]": "N,N,..."}
@@ -52,21 +52,37 @@ def _escape(text: str) -> str:
 def result_payload(run) -> dict:
     s = run.summary()
     return {k: s[k] for k in ("run_id", "run_dir", "status", "steps", "final_loss",
-                              "median_step_s", "bytes_per_step", "compression_ratio", "hook_impl")} \
-        | {"error": s["error"]}
+                              "median_step_s", "bytes_per_step", "steady_compression_ratio",
+                              "compression_ratio", "hook_impl",
+                              "heldout_loss", "heldout_accuracy", "heldout_bits_per_char")} \
+        | {"evals": run.evals(), "resumed_from": run.resumed_from(), "error": s["error"]}
+
+
+def _heldout_text(payload: dict) -> str:
+    if payload["heldout_loss"] is None:
+        return ""
+    extra = next((f", {name} {payload[key]:.4f}" for key, name in (
+        ("heldout_accuracy", "accuracy"), ("heldout_bits_per_char", "bits/char"))
+        if payload[key] is not None), "")
+    return f", held-out loss {payload['heldout_loss']:.4f}{extra}"
 
 
 def _run(args: argparse.Namespace) -> int:
     from commlab.api import launch
     from commlab.commands import emit
+    from commlab.engine.checkpoint import resume_config
 
-    cfg = config_from_args(args).check()
+    if args.resume and args.config:
+        raise ConfigError({"config": "--resume continues a run with its own settings: give the "
+                                     "ones to change (steps, eval_every, ...) as flags"})
+    cfg = (resume_config(args.resume, **{s.name: getattr(args, s.name, None) for s in settings()})
+           if args.resume else config_from_args(args).check())
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
     # while the run is still being started (the handle does not exist yet).
     pressed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: pressed.append(True))
-    run = launch(cfg)
+    run = launch(cfg, resume=args.resume)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: run.stop())
     if pressed:
@@ -81,9 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         _follow(run, cfg.steps)
     run.wait()
     payload = result_payload(run)
-    text = (f"{payload['status']}: {payload['steps']} steps, final loss {payload['final_loss']}, "
-            f"median step {payload['median_step_s']} s, {payload['bytes_per_step']} B/step, "
-            f"compression x{payload['compression_ratio']}, hook {payload['hook_impl']}")
+    text = result_text(payload) + _heldout_text(payload)
     if payload["error"]:
         text += f"\n{payload['error']}"
         tb = run.status_record().get("traceback")
@@ -93,24 +107,49 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if payload["status"] == "finished" else 1
 
 
+def result_text(payload: dict) -> str:
+    """A finished run's figures for reading: a few significant digits, units, thousands separated."""
+    from commlab.analysis import metrics
+    from commlab.analysis.units import human_bytes, number, seconds
+
+    text = (f"{payload['status']}: {number(payload['steps'])} steps, final loss "
+            f"{number(payload['final_loss'])}, median step {seconds(payload['median_step_s'])}")
+    if payload["bytes_per_step"] is not None:
+        text += f", {human_bytes(payload['bytes_per_step'])} per step and rank"
+    if payload.get("steady_compression_ratio") is not None:
+        text += f", {metrics.STEADY_RATIO} {payload['steady_compression_ratio']:.2f}x"
+    if payload["compression_ratio"] is not None:
+        text += f" ({metrics.CUMULATIVE_RATIO} {payload['compression_ratio']:.2f}x)"
+    return text + f", hook implementation {payload['hook_impl']}"
+
+
 def _follow(run, steps: int) -> None:
-    """A progress line on stderr while the run goes."""
+    """Progress on stderr while the run goes (``commands.Progress``)."""
+    from commlab.commands import Progress
     from commlab.engine import procs
     from commlab.engine.store import JsonlTail
 
     tail = JsonlTail(run.file("metrics.jsonl"))
+    progress = Progress(steps)
 
     def show_new_steps() -> bool:
-        for row in tail.read_new():
-            print(f"\rstep {row['step'] + 1}/{steps}  loss {row['loss']:.4f}", end="", file=sys.stderr)
+        rows = tail.read_new()
+        if rows:
+            progress.update(rows[-1]["step"] + 1, loss=rows[-1]["loss"])
         return not run.is_running()
 
-    procs.wait_until(show_new_steps, interval=0.25)
-    print(file=sys.stderr)
+    try:
+        procs.wait_until(show_new_steps, interval=0.25)
+    finally:
+        progress.close()
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="start a run in the foreground")
     add_run_options(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help=(
+        "continue this finished run from its checkpoint, in a new run folder that names it: its "
+        "settings, with the flags given (--steps counts from its step 0; default: as many steps "
+        "again)"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 
 def _runs(args) -> int:
+    from commlab.analysis.units import number
     from commlab.api import list_runs
     from commlab.commands import emit
+    from commlab.config import default_runs_dir
 
-    rows = [r.summary() for r in list_runs(args.runs_dir)]
+    runs = list_runs(args.runs_dir or default_runs_dir())
+    rows = [r.summary() | {"name": r.notes()["name"]} for r in runs]
     lines = [f"{r['run_id']:<60} {r['error']}" if r["status"] == "damaged" else
              f"{r['run_id']:<60} {r['status']:<9} {r['hook']}/{r['wrapper']} "
-             f"steps {r['steps']}/{r['steps_planned']} loss {r['final_loss']}"
+             f"steps {number(r['steps'])}/{number(r['steps_planned'])} loss {number(r['final_loss'])}"
+             + (f"  \"{r['name']}\"" if r["name"] else "")
              + (f" ({r['skipped_lines']} damaged metrics line(s) skipped)" if r["skipped_lines"] else "")
              for r in rows]
     emit(args, {"runs": rows}, "\n".join(lines) or "no runs yet: start one with `commlab run`")
@@ -18,6 +22,7 @@ def _runs(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("runs", help="list every run with its status")
-    p.add_argument("--runs-dir")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--runs-dir", metavar="DIR",
+                   help="the folder of run folders (default: $COMMLAB_RUNS_DIR, else ./runs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_runs)

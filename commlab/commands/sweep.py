@@ -1,10 +1,15 @@
-"""``commlab sweep``: a PowerSGD grid beside a plain allreduce baseline, one run after another.
+"""``commlab sweep``: a PowerSGD grid beside a plain allreduce baseline, each setting with N seeds,
+one run after another.
 
     commlab sweep --workload mlp --steps 100 --matrix-approximation-rank 1,2,4 \
-        --start-powersgd-iter 10,50 [--min-compression-rate 2,4] [--wrapper none,fp16] [--json]
+        --start-powersgd-iter 10,50 --repeats 3 [--min-compression-rate 2,4] [--wrapper none,fp16]
+        [--predict-world-size 64 --predict-bandwidth-gbps 10] [--json]
+    commlab sweep --resume SWEEP      (a stopped or lost sweep: its id or folder)
 
-Every other run option (``commlab run``'s) sets the job all runs share.  Ctrl-C stops the current
-run and starts no other; finished runs are kept.  Exit 0 when every planned run has ended.
+Every other run option (``commlab run``'s) sets the job all runs share.  A progress bar (tqdm;
+plain lines when the output is not a terminal) shows the time left.  Ctrl-C stops the current
+run and starts no other; finished runs are kept, and ``--resume`` runs the rest.  Exit 0 when
+every planned run has ended.
 """
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ import signal
 import sys
 
 from commlab.commands.run import add_run_options, config_from_args
-from commlab.config import POWERSGD_HOOKS, ConfigError
+from commlab.config import POWERSGD_HOOKS, ConfigError, default_runs_dir
+from commlab.tune.quality import Cluster
 from commlab.tune.sweep import AXES, SweepSpec, axis_values
 
 AXIS_NAMES = tuple(s.name for s in AXES)
@@ -28,63 +34,154 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     lists = {s.name: axis_values(s, getattr(args, s.name)) for s in AXES
              if getattr(args, s.name) is not None}
     return SweepSpec(base=config_from_args(args, axes=AXIS_NAMES), baseline=not args.no_baseline,
-                     tolerance_pct=args.tolerance_pct, **lists)
+                     tolerance_pct=args.tolerance_pct, repeats=args.repeats, **lists)
 
 
-def _payload(sweep) -> dict:
-    from commlab.tune.pareto import recommend
+def cluster_from_args(args: argparse.Namespace) -> Cluster:
+    cluster = Cluster(args.predict_world_size, args.predict_bandwidth_gbps, args.predict_latency_us)
+    if cluster.errors():
+        raise ConfigError(cluster.errors())
+    return cluster
 
-    table = sweep.results()
-    rec = recommend(table, sweep.spec().tolerance_pct)
-    rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
+
+def payload(sweep, cluster: Cluster = Cluster()) -> dict:
+    """What ``--json`` prints: every run, every setting over its seeds, the recommendation."""
+    from commlab.tune.pareto import by_setting, recommend
+
+    tolerance = sweep.spec().tolerance_pct
+    runs = sweep.results(tolerance, cluster)
+    table = by_setting(runs)
+    rec = recommend(runs, tolerance)
     return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
-            "runs": rows, "recommendation": rec.to_dict(),
-            "pareto_bytes": table[table["pareto_bytes"]]["run_id"].tolist(),
-            "pareto_time": table[table["pareto_time"]]["run_id"].tolist()}
+            "cluster": cluster.text(), "target": runs["target"].iloc[0] if len(runs) else None,
+            "runs": _records(runs.drop(columns=["curve"])), "settings": _records(table),
+            "recommendation": rec.to_dict(),
+            "pareto_bytes": table[table["pareto_bytes"]]["label"].tolist(),
+            "pareto_predicted": table[table["pareto_predicted"]]["label"].tolist()}
 
 
-def _text(payload: dict) -> str:
-    lines = [f"sweep {payload['sweep_id']}: {payload['status']} ({payload['sweep_dir']})",
-             f"{'setting':<48} {'status':<9} {'final loss':>11} {'bytes/step':>12} {'time s':>8}  front"]
-    for r in payload["runs"]:
-        front = ("bytes " if r["pareto_bytes"] else "") + ("time" if r["pareto_time"] else "")
-        loss = "" if r["final_loss"] is None else f"{r['final_loss']:.4f}"
-        nbytes = "" if r["bytes_per_step"] is None else f"{r['bytes_per_step']:,.0f}"
-        secs = "" if r["time_s"] is None else f"{r['time_s']:.2f}"
-        lines.append(f"{r['label']:<48} {r['status']:<9} {loss:>11} {nbytes:>12} {secs:>8}  {front}")
-    rec = payload["recommendation"]
+def _records(df) -> list[dict]:
+    return df.astype(object).where(df.notna(), None).to_dict(orient="records")
+
+
+def _num(x, fmt: str) -> str:
+    return "" if x is None else format(x, fmt)
+
+
+def _text(p: dict) -> str:
+    lines = [f"sweep {p['sweep_id']}: {p['status']} ({p['sweep_dir']})",
+             f"quality: {', '.join(sorted({s['quality_basis'] for s in p['settings'] if s['quality_basis']})) or '-'}; "
+             f"predicted times on {p['cluster']}; target loss {_num(p['target'], '.4f')}",
+             f"{'setting':<40} {'seeds':>5} {'loss mean':>9} {'± sd':>7} {'bytes/step':>12} "
+             f"{'time s':>7} {'pred s':>8} {'to target: step':>15} {'pred s':>8}  front",
+             ]
+    for s in p["settings"]:
+        front = ("bytes " if s["pareto_bytes"] else "") + ("time" if s["pareto_predicted"] else "")
+        seeds = f"{s['finished']}/{s['runs']}"
+        lines.append(f"{s['label'][:40]:<40} {seeds:>5} {_num(s['quality_mean'], '.4f'):>9} "
+                     f"{_num(s['quality_std'], '.4f'):>7} {_num(s['bytes_per_step'], ',.0f'):>12} "
+                     f"{_num(s['time_s'], '.1f'):>7} {_num(s['predicted_s'], '.2f'):>8} "
+                     f"{_num(s['reach_step'], '.0f') + ' (' + s['reached'] + ')':>15} "
+                     f"{_num(s['reach_predicted_s'], '.2f'):>8}  {front}")
+        lines.append(f"{'':<40}   seeds: " + ", ".join(
+            f"{seed}: {'-' if q is None else format(q, '.4f')}" for seed, q in zip(s["seeds"], s["qualities"]))
+            + (f"  BROKEN {'; '.join(s['broken'])}" if s["broken"] else ""))
+    rec = p["recommendation"]
     lines += [f"rule: {rec['rule']}", f"recommendation: {rec['text']}"]
     return "\n".join(lines)
 
 
+def _progress_bar(total: int):
+    """tqdm over every step of every run: a bar on a terminal; piped, no bar (its carriage
+    returns would run together), the lines ``_on_progress`` writes instead."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True, mininterval=0.5,
+                disable=not sys.stderr.isatty())
+
+
+PIPED_EVERY_S = 10.0  # piped, a running run's line this often
+
+
+def _on_progress(bar, configs):
+    import time
+
+    shown: dict = {"key": None, "at": 0.0}
+
+    def on_progress(p) -> None:
+        at = sum(c.steps for c in configs[:p.index]) + min(p.step, p.steps)
+        if not bar.disable:
+            bar.update(max(0, at - bar.n))
+            bar.set_description_str(f"[{p.index + 1}/{p.total}] {p.label}", refresh=False)
+        changed = shown["key"] != (p.index, p.run_status)
+        ended = p.run_status not in ("starting", "running")
+        due = bar.disable and time.monotonic() - shown["at"] >= PIPED_EVERY_S
+        if changed and (ended or bar.disable) or due:
+            shown.update(key=(p.index, p.run_status), at=time.monotonic())
+            bar.write(p.line(), file=sys.stderr)
+
+    return on_progress
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from commlab.commands import emit
-    from commlab.tune.sweep import create, execute, grid
+    from commlab.tune import sweep as sw
 
-    spec = spec_from_args(args)
-    configs = grid(spec)
-    if args.dry_run:
-        from commlab.tune.sweep import run_label
-
-        labels = [run_label(c.to_dict()) for c in configs]
-        emit(args, {"runs": labels}, "\n".join(f"{i + 1}. {lab}" for i, lab in enumerate(labels)))
-        return 0
-    sweep = create(spec)
+    errors: dict[str, str] = {}
+    try:
+        cluster = cluster_from_args(args)
+    except ConfigError as e:
+        errors |= e.errors
+    try:  # every bad field is named at once
+        if args.resume:
+            sweep = _find(args.resume, args.runs_dir)
+            configs = sweep.configs()
+        else:
+            spec = spec_from_args(args)
+            configs = sw.grid(spec)
+    except ConfigError as e:
+        errors |= e.errors
+    if errors:
+        raise ConfigError(errors)
+    if not args.resume:
+        if args.dry_run:
+            labels = [sw.plan_label(c, spec) for c in configs]
+            emit(args, {"runs": labels}, "\n".join(f"{i + 1}. {lab}" for i, lab in enumerate(labels)))
+            return 0
+        sweep = sw.create(spec)
     interrupted: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: interrupted.append(signum))
+    on_progress, bar = None, None
     if not args.json:
         print(f"sweep {sweep.id}: {len(configs)} run(s), one after another -> {sweep.path}",
               file=sys.stderr)
+        bar = _progress_bar(sum(c.steps for c in configs))
+        on_progress = _on_progress(bar, configs)
 
-    def on_progress(p) -> None:
-        end = "\n" if p.run_status not in ("starting", "running") else ""
-        print(f"\r{p.line()}   ", end=end, file=sys.stderr, flush=True)
+    try:
+        (sw.resume if args.resume else sw.execute)(sweep, on_progress,
+                                                    should_stop=lambda: bool(interrupted))
+    finally:
+        if bar is not None:
+            bar.close()
+    out = payload(sweep, cluster)
+    emit(args, out, _text(out))
+    return 0 if out["status"] == "finished" else 1
 
-    execute(sweep, None if args.json else on_progress, should_stop=lambda: bool(interrupted))
-    payload = _payload(sweep)
-    emit(args, payload, _text(payload))
-    return 0 if payload["status"] == "finished" else 1
+
+def _find(given: str, runs_dir: str | None):
+    """A sweep named by its id (as ``commlab runs`` lists it) or its folder."""
+    from pathlib import Path
+
+    from commlab.tune.sweep import SWEEPS, Sweep
+
+    for path in (Path(given), Path(runs_dir or default_runs_dir()) / SWEEPS / given):
+        sweep = Sweep(path)
+        if sweep.exists():
+            return sweep
+    raise ConfigError({"resume": f"no sweep {given!r}: give a sweep id from "
+                                 f"{Path(runs_dir or default_runs_dir()) / SWEEPS} or its folder"})
 
 
 def register(sub) -> None:
@@ -92,7 +189,19 @@ def register(sub) -> None:
     add_run_options(p, axes=AXIS_NAMES)
     p.add_argument("--no-baseline", action="store_true", help="leave out the allreduce baseline")
     p.add_argument("--tolerance-pct", type=float, default=5.0,
-                   help="the recommendation: fewest bytes within this %% of allreduce's final loss")
+                   help="the recommendation's X: a setting qualifies when its loss is within X%% of "
+                        "allreduce's, beyond the seed noise (default: 5)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="seeds per setting, the baseline's included (default: 1; 3 or more let the "
+                        "recommendation tell a difference from seed noise)")
+    p.add_argument("--predict-world-size", type=int, default=Cluster.world_size, metavar="N",
+                   help=f"the cluster times are predicted for (default: {Cluster.world_size} workers)")
+    p.add_argument("--predict-bandwidth-gbps", type=float, default=Cluster.bandwidth_gbps,
+                   metavar="GBPS", help=f"its link (default: {Cluster.bandwidth_gbps:g} Gb/s)")
+    p.add_argument("--predict-latency-us", type=float, default=Cluster.latency_us, metavar="US",
+                   help=f"its per-hop latency (default: {Cluster.latency_us:g} µs)")
+    p.add_argument("--resume", metavar="SWEEP",
+                   help="run the unfinished runs of a stopped or lost sweep (its id or folder)")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs, start nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_sweep)

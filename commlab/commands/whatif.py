@@ -1,7 +1,9 @@
 """``commlab whatif``: predicted step time at other scales, from measured runs.
 
-    commlab whatif RUN_DIR [RUN_DIR ...] [--world-sizes 8,64,1024] [--bandwidths-gbps 10,100]
-    commlab whatif --sweep SWEEP_DIR --latency-us 5
+    commlab whatif RUN [RUN ...] [--world-sizes 8,64,1024] [--bandwidths-gbps 10,100]
+    commlab whatif --sweep SWEEP --latency-us 5
+
+A RUN is a run folder or the run id ``commlab runs`` prints; a SWEEP a sweep folder or its id.
 """
 from __future__ import annotations
 
@@ -22,22 +24,19 @@ def _runs(args: argparse.Namespace) -> list:
 
 def _given_runs(args: argparse.Namespace) -> list:
     from commlab.api import open_run
+    from commlab.commands import resolve_run, resolve_sweep
     from commlab.config import ConfigError
     from commlab.tune.sweep import Sweep
 
     if args.sweep:
-        sweep = Sweep(args.sweep)
-        if not sweep.exists():
-            raise ConfigError({"sweep": f"{args.sweep} is not a sweep folder (no sweep.json)"})
+        sweep = Sweep(resolve_sweep(args.sweep, args.runs_dir))
         if sweep.damage():
             raise ConfigError({"sweep": sweep.damage()})
         return sweep.runs()
     if not args.run_dirs:
-        raise ConfigError({"run_dirs": "give run folders or --sweep SWEEP_DIR"})
-    try:
-        return [open_run(d) for d in args.run_dirs]
-    except FileNotFoundError as e:
-        raise ConfigError({"run_dirs": str(e)}) from None
+        raise ConfigError({"run_dirs": "give runs (folders or the ids `commlab runs` prints) or "
+                                       "--sweep SWEEP"})
+    return [open_run(resolve_run(d, args.runs_dir)) for d in args.run_dirs]
 
 
 def _whatif(args: argparse.Namespace) -> int:
@@ -82,10 +81,17 @@ def register(sub) -> None:
     from commlab.tune.whatif import BANDWIDTHS_GBPS, DEFAULT_LATENCY_US, WORLD_SIZES
 
     p = sub.add_parser("whatif", help="predicted step time against workers and bandwidth, per hook")
-    p.add_argument("run_dirs", nargs="*", help="run folders; a plain allreduce run calibrates")
-    p.add_argument("--sweep", help="a sweep folder: its runs")
-    p.add_argument("--world-sizes", default=",".join(map(str, WORLD_SIZES)))
-    p.add_argument("--bandwidths-gbps", default=",".join(map(str, BANDWIDTHS_GBPS)))
-    p.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_US, help="per hop")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("run_dirs", nargs="*", metavar="RUN",
+                   help="run folders or run ids (as `commlab runs` prints them); a plain allreduce "
+                        "run calibrates")
+    p.add_argument("--sweep", metavar="SWEEP", help="a sweep folder or sweep id: its runs")
+    p.add_argument("--runs-dir", metavar="DIR",
+                   help="where run and sweep ids are looked up (default: $COMMLAB_RUNS_DIR, else ./runs)")
+    p.add_argument("--world-sizes", metavar="N,N,...", default=",".join(map(str, WORLD_SIZES)),
+                   help="worker counts to predict for")
+    p.add_argument("--bandwidths-gbps", metavar="X,X,...", default=",".join(map(str, BANDWIDTHS_GBPS)),
+                   help="link bandwidths to predict for, in Gb/s")
+    p.add_argument("--latency-us", metavar="X", type=float, default=DEFAULT_LATENCY_US,
+                   help="link latency per ring hop, in µs")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_whatif)

@@ -55,13 +55,19 @@ def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
     return env
 
 
-def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
+def prepare(cfg: RunConfig, request_id: str | None = None,
+            resume: str | os.PathLike | None = None) -> store.RunFolder:
     """Validate, then create the run folder, status ``starting`` and owned by this process until
-    ``start`` hands it to a supervisor; config.json, the marker, last.  Raises ConfigError."""
-    from commlab.engine import workload_probe
+    ``start`` hands it to a supervisor; config.json, the marker, last.  ``resume``: the folder of
+    a finished run this one continues from its checkpoint (``commlab.engine.checkpoint``).
+    Raises ConfigError."""
+    from commlab.config import ConfigError
+    from commlab.engine import checkpoint, workload_probe
     from commlab.hooks import registry
 
     workload_probe.check(cfg.check())  # a user's workload runs in a child, never here
+    if resume is not None and checkpoint.resume_errors(cfg, resume):
+        raise ConfigError(checkpoint.resume_errors(cfg, resume))
     backend, why = resolve_backend(cfg)
     impl, impl_reason = registry.plan(cfg, backend)
     run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())
@@ -69,6 +75,7 @@ def prepare(cfg: RunConfig, request_id: str | None = None) -> store.RunFolder:
     store.write_json(run_dir / "launch.json", {
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
+        "resumed_from": str(Path(resume).resolve()) if resume is not None else None,
         "command": torchrun_command(cfg, run_dir.resolve()), "created_at": time.time(),
         "launcher": procs.identity(os.getpid())})
     store.write_json(run_dir / "config.json", cfg.to_dict())
@@ -109,8 +116,10 @@ class Run(store.RunFolder):
         return f"Run({str(self.path)!r}, status={self.status()!r})"
 
 
-def start(cfg: RunConfig, request_id: str | None = None) -> Run:
-    """Start a run in the background and return its folder at once, status ``starting``.
+def start(cfg: RunConfig, request_id: str | None = None,
+          resume: str | os.PathLike | None = None) -> Run:
+    """Start a run in the background and return its folder at once, status ``starting``;
+    ``resume``: continue the finished run in that folder (see ``prepare``).
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
     a second browser tab, another process at the same moment) returns the run the first one
@@ -124,7 +133,7 @@ def start(cfg: RunConfig, request_id: str | None = None) -> Run:
         if first:
             return Run(first)  # started (or being started) by the first call: never a second supervisor
     try:
-        folder = prepare(cfg, request_id)
+        folder = prepare(cfg, request_id, resume)
     except BaseException:
         if claim:
             claim.unlink(missing_ok=True)  # nothing was started: the id is free again

@@ -10,8 +10,14 @@ Layout of ``<runs_dir>/<run_id>/``:
                    the error; read as "orphaned" when the supervisor is gone but a process of
                    the run still runs, "lost" when every one is gone, "damaged" when a file is
                    not what commlab wrote (see ``RunFolder.status_record``)
-  metrics.jsonl    one line per step, appended and flushed by rank 0
+  metrics.jsonl    one line per step, appended and flushed by rank 0 (its t, the training time so
+                   far, leaves out the held-out evaluations)
   errors.jsonl     approximation error every K steps      buckets.json  DDP's bucket layouts
+  evals.jsonl      one line per held-out evaluation (rank 0, every eval_every steps and after
+                   the last): step, loss, eval_s, and accuracy or bits_per_char
+  checkpoint/      rank<k>.pt, written as a run finishes    checkpoint.json  its step, once complete
+                   (``commlab.engine.checkpoint``; a resumed run's launch.json names the first
+                   run's folder as resumed_from)
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
   supervisor.json  the PIDs that own the run, written by the supervisor once it is up
   supervisor.log   the supervisor's output                launcher.log  torchrun's output
@@ -139,6 +145,7 @@ STATUS = {"status": str, "error?": OPT_STR, "step?": OPT_INT}
 OWNER = {"pid?": OPT_INT, "create_time?": OPT_NUM}
 SUPERVISOR = {**OWNER, "torchrun_pid?": OPT_INT, "torchrun_create_time?": OPT_NUM, "worker_pids?": [int], "worker_create_times?": dict}
 LAUNCH = {"backend?": OPT_STR, "hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "warning?": OPT_STR,
+          "resumed_from?": OPT_STR,
           "request_id?": OPT_STR, "launcher?": OWNER, "supervisor?": OWNER, "command?": [str]}
 META = {"hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "backend?": OPT_STR}
 # config.json: each setting of the settings table with its kind (optional: older runs lack some).
@@ -151,6 +158,8 @@ BUCKETS = {"bucket_cap_mb": NUM, "iter0?": [BUCKET], "rebuilt?": [BUCKET],
 LAYERS = [{"name": str, "shape": [int], "compressed?": bool}]
 STEP = {"step": int, "loss": NUM, "step_s": NUM, "t": NUM, "compression_ratio?": OPT_NUM}
 INSTRUMENTED = {"payload_bytes": NUM, "hook_s": NUM, "collectives": NUM, "plain_bytes": NUM}
+EVAL = {"step": int, "loss": NUM, "eval_s": NUM, "accuracy?": NUM, "bits_per_char?": NUM}
+CHECKPOINT = {"step": int, "world_size": int}
 ERRORS = {"step": int, "layers?": [{"layer": str, "bucket": int, "rel_error": NUM}],
           "buckets?": [{"bucket": int, "rel_error": NUM}], "ef_residual_norm?": OPT_NUM}
 
@@ -192,7 +201,8 @@ def checker(kind: Any, _made: dict = {}):  # noqa: B006 (a cache: the kinds are 
 
 
 SCHEMAS = {"status.json": STATUS, "supervisor.json": SUPERVISOR, "launch.json": LAUNCH,
-           "meta.json": META, "config.json": CONFIG, "buckets.json": BUCKETS, "layers.json": LAYERS}
+           "meta.json": META, "config.json": CONFIG, "buckets.json": BUCKETS, "layers.json": LAYERS,
+           "checkpoint.json": CHECKPOINT}
 RANK_ERROR = {"rank?": OPT_INT, "time?": NUM, "error?": OPT_STR, "traceback?": OPT_STR}
 
 
@@ -421,6 +431,17 @@ class RunFolder(Folder):
     def meta(self) -> dict:
         return read_json(self.file("meta.json"), {})
 
+    def notes(self) -> dict:
+        """What a person wrote about the run (notes.json): its ``name`` and ``note``, "" unset."""
+        got = read_json(self.file("notes.json"), {}, NOTES)
+        return {"name": got.get("name", ""), "note": got.get("note", "")}
+
+    def set_notes(self, name: str, note: str) -> None:
+        """Name the run and note something about it; the only file of a run a person writes."""
+        if len(name) > MAX_NAME_CHARS:
+            raise ValueError(f"a run name is at most {MAX_NAME_CHARS} characters, got {len(name):,}")
+        write_json(self.file("notes.json"), {"name": name.strip(), "note": note})
+
     def status_record(self) -> dict:
         """status.json, checked against the process answerable for a run still going: the
         supervisor once it is up (it writes supervisor.json, then says running), before that the
@@ -477,6 +498,22 @@ class RunFolder(Folder):
 
         return pd.DataFrame(self.metrics_records())
 
+    def evals(self) -> list[dict]:
+        """evals.jsonl's held-out evaluations in step order ([] when none): step, loss, eval_s,
+        and accuracy (classifiers) or bits_per_char (charlm)."""
+        return self.evals_tail().read_new()
+
+    def evals_tail(self) -> JsonlTail:
+        return JsonlTail(self.file("evals.jsonl"), checker(EVAL))
+
+    def resumed_from(self) -> str | None:
+        """The folder of the run this one continues (``--resume``), or None."""
+        return self.launch_info().get("resumed_from")
+
+    def checkpoint_step(self) -> int | None:
+        """The last step the run's checkpoint holds, or None when it has no complete one."""
+        return read_json(self.file("checkpoint.json"), {}).get("step")
+
     def error_records(self) -> list[dict]:
         return read_jsonl(self.file("errors.jsonl"), checker(ERRORS))
 
@@ -487,6 +524,18 @@ class RunFolder(Folder):
 
     def buckets(self) -> dict:
         return read_json(self.file("buckets.json"), {})
+
+    def timeline(self) -> dict:
+        """timeline.json: ``{"steps": {step: {rank: events}}, "overlap_share": ...}`` of the
+        traced steps (``commlab.analysis.timeline``); empty when no step was traced."""
+        return read_json(self.file(TIMELINE), {})
+
+    def trace(self) -> bytes | None:
+        """trace.json, the traced steps as a Chrome trace, as it lies (None when absent)."""
+        try:
+            return self.file(TRACE).read_bytes()
+        except OSError:
+            return None
 
     def layers(self) -> list[dict]:
         return read_json(self.file("layers.json"), [])
@@ -551,7 +600,6 @@ class RunFolder(Folder):
             tail = self.metrics_tail(SUMMARY_FIELDS)
             records, skipped = tail.read_new(), tail.skipped
         status = listed  # not damaged: the status record itself
-        last = records[-1] if records else {}
         return {
             **row,
             "status": status["status"],
@@ -565,20 +613,35 @@ class RunFolder(Folder):
             "steps": len(records),
             "steps_planned": cfg.get("steps"),
             **metrics.headline(records, cfg),
-            "compression_ratio": last.get("compression_ratio"),
+            "steady_compression_ratio": metrics.steady_compression_ratio(records, cfg),
+            "compression_ratio": metrics.cumulative_compression_ratio(records),
+            "overlap_share": self.timeline().get("overlap_share"),
+            **heldout(self.evals()),
             "error": status.get("error"),
             "skipped_lines": skipped or 0,
         }
 
 
+NOTES = {"name?": str, "note?": str}  # notes.json, a person's name and note for a run
+TIMELINE, TRACE = "timeline.json", "trace.json"  # the traced steps; the same as a Chrome trace
+MAX_NAME_CHARS = 80  # a name shows in every run picker
+
 # What every listing reads of a run: one of them damaged makes the run "damaged".
 LISTED = ("config.json", "status.json", "launch.json", "supervisor.json", "meta.json",
           "metrics.jsonl")
 # What ``RunFolder.summary`` reads of each step record (the rest is left unparsed in memory).
-SUMMARY_FIELDS = ("step", "loss", "step_s", "t", "payload_bytes", "compression_ratio")
+SUMMARY_FIELDS = ("step", "loss", "step_s", "t", "payload_bytes", "plain_bytes", "compression_ratio")
 SUMMARY_COLUMNS = ("hook", "wrapper", "hook_impl", "world_size", "workload", "rank", "start_iter",
                    "steps", "steps_planned", "final_loss", "median_step_s", "bytes_per_step",
-                   "steady_steps", "compression_ratio")
+                   "steady_steps", "steady_compression_ratio", "compression_ratio", "overlap_share",
+                   "heldout_loss", "heldout_accuracy", "heldout_bits_per_char")
+
+
+def heldout(evals: list[dict]) -> dict:
+    """The latest held-out evaluation as a summary's columns (None where it has none)."""
+    last = evals[-1] if evals else {}
+    return {"heldout_loss": last.get("loss"), "heldout_accuracy": last.get("accuracy"),
+            "heldout_bits_per_char": last.get("bits_per_char")}
 
 
 def list_runs(runs_dir: str | os.PathLike) -> list[RunFolder]:

@@ -10,6 +10,7 @@ the rank that died first.  A worker dies with torchrun, which dies with the supe
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -24,12 +25,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import workloads
+from commlab.analysis import timeline
 from commlab.analysis.ring import wire_bytes as ring_wire_bytes
 from commlab.analysis.rule import apply_rule, named_shapes
 from commlab.config import RunConfig
-from commlab.engine import procs, store
+from commlab.engine import checkpoint, procs, store
 from commlab.engine.teardown import end_process_group
-from commlab.hooks import registry
+from commlab.hooks import comm_thread, registry
 from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
 
 
@@ -55,6 +57,12 @@ def train(run_dir: Path) -> None:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
     torch.manual_seed(cfg.seed * 1000 + rank)  # each rank its own randomness from here on
+    resumed_from = launch.get("resumed_from")
+    saved = checkpoint.load(resumed_from, rank) if resumed_from else None
+    first = saved["step"] + 1 if saved else 0  # a resumed run goes on with the first one's steps
+    if saved:
+        work.model.load_state_dict(saved["model"])
+        torch.set_rng_state(saved["rng"])
     model = work.model.to(device)
     shapes = named_shapes(model)
     names_by_ptr = {p.data_ptr(): n for n, p in model.named_parameters()}
@@ -69,8 +77,15 @@ def train(run_dir: Path) -> None:
         counter = CollectiveCounter(link, world).install()
         compressed = {d.name for d in rule.layers if d.compressed} if cfg.hook == "powersgd" else set()
         instrument = hook = HookInstrument(choice.hook, counter, names_by_ptr, compressed, world)
+    comm_thread.configure(cfg.overlap)
+    batches = work.batches()
+    if saved:
+        checkpoint.restore_hook_state(choice.state, saved["hook"])
+        batches = checkpoint.continue_batches(ddp, batches, first, device)  # before the hook
     ddp.register_comm_hook(choice.state, hook)
     optimizer = make_optimizer(cfg, ddp.parameters())
+    if saved:
+        optimizer.load_state_dict(saved["optimizer"])
 
     writer = errors_out = None
     if rank == 0:
@@ -87,39 +102,54 @@ def train(run_dir: Path) -> None:
             {**d.as_dict(), "applies": cfg.hook == "powersgd"} for d in rule.layers])
         writer = store.JsonlWriter(folder.file("metrics.jsonl"))
         errors_out = store.JsonlWriter(folder.file("errors.jsonl"))
+    # Rank 0 alone evaluates, on a held-out set drawn once, before the clock starts.
+    held_out = workloads.held_out(work) if rank == 0 and cfg.eval_every > 0 else None
+    evals_out = store.JsonlWriter(folder.file("evals.jsonl")) if held_out else None
 
     layouts: dict[str, list] = {}
     sent_total = plain_total = 0
+    eval_total = 0.0
     t_start = time.perf_counter()
-    batches = work.batches()
-    save_at = set(cfg.save_grads_at)
-    for step in range(cfg.steps):
+    save_at, trace_at = set(cfg.save_grads_at), set(cfg.trace_steps)
+    timelines: dict[str, dict[str, list]] = {}
+    for step in range(first, cfg.steps):
         x, y = next(batches)
         x, y = x.to(device), y.to(device)
         measure = cfg.error_every > 0 and step % cfg.error_every == 0
         if instrument:
             # Iteration 0 shows DDP's first layout, iteration 1 the one it rebuilt after it.
-            instrument.begin_step(measure, step in save_at, record_layout=step < 2)
+            instrument.begin_step(measure, step in save_at, record_layout=step < 2 or step == first,
+                                  trace=step in trace_at)
         t0 = time.perf_counter()
         loss = workloads.loss_fn(ddp(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP waits here for every bucket's hook future
-        optimizer.step()
         # The mean loss over ranks: every rank then agrees on divergence at the same step.
+        # Issued before backward, so that it overlaps it, and before any hook's collective, so
+        # that every rank issues it in the same place.
         mean_loss = loss.detach().clone()
-        if counter:
-            with counter.category(OTHER):
-                dist.all_reduce(mean_loss)
-        else:
-            dist.all_reduce(mean_loss)
+        with counter.category(OTHER) if counter else contextlib.nullcontext():
+            loss_work = dist.all_reduce(mean_loss, async_op=True)
+        optimizer.zero_grad(set_to_none=True)
+        t_backward = time.perf_counter()
+        loss.backward()  # DDP waits here for every bucket's hook future
+        t_optimizer = time.perf_counter()
+        optimizer.step()
+        if choice.averager:  # post-local SGD: its allreduce of the parameters is the hook's traffic
+            choice.averager.average_parameters(ddp.parameters())
+        if instrument:
+            instrument.record.add("backward", t_backward, t_optimizer)
+            instrument.record.add("optimizer", t_optimizer, time.perf_counter())
+        loss_work.wait()
         loss_value = mean_loss.item() / world
         step_s = time.perf_counter() - t0
+        if instrument and instrument.record.events is not None:
+            _gather_timeline(folder if rank == 0 else None, timelines, step, instrument.record.events)
         if rank != 0:
             if not math.isfinite(loss_value):
                 break
             continue
+        # t: training time since the start; rank 0's held-out evaluations are not training
         row = {"step": step, "loss": loss_value, "step_s": step_s,
-               "t": time.perf_counter() - t_start}
+               "t": time.perf_counter() - t_start - eval_total}
         if instrument:
             nbytes, calls = counter.take()
             rec = instrument.record
@@ -147,15 +177,38 @@ def train(run_dir: Path) -> None:
                 "status": "diverged", "step": step,
                 "error": f"loss became {loss_value} at step {step}; the run was stopped there"})
             break
+        if held_out and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
+            t_eval = time.perf_counter()  # outside step_s; the other ranks wait in the next step
+            result = workloads.evaluate(model, held_out, work.eval_metric, device)
+            eval_s = time.perf_counter() - t_eval
+            eval_total += eval_s
+            evals_out.write({"step": step, **result, "eval_s": eval_s})
     else:
+        if cfg.save_checkpoint:
+            checkpoint.save(folder, rank, world, cfg.steps - 1, model, optimizer, choice.state)
         if rank == 0:
             store.write_json(folder.file("status.json"), {"status": "finished", "step": cfg.steps - 1})
     if instrument and rank == 0:
         store.write_json(folder.file("buckets.json"), _bucket_file(layouts, cfg, ddp))
+    comm_thread.close()  # idle by now: DDP waited for every hook's future
     if counter:
         counter.uninstall()
     del ddp, instrument, hook
     end_process_group()
+
+
+def _gather_timeline(folder: store.RunFolder | None, timelines: dict, step: int, events: list) -> None:
+    """Every rank's timeline of ``step`` to rank 0, which rewrites timeline.json and trace.json.
+    Called on every rank at the same step, with no collective in flight."""
+    gathered: list = [None] * dist.get_world_size()
+    # A collective's completion is noted by a callback that may still be on its way.
+    dist.all_gather_object(gathered, [e for e in events if e.get("end") is not None])
+    if folder is None:
+        return
+    timelines[str(step)] = {str(r): ev for r, ev in enumerate(gathered)}
+    store.write_json(folder.file(store.TIMELINE), {
+        "steps": timelines, "overlap_share": timeline.run_overlap_share(timelines)})
+    store.write_json(folder.file(store.TRACE), timeline.chrome_trace(timelines))
 
 
 def _bucket_file(layouts: dict, cfg: RunConfig, ddp: DDP) -> dict:

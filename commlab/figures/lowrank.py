@@ -8,6 +8,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from commlab.analysis.lowrank import LayerError, WarmStart
+from commlab.figures import style
 
 _COLORS = qualitative.Plotly
 
@@ -24,8 +25,14 @@ def error_table(layers: list[LayerError], rank: int) -> pd.DataFrame:
                                        "PowerSGD (1 power iteration)", "PowerSGD / optimum"])
 
 
+# The error-vs-rank chart draws this many layers unless a person picks others: past it the
+# lines and the legend no longer tell the layers apart.
+SHOWN_LAYERS = 5
+
+
 def error_vs_rank(layers: list[LayerError], run_rank: int | None = None) -> go.Figure:
-    """Solid: the truncated SVD; dashed: one power iteration; one colour per layer."""
+    """Solid: the truncated SVD; dashed: one power iteration; one colour per layer (a page passes
+    the layers picked, ``SHOWN_LAYERS`` of them unless told)."""
     fig = go.Figure()
     for i, le in enumerate(layers):
         color = _COLORS[i % len(_COLORS)]
@@ -37,9 +44,10 @@ def error_vs_rank(layers: list[LayerError], run_rank: int | None = None) -> go.F
     if run_rank is not None:
         fig.add_vline(x=run_rank, line_dash="dot", line_color="gray",
                       annotation_text=f"run's rank {run_rank}")
-    fig.update_layout(title="Relative error against rank", xaxis_title="rank r",
+    fig.update_layout(title=style.title("Relative error against rank"), xaxis_title="rank r",
                       yaxis_title="‖M − approximation‖ / ‖M‖", yaxis_rangemode="tozero",
-                      height=440, margin=dict(t=40, b=10))
+                      height=460, margin=dict(t=style.top_margin(), b=10),
+                      legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -60,8 +68,14 @@ def layer_by_rank(le: LayerError, warm: list[float] | None = None,
     return fig
 
 
+# Gradients are float32: a singular value below σ₁ times float32's epsilon is rounding noise
+# (an SVD reports such values down to 1e-49), so the spectrum stops there.
+FLOAT32_EPS = 2.0 ** -23
+
+
 def spectrum(le: LayerError, rank: int | None = None) -> go.Figure:
-    """Singular values (log scale), and the share of ‖M‖² the first k of them hold."""
+    """Singular values (log scale, down to σ₁·float32's epsilon), and the share of ‖M‖² the
+    first k of them hold."""
     sv = le.singular_values
     k = list(range(1, len(sv) + 1))
     total = sum(s * s for s in sv) or 1.0
@@ -69,14 +83,22 @@ def spectrum(le: LayerError, rank: int | None = None) -> go.Figure:
     for s in sv:
         acc += s * s
         captured.append(acc / total)
+    floor = (sv[0] if sv else 0.0) * FLOAT32_EPS
+    kept = [i for i, s in enumerate(sv) if s >= floor and s > 0]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_scatter(x=k, y=sv, name="singular value σₖ", mode="lines+markers", secondary_y=False)
+    fig.add_scatter(x=[k[i] for i in kept], y=[sv[i] for i in kept], name="singular value σₖ",
+                    mode="lines+markers", secondary_y=False)
+    if len(kept) < len(sv):
+        fig.add_annotation(x=1, y=0, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
+                           showarrow=False, font=dict(size=10),
+                           text=f"{len(sv) - len(kept):,} σₖ below σ₁·ε(float32) not drawn: rounding noise")
     fig.add_scatter(x=k, y=captured, name="share of ‖M‖² in σ₁…σₖ", mode="lines",
                     line=dict(dash="dot"), secondary_y=True)
     if rank is not None:
         fig.add_vline(x=rank, line_dash="dot", line_color="gray", annotation_text=f"rank {rank}")
-    fig.update_layout(title=f"Singular values of {le.name} ({le.n}×{le.m})", xaxis_title="k",
-                      height=380, margin=dict(t=40, b=10))
+    fig.update_layout(title=style.title(f"Singular values of {le.name} ({le.n:,}×{le.m:,})"),
+                      xaxis_title="k", height=400, margin=dict(t=style.top_margin(), b=10),
+                      legend=dict(orientation="h", y=-0.2))
     fig.update_yaxes(type="log", title="σₖ", secondary_y=False)
     fig.update_yaxes(title="share", range=[0, 1.02], secondary_y=True)
     return fig

@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from commlab.analysis.rule import RuleSummary
+from commlab.figures import style
 
 FP32_BYTES = 4
 # Past this many layers the names no longer fit under the bars; they stay in the hover text.
@@ -19,14 +20,6 @@ def step_bytes(summary: RuleSummary, element_size: int = FP32_BYTES) -> dict[str
             "allreduce": summary.numel_before * element_size}
 
 
-def human_bytes(n: float) -> str:
-    """Decimal units (1 kB = 1000 B), as link bandwidths are quoted."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1000
-
-
 def rule_frame(summary: RuleSummary) -> pd.DataFrame:
     """One row per layer with both sides of the rule and the elements before and after."""
     return pd.DataFrame([{
@@ -38,26 +31,68 @@ def rule_frame(summary: RuleSummary) -> pd.DataFrame:
                  "elements before", "elements after", "saved"])
 
 
-def savings_figure(summary: RuleSummary) -> go.Figure:
-    """Each layer's elements, split into what is still sent and what compression saves."""
+def layer_kind(name: str) -> str:
+    """A layer's name with its block numbers starred: gpt2-xl's 48 ``h.7.attn.c_attn.weight``
+    are one kind, ``h.*.attn.c_attn.weight``."""
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+# How the chart's bars may be grouped: one per layer, per kind of layer, or the largest layers.
+GROUPINGS = ("every layer", "by layer kind", "largest layers")
+TOP_N = 20
+
+
+def grouped(summary: RuleSummary, grouping: str = GROUPINGS[0], top: int = TOP_N) -> pd.DataFrame:
+    """One row per bar: its name, elements sent and saved, and how many layers it holds.  By kind,
+    in order of first appearance; the largest ``top`` layers by elements, the rest summed into
+    one "other" bar."""
+    df = pd.DataFrame({"name": [d.name for d in summary.layers],
+                       "sent": np.array([d.numel_after for d in summary.layers], dtype=np.int64),
+                       "before": np.array([d.numel_before for d in summary.layers], dtype=np.int64),
+                       "compressed": [d.compressed for d in summary.layers]})
+    df["layers"] = 1
+    if grouping == GROUPINGS[1]:
+        df["name"] = df["name"].map(layer_kind)
+        df = df.groupby("name", sort=False, as_index=False).agg(
+            sent=("sent", "sum"), before=("before", "sum"), compressed=("compressed", "all"),
+            layers=("layers", "sum"))
+    elif grouping == GROUPINGS[2] and len(df) > top:
+        df = df.sort_values("before", ascending=False, kind="stable")
+        rest = df.iloc[top:]
+        other = pd.DataFrame([{"name": f"other {len(rest)} layers", "sent": rest["sent"].sum(),
+                               "before": rest["before"].sum(), "compressed": rest["compressed"].all(),
+                               "layers": len(rest)}])
+        df = pd.concat([df.iloc[:top], other], ignore_index=True)
+    elif grouping not in GROUPINGS:
+        raise ValueError(f"unknown grouping {grouping!r}; groupings are: {', '.join(GROUPINGS)}")
+    df["saved"] = df["before"] - df["sent"]
+    return df.reset_index(drop=True)
+
+
+def savings_figure(summary: RuleSummary, grouping: str = GROUPINGS[0], top: int = TOP_N) -> go.Figure:
+    """Elements per bar (a layer, a kind of layer, or the largest layers: ``grouped``), split into
+    what is still sent and what compression saves."""
     # Numpy arrays, not lists: plotly validates lists element by element, which for a 1.5B
     # model's 581 layers costs more than the rest of the page.
-    names = np.array([d.name for d in summary.layers])
-    sent = np.array([d.numel_after for d in summary.layers], dtype=np.int64)
-    saved = np.array([d.numel_before for d in summary.layers], dtype=np.int64) - sent
-    status = np.array(["compressed" if d.compressed else "allreduced as is" for d in summary.layers])
+    df = grouped(summary, grouping, top)
+    names = df["name"].to_numpy()
+    status = np.where(df["compressed"], "compressed", "allreduced as is")
+    status = np.array([f"{s} ({n:,} layers)" if n > 1 else s for s, n in zip(status, df["layers"])])
     hover = "%{x}<br>%{customdata}<br>%{y:,} elements<extra>%{fullData.name}</extra>"
     bars = [
-        go.Bar(name="sent", x=names, y=sent, customdata=status, hovertemplate=hover,
-               marker_color="#4C78A8"),
-        go.Bar(name="saved by compression", x=names, y=saved, customdata=status,
+        go.Bar(name="sent", x=names, y=df["sent"].to_numpy(), customdata=status,
+               hovertemplate=hover, marker_color="#4C78A8"),
+        go.Bar(name="saved by compression", x=names, y=df["saved"].to_numpy(), customdata=status,
                hovertemplate=hover, marker_color="#F58518")]
     labelled = len(names) <= _MAX_LABELLED_LAYERS
+    what = {"every layer": "per layer", "by layer kind": "per kind of layer (block numbers as *)",
+            "largest layers": f"of the {top} largest layers"}[grouping]
     layout = dict(
-        title=f"{summary.compressed_count} of {len(names)} layers compressed: elements per layer, "
-              "sent and saved",
-        barmode="stack", height=420, margin=dict(t=40, b=10), yaxis=dict(title="elements"),
-        xaxis=dict(showticklabels=labelled,
+        title=style.title(f"{summary.compressed_count} of {len(summary.layers):,} layers compressed: "
+                          f"elements {what}, sent and saved"),
+        barmode="stack", height=460, margin=dict(t=style.top_margin(), b=10),
+        yaxis=dict(title="elements", separatethousands=True),
+        xaxis=dict(showticklabels=labelled, automargin=True,
                    title="layer" if labelled else "layer (in registration order; hover for names)"),
-        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+        legend=dict(orientation="h", y=1.0, x=1, xanchor="right", yanchor="bottom"))
     return go.Figure(bars, layout)

@@ -9,45 +9,80 @@ import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from commlab.figures import style
+
 # x column -> (what the title says, the axis title)
 X_AXES = {"step": ("step", "step"), "t": ("wall time", "seconds since the first step began"),
           "sent_bytes": ("bytes sent", "bytes the hook sent, cumulative (per rank)")}
 
 
-def loss_figure(frames: dict, x: str = "step") -> go.Figure:
-    """Loss of one or several runs (label -> metrics DataFrame) against step, time or bytes."""
-    fig = go.Figure([go.Scatter(x=df[x], y=df["loss"], name=label, mode="lines+markers",
-                                marker=dict(size=4))
-                     for label, df in frames.items() if x in df])
-    fig.update_layout(title=f"Loss against {X_AXES[x][0]}", xaxis_title=X_AXES[x][1],
-                      yaxis_title="loss", height=380, margin=dict(t=40, b=10, l=10, r=10),
+def smoothed(y, weight: float):
+    """TensorBoard's smoothing: an exponential moving average with the first value's bias
+    removed (``weight`` 0 leaves the curve as it is, 0.99 nearly flattens it)."""
+    import pandas as pd
+
+    y = pd.Series(y, dtype=float)
+    return y if weight <= 0 else y.ewm(alpha=1 - weight, adjust=True).mean()
+
+
+def loss_figure(frames: dict, x: str = "step", smoothing: float = 0.0, log_y: bool = False,
+                log_x: bool = False) -> go.Figure:
+    """Loss of one or several runs (label -> metrics DataFrame) against step, time or bytes;
+    ``smoothing`` draws the moving average (``smoothed``) over the raw curve, faded."""
+    fig = go.Figure()
+    palette = plotly.colors.qualitative.Plotly
+    for i, (label, df) in enumerate((k, v) for k, v in frames.items() if x in v):
+        colour = palette[i % len(palette)]
+        if smoothing > 0:
+            fig.add_scatter(x=df[x], y=df["loss"], name=f"{label} (raw)", mode="lines",
+                            line=dict(color=colour, width=1), opacity=0.3, showlegend=False,
+                            legendgroup=label)
+        fig.add_scatter(x=df[x], y=smoothed(df["loss"], smoothing) if smoothing > 0 else df["loss"],
+                        name=label, mode="lines+markers" if smoothing <= 0 else "lines",
+                        marker=dict(size=4), line=dict(color=colour), legendgroup=label)
+    fig.update_layout(title=style.title(f"Loss against {X_AXES[x][0]}"
+                                        + (f" (smoothed {smoothing:g})" if smoothing > 0 else "")),
+                      xaxis_title=X_AXES[x][1], yaxis_title="loss", height=420,
+                      margin=dict(t=style.top_margin(), b=10, l=10, r=10),
                       uirevision="keep", legend=dict(orientation="h", y=-0.2))
+    fig.update_yaxes(type="log" if log_y else "linear")
+    fig.update_xaxes(type="log" if log_x else "linear")
+    if x == "sent_bytes":
+        fig.update_xaxes(tickformat=",d", ticksuffix=" B")
     return fig
+
+
+# The live panel's four panels, row-major; each names its group of the legend.
+LIVE_PANELS = ("Loss", "Step time (s)", "Bytes per step, per rank, handed to the collectives",
+               "Compression ratio so far (plain / sent bytes, every step)")
+_PANEL_GROUPS = ("loss", "step time", "bytes per step", "ratio so far")
 
 
 def live_figure(df) -> go.Figure:
     """One run's loss, step time, bytes per step (against what plain allreduce would send) and
-    compression ratio, as four panels of one figure: the live panel redraws it twice a second,
-    and one figure costs about half of what four separate ones cost to build and send."""
-    fig = make_subplots(rows=2, cols=2, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=["Loss", "Step time (s)",
-                                        "Bytes per step, per rank, handed to allreduce",
-                                        "Compression ratio so far (plain / sent bytes)"])
+    compression ratio, as four panels of one figure, the legend grouped by panel: the live panel
+    redraws it twice a second, and one figure costs about half of what four separate ones cost
+    to build and send."""
+    fig = make_subplots(rows=2, cols=2, shared_xaxes=True, vertical_spacing=0.14,
+                        horizontal_spacing=0.1, subplot_titles=LIVE_PANELS)
     step = df["step"]
-    fig.add_scatter(x=step, y=df["loss"], name="loss", mode="lines", row=1, col=1)
-    fig.add_scatter(x=step, y=df["step_s"], name="whole step", mode="lines", row=1, col=2)
+
+    def add(y, name, row, col, **kw):
+        group = _PANEL_GROUPS[(row - 1) * 2 + col - 1]
+        fig.add_scatter(x=step, y=y, name=name, mode="lines", legendgroup=group,
+                        legendgrouptitle_text=group, row=row, col=col, **kw)
+
+    add(df["loss"], "loss", 1, 1)
+    add(df["step_s"], "whole step", 1, 2)
     if "payload_bytes" in df:  # instrumented runs only
-        fig.add_scatter(x=step, y=df["hook_s"], name="in the hook (first bucket in to last out)", mode="lines",
-                        row=1, col=2)
-        fig.add_scatter(x=step, y=df["plain_bytes"], name="plain allreduce would send",
-                        mode="lines", line=dict(dash="dash"), row=2, col=1)
-        fig.add_scatter(x=step, y=df["payload_bytes"], name="this hook sent", mode="lines",
-                        row=2, col=1)
-        fig.add_scatter(x=step, y=df["compression_ratio"], name="compression ratio",
-                        mode="lines", row=2, col=2)
+        add(df["hook_s"], "in the hook (first bucket in to last out)", 1, 2)
+        add(df["plain_bytes"], "plain allreduce would send", 2, 1, line=dict(dash="dash"))
+        add(df["payload_bytes"], "this hook sent", 2, 1)
+        add(df["compression_ratio"], "compression ratio", 2, 2)
     fig.update_xaxes(title_text="step", row=2)
-    fig.update_layout(height=560, margin=dict(t=30, b=10, l=10, r=10), uirevision="keep",
-                      legend=dict(orientation="h", y=-0.12))
+    fig.update_yaxes(tickformat=",d", ticksuffix=" B", row=2, col=1)
+    fig.update_layout(height=600, margin=dict(t=style.top_margin(), b=10, l=10, r=10),
+                      uirevision="keep", legend=dict(orientation="h", y=-0.12, groupclick="toggleitem"))
     return fig
 
 

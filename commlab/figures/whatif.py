@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from commlab.figures import style
+
 ASSUMPTION = "α-β ring model, communication not overlapped, per-worker batch fixed"
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, height: int = 420) -> go.Figure:
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title="predicted step time, ms",
-                      height=height, margin=dict(t=60, b=10, l=10, r=10),
+    fig.update_layout(title=style.title(title), xaxis_title=x_title,
+                      yaxis_title="predicted step time, ms", height=height,
+                      margin=dict(t=style.top_margin(2), b=10, l=10, r=10),
                       legend=dict(orientation="h", y=-0.25))
+    # Both span decades: 2 to 1,024 workers, 1 to 400 Gb/s, step times with them.
     fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
     return fig
 
 
@@ -50,20 +55,30 @@ def bandwidth_figure(rows: list[dict], world_size: int) -> go.Figure:
 
 
 def winner_map(cells: list[dict]) -> go.Figure:
-    """Which hook is fastest at each (workers, bandwidth), coloured by its speed-up over allreduce."""
+    """Which hook is fastest at each (workers, bandwidth), coloured by its speed-up over allreduce
+    on a log scale (speed-ups span decades: ×1.02 and ×40 both show), both axes logarithmic."""
+    import math
+
     ns = sorted({c["world_size"] for c in cells})
     bws = sorted({c["bandwidth_gbps"] for c in cells})
     at = {(c["world_size"], c["bandwidth_gbps"]): c for c in cells}
-    z = [[at[(n, b)]["speedup"] for n in ns] for b in bws]
+    speedup = [[at[(n, b)]["speedup"] for n in ns] for b in bws]
+    z = [[math.log10(max(v, 1.0)) for v in row] for row in speedup]
     text = [[at[(n, b)]["best"].split(" [")[0] for n in ns] for b in bws]
+    top = max([v for row in z for v in row] + [math.log10(2)])
+    ticks = [t for t in (1, 1.1, 1.5, 2, 5, 10, 20, 50, 100, 1000) if math.log10(t) <= top * 1.05]
     fig = go.Figure(go.Heatmap(
-        x=[str(n) for n in ns], y=[f"{b:g}" for b in bws], z=z, text=text,
-        texttemplate="%{text}<br>×%{z:.2f}", textfont=dict(size=9), colorscale="Greens", zmin=1,
-        colorbar=dict(title="speed-up<br>over allreduce"),
-        hovertemplate="N=%{x}, %{y} Gb/s: %{text} ×%{z:.2f}<extra></extra>"))
-    fig.update_layout(title=f"Fastest hook by workers and bandwidth<br><sup>{ASSUMPTION}</sup>",
-                      xaxis_title="workers (N)", yaxis_title="bandwidth, Gb/s", height=460,
-                      margin=dict(t=60, b=10, l=10, r=10))
+        x=ns, y=bws, z=z, text=text, customdata=speedup,
+        texttemplate="%{text}<br>×%{customdata:.2f}", textfont=dict(size=9), colorscale="Greens",
+        zmin=0, zmax=top, colorbar=dict(title="speed-up<br>over allreduce",
+                                        tickvals=[math.log10(t) for t in ticks],
+                                        ticktext=[f"×{t:g}" for t in ticks]),
+        hovertemplate="N=%{x}, %{y} Gb/s: %{text} ×%{customdata:.2f}<extra></extra>"))
+    fig.update_layout(title=style.title(f"Fastest hook by workers and bandwidth<br><sup>{ASSUMPTION}</sup>"),
+                      xaxis_title="workers (N)", yaxis_title="bandwidth, Gb/s", height=480,
+                      margin=dict(t=style.top_margin(2), b=10, l=10, r=10))
+    fig.update_xaxes(type="log", tickvals=ns, ticktext=[f"{n:,}" for n in ns])
+    fig.update_yaxes(type="log", tickvals=bws, ticktext=[f"{b:g}" for b in bws])
     return fig
 
 

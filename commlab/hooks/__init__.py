@@ -1,10 +1,51 @@
 """DDP communication hooks: which one runs, and commlab's variants where PyTorch's fail.
 
+As a library, with PyTorch's signatures, for production code on Gloo (the exports use it there)::
+
+    from commlab.hooks import PowerSGDState, powerSGD_hook, batched_powerSGD_hook
+    from commlab.hooks import bf16_compress_hook, bf16_compress_wrapper
+
+``PowerSGDState`` is PyTorch's own class, so a state pickled with PyTorch's hook loads here and back.
+Importing these needs torch and nothing of the lab (no streamlit, plotly or pandas).
+
 - ``registry``: config -> (state, hook), PyTorch's where it works on the backend; pure planning
   functions for the CLI and the UI.
 - ``powersgd``: PowerSGD and batched PowerSGD that are safe on Gloo (PyTorch's state and algorithm).
 - ``compress``: the bfloat16 hook and wrapper under names DDP does not refuse without NCCL.
+- ``quantization``: PyTorch's uint8 quantization hooks (allgather), working and safe on Gloo.
+- ``localsgd``: post-local SGD's state with subgroups that work without CUDA, and its averager.
+- ``compressors``: the classic compressors (top-k, random-k, threshold, DGC, QSGD, TernGrad,
+  natural compression, signSGD with majority vote, signum, EF-signSGD, 1-bit SGD), one state each.
 - ``instrument``: byte counting and timing around any hook.
+- ``lightning_ddp``: a Lightning ``DDPStrategy`` that registers its hook on CPU too.
 
-Nothing is imported here, so that ``registry``'s planning functions do not import torch.
+The names above are resolved on first use (PEP 562), so that importing ``registry``'s planning
+functions imports no torch.
 """
+from __future__ import annotations
+
+import importlib
+
+# public name -> the module of this package that defines it
+_EXPORTS = {"PowerSGDState": "powersgd", "powerSGD_hook": "powersgd",
+            "batched_powerSGD_hook": "powersgd", "bf16_compress_hook": "compress",
+            "bf16_compress_wrapper": "compress",
+            "quantization_pertensor_hook": "quantization",
+            "quantization_perchannel_hook": "quantization",
+            **dict.fromkeys(("TopKState", "RandomKState", "ThresholdState", "DGCState", "QSGDState",
+                             "TernGradState", "NaturalState", "SignSGDState", "SignumState",
+                             "EFSignSGDState", "OneBitState", "compressor_hook", "topk_hook",
+                             "randomk_hook", "qsgd_hook", "terngrad_hook", "signsgd_hook",
+                             "ef_signsgd_hook", "onebit_hook", "threshold_hook", "dgc_hook",
+                             "natural_hook", "signum_hook"), "compressors")}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

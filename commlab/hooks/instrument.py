@@ -1,14 +1,17 @@
 """Instrumentation around any communication hook, stock or commlab's.
 
-Bytes are counted where they are handed over: ``torch.distributed.all_reduce`` is wrapped for
-the life of a run, so PyTorch's hooks and commlab's are measured by the same ruler (both call it
+Bytes are counted where they are handed over: ``torch.distributed.all_reduce`` and ``all_gather``
+are wrapped for the life of a run (an allgather counted as the allreduce payload that puts as many
+bytes on the wire, ``CollectiveCounter.payload_of``), so PyTorch's hooks and commlab's are measured by the same ruler (both call it
 through the module attribute).  The wrapper also records DDP's bucket layouts, the time from a
 first hook call of a step to its last future's completion, and every K steps the approximation
 error against the exact mean gradient, from one extra allreduce whose bytes are counted apart.  An
 emulated link, when set, makes each collective the hook issues complete no earlier than a ring
 allreduce of its bytes over that link would (``Link.seconds``) after it started; collectives share
 the one link, so a collective issued while another is on it waits for the link to be free, as on
-a real network card.
+a real network card.  At the steps it is told to trace, it records the step's timeline (see
+``commlab.analysis.timeline``): each hook call, each collective's issue and completion, each hook
+future's completion, and what the worker adds (backward, the optimizer step).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import torch.distributed as dist
 
 from commlab.analysis import ring
 from commlab.analysis.metrics import relative_error
+from commlab.hooks import comm_thread
 
 HOOK, MEASURE, OTHER = "hook", "measure", "other"
 
@@ -81,6 +85,7 @@ class CollectiveCounter:
         self._local = threading.local()
         self._original = None
         self._link_free = 0.0  # when the emulated link has carried everything handed to it so far
+        self.events: list | None = None  # the traced step's timeline, while one is traced
         self.reset()
 
     def reset(self) -> None:
@@ -104,34 +109,96 @@ class CollectiveCounter:
         finally:
             self._local.category = prev
 
+    @contextlib.contextmanager
+    def in_bucket(self, index: int):
+        """Attributes collectives issued from this thread to bucket ``index`` in the timeline (on
+        the communication thread, the job's tag says which bucket)."""
+        prev = getattr(self._local, "bucket", None)
+        self._local.bucket = index
+        try:
+            yield
+        finally:
+            self._local.bucket = prev
+
+    def _traced(self, cat: str, nbytes: int) -> dict | None:
+        events = self.events
+        if events is None:
+            return None
+        bucket = getattr(self._local, "bucket", None)
+        event = {"kind": "collective", "bucket": comm_thread.job_tag() if bucket is None else bucket,
+                 "category": cat, "bytes": nbytes, "thread": threading.current_thread().name,
+                 "start": time.perf_counter(), "end": None, "link_s": 0.0}
+        events.append(event)
+        return event
+
     def install(self) -> CollectiveCounter:
         self._original = dist.all_reduce
+        self._original_gather = dist.all_gather
         original, counter = self._original, self
 
         def all_reduce(tensor, *args, **kwargs):
-            nbytes = tensor.numel() * tensor.element_size()
+            nbytes = counter.payload_of("all_reduce", tensor, _group_arg(args, kwargs, 1))
+            return counted(original, nbytes, tensor, *args, **kwargs)
+
+        def all_gather(tensor_list, tensor, *args, **kwargs):
+            nbytes = counter.payload_of("all_gather", tensor, _group_arg(args, kwargs, 0))
+            return counted(counter._original_gather, nbytes, tensor_list, tensor, *args, **kwargs)
+
+        def counted(call, nbytes, *args, **kwargs):
             cat = getattr(counter._local, "category", HOOK)
+            deadline = None
             with counter._lock:
                 counter.bytes[cat] += nbytes
                 counter.calls[cat] += 1
                 if cat == HOOK and counter.link.on:
                     start = max(time.perf_counter(), counter._link_free)
                     deadline = counter._link_free = start + counter.link.seconds(nbytes, counter.world_size)
-            if cat != HOOK or not counter.link.on:
-                return original(tensor, *args, **kwargs)
-            work = original(tensor, *args, **kwargs)
+            event = counter._traced(cat, nbytes)
+            work = call(*args, **kwargs)
             if work is None:  # a blocking call: the caller waits for the link too
-                _sleep_until(deadline)
+                if event is not None:
+                    _ended(event, deadline)
+                if deadline is not None:
+                    _sleep_until(deadline)
                 return None
-            return _EmulatedWork(work, deadline)
+            if event is not None:
+                work.get_future().add_done_callback(lambda _: _ended(event, deadline))
+            return work if deadline is None else _EmulatedWork(work, deadline)
 
-        dist.all_reduce = all_reduce
+        dist.all_reduce, dist.all_gather = all_reduce, all_gather
         return self
+
+    def payload_of(self, kind: str, tensor, group) -> int:
+        """The bytes a collective is counted as: the allreduce payload over all ranks that puts the
+        same bytes on each rank's wire, so that every hook is measured by one ruler.  An allreduce
+        of S bytes on g ranks sends 2(g-1)/g * S; an allgather of s bytes from each of g ranks sends
+        (g-1) * s, so on the whole world (g = N) it counts as N * s / 2, not s.  A subgroup's
+        collective (post-local SGD's) counts for its g ranks; on one rank it sends nothing."""
+        nbytes = tensor.numel() * tensor.element_size()
+        g = dist.get_world_size(group) if group is not None else self.world_size
+        if g == self.world_size and kind == "all_reduce":
+            return nbytes
+        sent = ring.wire_bytes(nbytes, g) if kind == "all_reduce" else (g - 1) * nbytes
+        world_factor = ring.factor(self.world_size)
+        return round(sent / world_factor) if world_factor else 0
 
     def uninstall(self) -> None:
         if self._original is not None:
-            dist.all_reduce = self._original
+            dist.all_reduce, dist.all_gather = self._original, self._original_gather
             self._original = None
+
+
+def _group_arg(args: tuple, kwargs: dict, before: int):
+    """The ``group`` argument of a collective call, given its ``before`` positional parameters
+    between the tensor(s) and the group (all_reduce: op; all_gather: none)."""
+    return kwargs.get("group", args[before] if len(args) > before else None)
+
+
+def _ended(event: dict, deadline: float | None) -> None:
+    """The collective's end: when it completed, or when the emulated link let it."""
+    now = time.perf_counter()
+    event["link_s"] = max(0.0, (deadline or now) - now)
+    event["end"] = now + event["link_s"]
 
 
 @dataclass
@@ -145,6 +212,12 @@ class StepRecord:
     bucket_errors: list = field(default_factory=list)
     layer_errors: list = field(default_factory=list)
     grads: dict = field(default_factory=dict)
+    events: list | None = None  # the timeline, at a traced step
+
+    def add(self, kind: str, start: float, end: float) -> None:
+        """A compute phase of a traced step (backward, the optimizer step)."""
+        if self.events is not None:
+            self.events.append({"kind": kind, "start": start, "end": end})
 
     @property
     def hook_s(self) -> float:
@@ -169,9 +242,11 @@ class HookInstrument:
         self._lock = threading.Lock()
         self.begin_step(measure=False, save_grads=False, record_layout=False)
 
-    def begin_step(self, measure: bool, save_grads: bool, record_layout: bool) -> None:
+    def begin_step(self, measure: bool, save_grads: bool, record_layout: bool,
+                   trace: bool = False) -> None:
         self.measure, self.save_grads, self.record_layout = measure, save_grads, record_layout
-        self.record = StepRecord()
+        self.record = StepRecord(events=[] if trace else None)
+        self.counter.events = self.record.events
 
     def __call__(self, state, bucket):  # no annotations: DDP compares them to real types
         t0 = time.perf_counter()
@@ -187,26 +262,37 @@ class HookInstrument:
             if self.record_layout:
                 rec.layouts.append(_layout(bucket, names, shapes, buf))
         exact = None
-        if self.measure or self.save_grads:
-            # Issued in the hook body, before the hook's own collectives: the same order on every
-            # rank, which Gloo needs (it pairs collectives across ranks by the order they come in).
-            exact = buf.detach().clone()
-            with self.counter.category(MEASURE):
-                dist.all_reduce(exact)
-            exact.div_(self.world_size)
-        fut = self.hook(state, bucket)
         index = bucket.index()
+        with self.counter.in_bucket(index):
+            if self.measure or self.save_grads:
+                # Issued before the hook's own collectives, and behind those the communication
+                # thread has yet to issue: the same order on every rank, which Gloo needs (it
+                # pairs collectives across ranks by the order they come in).
+                exact = comm_thread.in_order(self._exact_mean(buf.detach().clone()), index)
+            fut = self.hook(state, bucket)
+        if rec.events is not None:
+            rec.events.append({"kind": "hook", "bucket": index, "start": t0, "end": time.perf_counter()})
 
         def finish(f):
             result = f.value()
             out = result[0] if isinstance(result, (list, tuple)) else result
             if exact is not None:
-                self._compare(rec, index, names, shapes, out, exact)
+                self._compare(rec, index, names, shapes, out, exact.wait())
+            now = time.perf_counter()
+            if rec.events is not None:
+                rec.events.append({"kind": "future", "bucket": index, "start": t0, "end": now})
             with self._lock:
-                rec.last_result = max(rec.last_result or 0.0, time.perf_counter())
+                rec.last_result = max(rec.last_result or 0.0, now)
             return out
 
         return fut.then(finish)
+
+    def _exact_mean(self, tensor):
+        def job():
+            with self.counter.category(MEASURE):  # the category is the issuing thread's
+                dist.all_reduce(tensor)
+            return tensor.div_(self.world_size)
+        return job
 
     def _compare(self, rec, index, names, shapes, out, exact) -> None:
         out = out.detach().float()

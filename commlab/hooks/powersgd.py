@@ -8,6 +8,11 @@ body: launch it, ``wait()`` for it in the body, launch the next, and return the 
 ``.then(finish)``, where ``finish`` communicates nothing.  DDP calls hooks in bucket order on every
 rank, so every rank issues the same collectives in the same order.
 
+Waiting in the body stops backward.  So, unless overlap is off (``comm_thread.configure``), the hook
+hands its body to the process's communication thread (``commlab.hooks.comm_thread``), which runs
+the bodies one at a time in the order DDP called the hooks, and returns at once: backward goes on
+while the thread waits.  The body is the same either way, so are its numbers.
+
 PyTorch's ``batched_powerSGD_hook`` hands a 2-D matrix to ``_orthogonalize``, which asserts a 3-D
 batch since batching by shape was added; here the matrix is orthogonalized as a batch of one.
 
@@ -30,6 +35,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 )
 
 from commlab.analysis.rule import decide
+from commlab.hooks import comm_thread
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
 
@@ -64,13 +70,13 @@ def _add_error(state: PowerSGDState, bucket_index: int, tensor: torch.Tensor) ->
 def _random_fill(state: PowerSGDState, matrices: list[torch.Tensor]) -> None:
     """Fill with N(0, 1) from one seed drawn from ``state.rng``: the same on every rank, new each time.
 
-    The global RNG is forked so training's own sampling is untouched; as in PyTorch, only the CPU
-    RNG is forked (forking every CUDA device's is slow) and the values are drawn on the CPU.
+    PyTorch seeds the global CPU RNG inside ``fork_rng``; a generator of its own, seeded alike,
+    draws the same values (on the CPU, as PyTorch's) and leaves the global RNG alone even while
+    this runs on the communication thread beside training.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(state.rng.randint(1_000_000_000))
-        for m in matrices:
-            m.copy_(torch.randn(*m.shape, device="cpu", dtype=m.dtype))
+    generator = torch.Generator().manual_seed(state.rng.randint(1_000_000_000))
+    for m in matrices:
+        m.copy_(torch.randn(*m.shape, device="cpu", dtype=m.dtype, generator=generator))
 
 
 def _finish_state(state: PowerSGDState, bucket: dist.GradBucket, bucket_index: int,
@@ -87,7 +93,22 @@ def _finish_state(state: PowerSGDState, bucket: dist.GradBucket, bucket_index: i
     state.maybe_increase_iter(bucket)
 
 
-def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _overlapped(body, name: str):
+    """The hook ``name`` that runs ``body`` on the communication thread, or in place when overlap
+    is off."""
+
+    def hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        comm = comm_thread.current()
+        if comm is None:
+            return body(state, bucket)
+        return comm.submit(lambda: body(state, bucket), tag=bucket.index())
+
+    hook.__name__ = hook.__qualname__ = name
+    hook.__doc__ = body.__doc__
+    return hook
+
+
+def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Layer-wise PowerSGD, step for step PyTorch's ``powerSGD_hook``, with collectives in order.
 
     1. Split the bucket's gradients by the compression rule (``commlab.analysis.rule.decide``).
@@ -194,8 +215,8 @@ def powerSGD_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     return _launch(q_memory, group).get_future().then(finish)
 
 
-def batched_powerSGD_hook(state: PowerSGDState,
-                          bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _batched_powersgd(state: PowerSGDState,
+                      bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """PowerSGD on the whole bucket, step for step PyTorch's ``batched_powerSGD_hook``.
 
     The flat bucket is viewed as a square matrix M padded with zeros, then compressed as one:
@@ -251,3 +272,7 @@ def batched_powerSGD_hook(state: PowerSGDState,
         return input_tensor
 
     return _launch(q, group).get_future().then(finish)
+
+
+powerSGD_hook = _overlapped(_powersgd, "powerSGD_hook")
+batched_powerSGD_hook = _overlapped(_batched_powersgd, "batched_powerSGD_hook")

@@ -16,14 +16,25 @@ torch 2.13 (README, "Which hook actually runs"); tests/test_hooks.py re-checks t
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from commlab.config import HOOKS, POWERSGD_HOOKS, RESOLVED_BACKENDS, WRAPPERS, RunConfig
+from commlab.config import (
+    COMPRESSOR_HOOKS,
+    HOOKS,
+    LOCALSGD_HOOKS,
+    POWERSGD_HOOKS,
+    QUANTIZATION_HOOKS,
+    RESOLVED_BACKENDS,
+    WRAPPERS,
+    RunConfig,
+)
 
 BACKENDS = RESOLVED_BACKENDS  # a plan is made for the backend a run resolved "auto" to
 ONE_BUCKET_ONLY = "one bucket only"
+NONE_IN_PYTORCH = "none in PyTorch"
 
 _TORCH = "torch.distributed.algorithms.ddp_comm_hooks"
 # hook -> (PyTorch's module, its function, commlab's module or None)
@@ -34,6 +45,20 @@ _HOOKS = {
     "powersgd": (f"{_TORCH}.powerSGD_hook", "powerSGD_hook", f"{__package__}.powersgd"),
     "batched_powersgd": (f"{_TORCH}.powerSGD_hook", "batched_powerSGD_hook", f"{__package__}.powersgd"),
     "noop": (f"{_TORCH}.debugging_hooks", "noop_hook", None),
+    "quantize_pertensor": (f"{_TORCH}.quantization_hooks", "quantization_pertensor_hook",
+                           f"{__package__}.quantization"),
+    "quantize_perchannel": (f"{_TORCH}.quantization_hooks", "quantization_perchannel_hook",
+                            f"{__package__}.quantization"),
+    "post_localsgd": (f"{_TORCH}.post_localSGD_hook", "post_localSGD_hook", None),
+    # PyTorch has none of these: commlab's are the only ones (no stock module).
+    **{h: (None, f"{h}_hook", f"{__package__}.compressors") for h in COMPRESSOR_HOOKS},
+}
+# Hooks no wrapper may wrap (RunConfig refuses it): noop sends nothing, the others pick their wire format.
+UNWRAPPED = ("noop", *QUANTIZATION_HOOKS, *COMPRESSOR_HOOKS)
+# hook -> (module, function(cfg, process_group)) building its state; the others take the group
+_STATE_BUILDERS = {
+    "post_localsgd": (f"{__package__}.localsgd", "make_state"),
+    **{h: (f"{__package__}.compressors", "make_state") for h in COMPRESSOR_HOOKS},
 }
 _WRAPPERS = {
     "fp16": (f"{_TORCH}.default_hooks", "fp16_compress_wrapper", None),
@@ -46,13 +71,26 @@ _POWERSGD_GLOO = ("PyTorch's powerSGD_hook allreduces from inside future callbac
                   "deadlocks or mismatches collectives across ranks with two or more buckets")
 _BATCHED_BROKEN = ("PyTorch's batched_powerSGD_hook fails in _orthogonalize once compression starts "
                    "(AssertionError: it passes a 2-D matrix where torch 2.13 expects a 3-D batch)")
+_QUANTIZATION_BROKEN = ("PyTorch's {name} fails at its first step on every backend ({error}: it "
+                        "indexes the allgather future's value as one stacked tensor, torch 2.13 gives "
+                        "the list of gathered tensors; measured on Gloo, 1 and 2 buckets, 2 and 3 "
+                        "ranks) and allgathers from inside a future callback, as powerSGD_hook allreduces")
+_QUANTIZATION_ERRORS = {"quantize_pertensor": "IndexError",
+                        "quantize_perchannel": "no step completed within 60 s"}
 # (piece, key) -> backend -> why PyTorch's piece fails there
 _STOCK_FAILS = {
     ("hook", "bf16"): {"gloo": _BF16_REFUSED.format(name="bf16_compress_hook")},
     ("hook", "powersgd"): {"gloo": _POWERSGD_GLOO},
     ("hook", "batched_powersgd"): {"gloo": _BATCHED_BROKEN, "nccl": _BATCHED_BROKEN},
     ("wrapper", "bf16"): {"gloo": _BF16_REFUSED.format(name="bf16_compress_wrapper")},
+    **{("hook", h): dict.fromkeys(BACKENDS, _QUANTIZATION_BROKEN.format(name=_HOOKS[h][1], error=error))
+       for h, error in _QUANTIZATION_ERRORS.items()},
 }
+# What auto's reason adds for a stock hook that runs with a state commlab builds differently.
+_STATE_NOTES = {"post_localsgd": (
+    "; commlab passes it subgroups made with dist.new_subgroups(group_size=localsgd_subgroup_size): "
+    "PostLocalSGDState(subgroup=None) makes one subgroup per machine on the first local step, which "
+    "raises ValueError without CUDA (measured on Gloo) and would hold every rank of one machine")}
 # Failures that a single bucket avoids: with one bucket only one callback chain is ever waiting.
 _ONE_BUCKET_FAILS = {("hook", "powersgd", "gloo")}
 
@@ -64,6 +102,7 @@ class HookChoice:
     impl: str  # "stock" (PyTorch's) or "commlab"
     name: str  # readable, e.g. "fp16_compress_wrapper(powerSGD_hook)"
     reason: str  # why this implementation was chosen, one sentence
+    averager: object = None  # post-local SGD's PeriodicModelAverager: average_parameters() after each step
 
 
 def hook_name(hook: str, wrapper: str = "none") -> str:
@@ -93,14 +132,20 @@ def _check(hook: str, wrapper: str, backend: str) -> None:
                          f"{', '.join(HOOKS)}, wrappers are {', '.join(WRAPPERS)}")
 
 
+def _commlab_only(piece: tuple[str, str]) -> bool:
+    kind, key = piece
+    return kind == "hook" and _HOOKS[key][0] is None
+
+
 def _commlab_pieces(hook: str, wrapper: str, impl: str, backend: str) -> set[tuple[str, str]]:
-    """The pieces for which commlab's variant runs."""
+    """The pieces for which commlab's variant runs (always, for those PyTorch has none of)."""
+    only = {p for p in _pieces(hook, wrapper) if _commlab_only(p)}
     if impl == "stock":
-        return set()
+        return only
     pieces = [p for p in _pieces(hook, wrapper) if _has_variant(p)]
     if impl == "commlab":
         return set(pieces)
-    return {p for p in pieces if _fails(p, backend)}
+    return only | {p for p in pieces if _fails(p, backend)}
 
 
 def _plan(hook: str, wrapper: str, impl: str, backend: str) -> tuple[str, str]:
@@ -108,15 +153,19 @@ def _plan(hook: str, wrapper: str, impl: str, backend: str) -> tuple[str, str]:
     name = hook_name(hook, wrapper)
     problems = [why for p in _pieces(hook, wrapper) if (why := _fails(p, backend))]
     ours = _commlab_pieces(hook, wrapper, impl, backend)
+    if _commlab_only(("hook", hook)):
+        return "commlab", (f"PyTorch has no {name}: commlab's issues every collective from the hook "
+                           "body, in bucket order, so it is safe on every backend")
+    note = _STATE_NOTES.get(hook, "")
     if impl == "stock":
         if problems:
             return "stock", f"impl=stock asks for PyTorch's {name} on {backend}, although {problems[0]}"
-        return "stock", f"impl=stock asks for PyTorch's {name}, which works on {backend}"
+        return "stock", f"impl=stock asks for PyTorch's {name}, which works on {backend}{note}"
     if not ours:
         if impl == "commlab":
             return "stock", (f"commlab has no variant of {name}: PyTorch's issues its only collective "
                              "from the hook body (or none), so it is already safe on every backend")
-        return "stock", f"PyTorch's {name} works on {backend}"
+        return "stock", f"PyTorch's {name} works on {backend}{note}"
     names = " and ".join(hook_name(key) if kind == "hook" else _WRAPPERS[key][1]
                          for kind, key in _pieces(hook, wrapper) if (kind, key) in ours)
     if impl == "commlab":
@@ -157,11 +206,13 @@ def support_table(backend: str) -> list[dict]:
     rows = []
     for hook in HOOKS:
         for wrapper in WRAPPERS:
-            if hook == "noop" and wrapper != "none":
+            if hook in UNWRAPPED and wrapper != "none":
                 continue
             pieces = _pieces(hook, wrapper)
             fails = [p for p in pieces if _fails(p, backend)]
-            if not fails:
+            if _commlab_only(("hook", hook)):
+                works = NONE_IN_PYTORCH
+            elif not fails:
                 works: bool | str = True
             elif all((*p, backend) in _ONE_BUCKET_FAILS for p in fails):
                 works = ONE_BUCKET_ONLY
@@ -171,6 +222,32 @@ def support_table(backend: str) -> list[dict]:
             rows.append({"hook": hook, "wrapper": wrapper, "name": hook_name(hook, wrapper),
                          "stock_works": works, "auto_impl": impl, "why": why})
     return rows
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a configuration as production code names it (``pieces``)."""
+
+    kind: str  # "hook" or "wrapper"
+    key: str  # commlab's name of it: "powersgd", "bf16", ...
+    module: str | None  # PyTorch's module; None for a hook PyTorch does not have
+    attr: str  # the function, spelled alike in PyTorch and in commlab.hooks
+    has_variant: bool  # commlab.hooks has a variant of it
+    fails: str | None  # why PyTorch's fails on the backend; None where it works
+
+
+def pieces(hook: str, wrapper: str, backend: str) -> list[Piece]:
+    """The hook, then the wrapper if any, each with where PyTorch's fails: pure, for the exports.
+    Raises LookupError for a hook this table does not name a function for."""
+    _check(hook, wrapper, backend)
+    if hook not in _HOOKS:
+        raise LookupError(f"{hook!r} has no function in PyTorch's ddp_comm_hooks or commlab.hooks "
+                          f"that production code could register; these do: {', '.join(_HOOKS)}")
+    out = []
+    for kind, key in _pieces(hook, wrapper):
+        module, attr, _ = (_HOOKS if kind == "hook" else _WRAPPERS)[key]
+        out.append(Piece(kind, key, module, attr, _has_variant((kind, key)), _fails((kind, key), backend)))
+    return out
 
 
 def _resolve(piece: tuple[str, str], commlab: bool) -> Callable:
@@ -190,6 +267,16 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
         state: object = PowerSGDState(process_group, **cfg.powersgd_kwargs())
+    elif cfg.hook in _STATE_BUILDERS:
+        module, builder = _STATE_BUILDERS[cfg.hook]
+        state = getattr(importlib.import_module(module), builder)(cfg, process_group)
     else:
         state = process_group
-    return HookChoice(state, hook, impl, hook_name(cfg.hook, cfg.wrapper), reason)
+    if cfg.hook == "quantize_perchannel":  # its third argument; DDP logs the hook by its name
+        hook = functools.update_wrapper(functools.partial(hook, bucket_size=cfg.quantization_bucket_size), hook)
+    averager = None
+    if cfg.hook in LOCALSGD_HOOKS:
+        from commlab.hooks.localsgd import make_averager
+
+        averager = make_averager(cfg, process_group)
+    return HookChoice(state, hook, impl, hook_name(cfg.hook, cfg.wrapper), reason, averager)

@@ -1,12 +1,23 @@
-"""Allreduce bandwidth, measured the way nccl-tests measures it, beside a memory copy.
+"""Collective bandwidth, measured the way nccl-tests measures it, beside a memory copy.
 
-For a message of S bytes that one allreduce moves in t seconds (averaged over iterations and
-over ranks, as nccl-tests does by default):
+For each collective (all_reduce, all_gather, reduce_scatter, broadcast, reduce) and message size
+S, as nccl-tests' columns have it, out-of-place and in-place:
 
-* algbw = S / t, the rate the caller sees;
-* busbw = algbw * 2(N-1)/N, the rate each rank's link actually carried: a ring allreduce makes
-  every rank send (and receive) 2(N-1)/N * S bytes, so busbw is comparable across world sizes
-  and with the hardware's peak.
+* time: one call, averaged over iterations and over ranks (nccl-tests' default report);
+* algbw = S / time, the rate the caller sees; S is the call's largest buffer (all_gather's
+  output, reduce_scatter's input, as nccl-tests prints it);
+* busbw = algbw * the collective's bus factor (``commlab.analysis.ring.bus_factor``, from
+  nccl-tests' PERFORMANCE.md: all_reduce 2(N-1)/N, all_gather and reduce_scatter (N-1)/N,
+  broadcast and reduce 1), the rate each rank's link carried, comparable across N and with the
+  hardware;
+* #wrong: after the timed calls, every rank fills its buffers with a known pattern, runs the
+  call once more, and counts the elements that differ from the exact answer (summed over ranks;
+  for reduce, on the root only, the one rank that receives a result).
+
+Out-of-place writes the result to a second buffer.  torch.distributed's all_reduce, broadcast
+and reduce only work in place, so their out-of-place form copies into the second buffer first,
+as torch's functional collectives do; in place, all_gather's input is its own slice of the output and
+reduce_scatter's output its own slice of the input, as in nccl-tests.
 
 The ceiling beside it: how fast this machine copies S bytes from one buffer to another
 (``dst.copy_(src)`` by rank 0 on its own device, one CPU thread for Gloo), measured in the same
@@ -32,6 +43,9 @@ UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 2
 ITEMSIZE = 4  # float32
 MAX_SIZE = 1 << 30
 DEFAULT_SIZES = "1KB,16KB,256KB,1MB,4MB,16MB,64MB"
+COLLECTIVES = ring.COLLECTIVES
+ROOT = 0  # broadcast's source and reduce's destination, as nccl-tests' default root
+PATTERN = 5  # buffers hold i % PATTERN + rank: small whole numbers, exact in float32 sums
 
 
 # ============================================================================ arithmetic
@@ -66,19 +80,32 @@ def format_size(size_bytes: float) -> str:
 
 
 def algbw(size_bytes: float, seconds: float) -> float:
-    """Algorithm bandwidth, bytes per second: the message size over the time of one allreduce."""
+    """Algorithm bandwidth, bytes per second: the message size over the time of one call."""
     return size_bytes / seconds
 
 
-def bus_factor(world_size: int) -> float:
-    """nccl-tests' allreduce factor 2(N-1)/N: the share of S each rank sends in a ring
-    (``commlab.analysis.ring``)."""
-    return ring.factor(world_size)
+def busbw(algbw_bytes_per_s: float, world_size: int, collective: str = "all_reduce") -> float:
+    """Bus bandwidth, bytes per second, as nccl-tests defines it for ``collective``."""
+    return algbw_bytes_per_s * ring.bus_factor(collective, world_size)
 
 
-def busbw(algbw_bytes_per_s: float, world_size: int) -> float:
-    """Bus bandwidth, bytes per second, as nccl-tests defines it for allreduce."""
-    return algbw_bytes_per_s * bus_factor(world_size)
+def message_bytes(size_bytes: int, collective: str, world_size: int) -> int:
+    """The size actually sent: whole float32s, and for all_gather and reduce_scatter whole chunks
+    of S/N (at least one float32 each), as nccl-tests rounds its counts."""
+    unit = ITEMSIZE * (world_size if collective in ("all_gather", "reduce_scatter") else 1)
+    return max(unit, size_bytes - size_bytes % unit)
+
+
+def check_collectives(collectives: str | Sequence[str]) -> tuple[str, ...]:
+    items = [c.strip() for c in collectives.split(",") if c.strip()] \
+        if isinstance(collectives, str) else list(collectives)
+    names = tuple(str(c).lower().replace("-", "_") for c in items)
+    unknown = [c for c in names if c not in COLLECTIVES]
+    if unknown or not names:
+        raise ConfigError({"collectives": f"unknown collective(s) {unknown}; choose from "
+                                          f"{', '.join(COLLECTIVES)}" if unknown else
+                                          "give at least one of " + ", ".join(COLLECTIVES)})
+    return tuple(dict.fromkeys(names))
 
 
 def iterations_for(size_bytes: int, budget_bytes: int = 256 << 20, lo: int = 3,
@@ -89,17 +116,31 @@ def iterations_for(size_bytes: int, budget_bytes: int = 256 << 20, lo: int = 3,
 
 # ============================================================================ the measurement
 @dataclass
-class BenchRow:
-    size_bytes: int
-    iters: int
-    time_us: float  # one allreduce, averaged over iterations and ranks
+class Timing:
+    """One column group of nccl-tests' table: out-of-place or in-place."""
+
+    time_us: float  # one call, averaged over iterations and ranks
     algbw_gbps: float  # GB/s, 1e9 bytes per second, as nccl-tests prints
     busbw_gbps: float
+    wrong: int  # elements that differ from the exact answer, summed over ranks
+
+
+@dataclass
+class BenchRow:
+    collective: str
+    size_bytes: int  # S: the largest buffer of the call
+    iters: int
+    out_of_place: Timing
+    in_place: Timing
     memcpy_gbps: float  # rank 0 copying the same number of bytes on its device
 
     @property
     def size(self) -> str:
         return format_size(self.size_bytes)
+
+    @property
+    def count(self) -> int:
+        return self.size_bytes // ITEMSIZE
 
 
 @dataclass
@@ -110,8 +151,9 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return {"backend": self.backend, "world_size": self.world_size,
-                "bus_factor": bus_factor(self.world_size),
-                "rows": [{"size": r.size, **asdict(r)} for r in self.rows]}
+                "bus_factors": {c: ring.bus_factor(c, self.world_size)
+                                for c in dict.fromkeys(r.collective for r in self.rows)},
+                "rows": [{"size": r.size, "count": r.count, **asdict(r)} for r in self.rows]}
 
 
 def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> str:
@@ -131,70 +173,173 @@ class BenchPlan:
     backend: str
     sizes: tuple[tuple[int, int], ...]  # (bytes, timed iterations)
     warmup: int
+    collectives: tuple[str, ...] = COLLECTIVES
 
 
 def bench_plan(world_size: int = 2, sizes: str | Sequence = DEFAULT_SIZES, backend: str = "auto",
-               iters: int | None = None, warmup: int = 2) -> BenchPlan:
+               iters: int | None = None, warmup: int = 2,
+               collectives: str | Sequence[str] = COLLECTIVES) -> BenchPlan:
     """Validated settings (ConfigError naming the field); ``iters`` None picks per size."""
     world_size = check_world_size(world_size)
     parsed = parse_sizes(sizes)
+    chosen = check_collectives(collectives)
     if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
         raise ConfigError({"iters": f"must be a whole number of at least 1, got {iters!r}"})
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ConfigError({"warmup": f"must be a whole number, 0 or more, got {warmup!r}"})
     return BenchPlan(world_size, resolve_backend(backend, world_size),
-                     tuple((s, iters or iterations_for(s)) for s in parsed), warmup)
+                     tuple((s, iters or iterations_for(s)) for s in parsed), warmup, chosen)
 
 
 def run_bench(world_size: int = 2, sizes: str | Sequence = DEFAULT_SIZES, backend: str = "auto",
               iters: int | None = None, warmup: int = 2, timeout_s: float = 600.0,
-              on_row: Callable[[BenchRow], None] | None = None) -> BenchResult:
-    """Time ``dist.all_reduce`` of each message size on ``world_size`` real ranks.
+              on_row: Callable[[BenchRow], None] | None = None,
+              collectives: str | Sequence[str] = COLLECTIVES) -> BenchResult:
+    """Time each collective at each message size on ``world_size`` real ranks.
 
-    Everything is validated before a process starts; ``on_row`` sees each size as it finishes.
+    Everything is validated before a process starts; ``on_row`` sees each row as it finishes.
     """
-    return run_plan(bench_plan(world_size, sizes, backend, iters, warmup), timeout_s, on_row)
+    return run_plan(bench_plan(world_size, sizes, backend, iters, warmup, collectives),
+                    timeout_s, on_row)
 
 
 def run_plan(plan: BenchPlan, timeout_s: float = 600.0,
              on_row: Callable[[BenchRow], None] | None = None) -> BenchResult:
     rows: list[BenchRow] = []
+    n = plan.world_size
+
+    def timing(collective: str, size: int, seconds: float, wrong: int) -> Timing:
+        alg = algbw(size, seconds)
+        return Timing(seconds * 1e6, alg / 1e9, busbw(alg, n, collective) / 1e9, wrong)
 
     def collect(msg) -> None:
-        size, n, seconds, copy_seconds = msg
-        alg = algbw(size, seconds)
-        rows.append(BenchRow(size, n, seconds * 1e6, alg / 1e9, busbw(alg, plan.world_size) / 1e9,
-                             algbw(size, copy_seconds) / 1e9))
+        collective, size, iters, oop_s, ip_s, oop_wrong, ip_wrong, copy_s = msg
+        rows.append(BenchRow(collective, size, iters, timing(collective, size, oop_s, oop_wrong),
+                             timing(collective, size, ip_s, ip_wrong), algbw(size, copy_s) / 1e9))
         if on_row:
             on_row(rows[-1])
 
-    run_ranks(_bench_rank, plan.world_size, (list(plan.sizes), plan.warmup), backend=plan.backend,
-              timeout_s=timeout_s, on_message=collect)
-    return BenchResult(plan.backend, plan.world_size, rows)
+    run_ranks(_bench_rank, n, (list(plan.collectives), list(plan.sizes), plan.warmup),
+              backend=plan.backend, timeout_s=timeout_s, on_message=collect)
+    return BenchResult(plan.backend, n, rows)
 
 
-def _bench_rank(rank: int, world_size: int, report, plan: list[tuple[int, int]],
-                warmup: int) -> None:
+def _bench_rank(rank: int, world_size: int, report, collectives: list[str],
+                plan: list[tuple[int, int]], warmup: int) -> None:
     import torch
     import torch.distributed as dist
 
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
-    for size, iters in plan:
-        x = torch.zeros(size // ITEMSIZE, device=device)  # stays zero: no overflow, no denormals
-        copy_s = _time_copy(x, iters, warmup) if rank == 0 else 0.0
-        for _ in range(warmup):
-            dist.all_reduce(x)
-        _sync(device)
-        dist.barrier()  # start the clock together
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        _sync(device)
-        mean = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
-                            device=device)
-        dist.all_reduce(mean)  # nccl-tests' default report: the time averaged over ranks
-        if rank == 0:
-            report((size, iters, mean.item() / world_size, copy_s))
+    copy_s: dict[int, float] = {}
+    for collective in collectives:
+        for requested, iters in plan:
+            size = message_bytes(requested, collective, world_size)
+            if rank == 0 and size not in copy_s:
+                copy_s[size] = _time_copy(torch.zeros(size // ITEMSIZE, device=device), iters,
+                                          warmup)
+            seconds, wrong = [], []
+            for in_place in (False, True):
+                # Zeros while timing: sums of zeros cannot overflow or turn denormal.
+                call, _ = _call(collective, size, in_place, rank, world_size, device, fill=False)
+                seconds.append(_time(call, iters, warmup, device))
+                call, check = _call(collective, size, in_place, rank, world_size, device, fill=True)
+                call()
+                _sync(device)
+                wrong.append(check())
+            totals = torch.tensor(seconds + wrong, dtype=torch.float64, device=device)
+            dist.all_reduce(totals)  # nccl-tests' report: times averaged, errors summed over ranks
+            oop_s, ip_s, oop_wrong, ip_wrong = totals.tolist()
+            if rank == 0:
+                report((collective, size, iters, oop_s / world_size, ip_s / world_size,
+                        int(oop_wrong), int(ip_wrong), copy_s[size]))
+
+
+def _call(collective: str, size: int, in_place: bool, rank: int, n: int, device, fill: bool):
+    """(one call of ``collective`` on fresh buffers, a count of its wrong elements).
+
+    With ``fill`` rank r's input holds i % PATTERN + r at the i-th element of the largest buffer,
+    so that the exact answer is whole numbers; without it the buffers are zeros (timing), and
+    the count is 0.
+    """
+    import torch
+    import torch.distributed as dist
+
+    count = size // ITEMSIZE
+    chunk = count // n
+    mine = slice(rank * chunk, (rank + 1) * chunk)
+
+    def index():
+        return torch.arange(count, device=device)
+
+    def pattern(r: int, part=slice(None)):
+        if not fill:
+            return torch.zeros(count, device=device)[part]
+        return (index()[part] % PATTERN + r).float()
+
+    def reduced():  # the sum of every rank's pattern
+        return n * (index() % PATTERN).float() + n * (n - 1) / 2
+
+    if collective == "all_gather":
+        out = torch.zeros(count, device=device)
+        if in_place:
+            out[mine] = pattern(rank, mine)
+            inp = out[mine]
+        else:
+            inp = pattern(rank, mine)
+
+        def want():
+            return (index() % PATTERN + index() // chunk).float()
+
+        def call():
+            dist.all_gather_single(out, inp)
+    elif collective == "reduce_scatter":
+        inp = pattern(rank)
+        out = inp[mine] if in_place else torch.zeros(chunk, device=device)
+
+        def want():
+            return reduced()[mine]
+
+        def call():
+            dist.reduce_scatter_single(out, inp)
+    elif collective in ("all_reduce", "broadcast", "reduce"):
+        src = pattern(rank)
+        out = src if in_place else torch.zeros(count, device=device)
+
+        def want():
+            if collective == "reduce" and rank != ROOT:
+                return out  # the other ranks' buffers are scratch: nothing to check
+            return pattern(ROOT) if collective == "broadcast" else reduced()
+
+        def call():
+            if not in_place:  # torch has no out-of-place form: copy first, as functional ones do
+                out.copy_(src)
+            if collective == "all_reduce":
+                dist.all_reduce(out)
+            elif collective == "broadcast":
+                dist.broadcast(out, src=ROOT)
+            else:
+                dist.reduce(out, dst=ROOT)
+    else:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+
+    def wrong() -> int:
+        return int((out != want()).sum().item()) if fill else 0
+
+    return call, wrong
+
+
+def _time(call, iters: int, warmup: int, device) -> float:
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        call()
+    _sync(device)
+    dist.barrier()  # start the clock together
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    _sync(device)
+    return (time.perf_counter() - t0) / iters
 
 
 def _time_copy(x, iters: int, warmup: int) -> float:

@@ -3,8 +3,9 @@
 Three things live here:
 
 * ``run_collectives`` / ``allreduce`` / ``broadcast``: start N real Gloo processes, have each
-  call ``dist.all_reduce`` or ``dist.broadcast`` on its own tensor, and report what every rank
-  held before and after, and when each rank finished.
+  call a collective of the book's figure and of nccl-tests (``dist.all_reduce``, ``broadcast``,
+  ``reduce``, ``all_gather_single``, ``reduce_scatter_single``) on its own tensor, and report
+  what every rank held before and after, and when each rank finished.
 * ``ring_trace`` / ``naive_trace``: what a ring allreduce (reduce-scatter, then all-gather) and a
   naive gather-to-rank-0-then-broadcast move at every step.  Pure functions over numbers, so a
   slider can replay them and a test can hold them against the real ``all_reduce``.
@@ -66,8 +67,17 @@ def check_src(src: Any, world_size: int) -> int:
 
 
 def default_values(world_size: int) -> list[list[float]]:
-    """Rank r holds tensor([r]), as in the textbook example."""
-    return [[float(r)] for r in range(check_world_size(world_size))]
+    """Rank r holds N elements, element i being r + 10 i: element 0 is the textbook's
+    tensor([r]) (summed: 0 + 1 + 2 = 3 on 3 ranks), and N elements give the ring one per chunk,
+    so that no chunk is empty; the units digit names the rank, the tens the chunk."""
+    n = check_world_size(world_size)
+    return [[float(r + 10 * i) for i in range(n)] for r in range(n)]
+
+
+def default_src(world_size: int) -> int:
+    """The broadcast source by default: the last rank, whose tensor holds no zero (rank 0's
+    element 0 is 0, and a broadcast of zeros looks like nothing happened)."""
+    return check_world_size(world_size) - 1
 
 
 def parse_values(values: str | Sequence[str | Sequence[float]] | None,
@@ -115,10 +125,11 @@ def _parse_row(row: str | Sequence[float], rank: int) -> list[float]:
 class Collective:
     """One collective for ranks 0..len(values)-1, each holding its row of ``values``."""
 
-    kind: str  # "all_reduce" or "broadcast"
+    kind: str  # one of KINDS
     values: tuple[tuple[float, ...], ...]
-    op: str = "sum"  # all_reduce only
-    src: int = 0  # broadcast only
+    op: str = "sum"  # the reducing kinds only (REDUCING)
+    src: int = 0  # broadcast: the rank whose tensor everyone receives
+    dst: int = 0  # reduce: the one rank that receives the result
 
     @property
     def world_size(self) -> int:
@@ -132,10 +143,43 @@ def all_reduce_job(world_size: int = 3, op: str = "sum", values=None) -> Collect
     return Collective("all_reduce", tuple(map(tuple, rows)), op=check_op(op))
 
 
-def broadcast_job(world_size: int = 3, src: int = 0, values=None) -> Collective:
+def broadcast_job(world_size: int = 3, src: int | None = None, values=None) -> Collective:
+    """A validated broadcast from ``src`` (default ``default_src``)."""
     world_size = check_world_size(world_size)
     rows = parse_values(values, world_size)
+    src = default_src(world_size) if src is None else src
     return Collective("broadcast", tuple(map(tuple, rows)), src=check_src(src, world_size))
+
+
+def reduce_job(world_size: int = 3, op: str = "sum", dst: int = 0, values=None) -> Collective:
+    """A validated reduce to rank ``dst``."""
+    world_size = check_world_size(world_size)
+    rows = parse_values(values, world_size)
+    try:
+        dst = check_src(dst, world_size)
+    except ConfigError as e:
+        raise ConfigError({"dst": e.errors["src"]}) from None
+    return Collective("reduce", tuple(map(tuple, rows)), op=check_op(op), dst=dst)
+
+
+def all_gather_job(world_size: int = 3, values=None) -> Collective:
+    world_size = check_world_size(world_size)
+    return Collective("all_gather", tuple(map(tuple, parse_values(values, world_size))))
+
+
+def reduce_scatter_job(world_size: int = 3, op: str = "sum", values=None) -> Collective:
+    """A validated reduce_scatter: the tensor must split into N equal chunks, one per rank."""
+    world_size = check_world_size(world_size)
+    rows = parse_values(values, world_size)
+    if len(rows[0]) % world_size:
+        raise ConfigError({"values": f"reduce_scatter gives each of the {world_size} ranks one "
+                                     f"equal chunk: the length must be a multiple of "
+                                     f"{world_size}, got {len(rows[0])}"})
+    return Collective("reduce_scatter", tuple(map(tuple, rows)), op=check_op(op))
+
+
+KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 
 
 @dataclass
@@ -154,6 +198,7 @@ class CollectiveResult:
     world_size: int
     ranks: list[RankOutcome]  # by rank
     arrival_order: list[int]  # ranks by the moment each finished, first first
+    dst: int | None = None  # reduce only; the other ranks' ``after`` is scratch (undefined)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -196,11 +241,26 @@ def _collectives_rank(rank: int, world_size: int, report, jobs: list[Collective]
             continue
         tensor = torch.tensor(job.values[rank], dtype=torch.float32)
         before = tensor.tolist()
+        op = getattr(dist.ReduceOp, job.op.upper())
+        n = job.world_size
         if job.kind == "all_reduce":
-            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, job.op.upper()), group=group)
-        else:
+            dist.all_reduce(tensor, op=op, group=group)
+            after = tensor
+        elif job.kind == "broadcast":
             dist.broadcast(tensor, src=job.src, group=group)
-        report((i, rank, before, tensor.tolist(), time.time()))
+            after = tensor
+        elif job.kind == "reduce":  # ranks 0..n-1 of the group: group ranks are global ranks
+            dist.reduce(tensor, dst=job.dst, op=op, group=group)
+            after = tensor
+        elif job.kind == "all_gather":
+            after = torch.empty(n * tensor.numel())
+            dist.all_gather_single(after, tensor, group=group)
+        elif job.kind == "reduce_scatter":
+            after = torch.empty(tensor.numel() // n)
+            dist.reduce_scatter_single(after, tensor, op=op, group=group)
+        else:
+            raise ValueError(f"unknown collective {job.kind!r}; known: {', '.join(KINDS)}")
+        report((i, rank, before, after.tolist(), time.time()))
 
 
 def _group_of_first(n: int, world_size: int, groups: dict):
@@ -219,9 +279,10 @@ def _result(job: Collective, reports: list[tuple]) -> CollectiveResult:
     by_rank = {r[1]: RankOutcome(r[1], r[2], r[3], round((r[4] - first) * 1e3, 3)) for r in reports}
     # Times come from one clock (same machine); the sort is stable, so ties keep receipt order.
     order = [r[1] for r in sorted(reports, key=lambda r: r[4])]
-    return CollectiveResult(job.kind, job.op if job.kind == "all_reduce" else None,
+    return CollectiveResult(job.kind, job.op if job.kind in REDUCING else None,
                             job.src if job.kind == "broadcast" else None, job.world_size,
-                            [by_rank[r] for r in sorted(by_rank)], order)
+                            [by_rank[r] for r in sorted(by_rank)], order,
+                            job.dst if job.kind == "reduce" else None)
 
 
 # ============================================================================ ring on paper
@@ -364,7 +425,6 @@ def naive_trace(values: Sequence[Sequence[float]], op: str = "sum",
     return Trace("naive", op, n, bounds, initial, tuple(board.steps), itemsize)
 
 
-
 def compare_with_real(trace: Trace, real: CollectiveResult, rtol: float = 1e-5,
                       atol: float = 1e-6) -> tuple[bool, float]:
     """(whether the simulation equals the real all_reduce, the largest |difference|).
@@ -377,6 +437,7 @@ def compare_with_real(trace: Trace, real: CollectiveResult, rtol: float = 1e-5,
         raise ValueError(f"the simulation holds {sim.shape}, the real run {got.shape}")
     err = float(np.abs(sim - got).max()) if sim.size else 0.0
     return bool(np.allclose(sim, got, rtol=rtol, atol=atol)), err
+
 
 # ============================================================================ what it costs
 @dataclass(frozen=True)
@@ -391,11 +452,6 @@ class SchemeCost:
     serial_bytes: float  # steps x message size: the time, in units of bytes over link bandwidth
 
 
-def ring_bytes_per_rank(size_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring allreduce: 2(N-1) chunks of S/N (``commlab.analysis.ring``)."""
-    return ring.wire_bytes(size_bytes, world_size)
-
-
 def scheme_costs(size_bytes: float, world_size: int) -> list[SchemeCost]:
     """Ring against naive (gather to rank 0, broadcast back), for a tensor of ``size_bytes``.
 
@@ -404,7 +460,7 @@ def scheme_costs(size_bytes: float, world_size: int) -> list[SchemeCost]:
     """
     n, s = world_size, float(size_bytes)
     steps = ring.steps(n)
-    return [SchemeCost("ring", steps, s / n, ring_bytes_per_rank(s, n), ring_bytes_per_rank(s, n),
+    return [SchemeCost("ring", steps, s / n, ring.wire_bytes(s, n), ring.wire_bytes(s, n),
                        steps * s / n),
             SchemeCost("naive", steps, s, (n - 1) * s, (n - 1) * s, steps * s)]
 

@@ -1,22 +1,29 @@
 """A run's configuration for production: config files, code snippets, launch lines.
 
 Every builder is pure (settings in, text out) and tested on its own, as Accelerate tests its
-launch-command builder.  Production means PyTorch's own hooks: a snippet never imports commlab, and
-where commlab ran its Gloo-safe variant the snippet names PyTorch's hook and says what differs.
-Text meant for a shell quotes every value that came from the user with ``shlex.quote``.
+launch-command builder; none imports or runs the workload.  Each hook and wrapper is PyTorch's
+where PyTorch's works on the target backend, and commlab's Gloo-safe variant (``commlab.hooks``,
+the same algorithm and state) where PyTorch's fails there; which pieces fail where is read from
+``commlab.hooks.registry``, and the snippet says which it chose and why in one comment line.
 
-Formats: json and toml (load back to the identical ``RunConfig``), ddp (plain
-``register_comm_hook``), lightning (``DDPStrategy``), accelerate (``DistributedDataParallelKwargs``),
-torchrun (one node and several), slurm (a batch script).
+Text is safe whatever a person typed: a value in a comment is escaped onto one line, a value in
+Python is a ``repr`` literal, a value for a shell is quoted (``$'...'`` when it holds a control
+character); floats are written with ``repr``; no file names a path of the exporting machine.
+
+Formats: json and toml (load back to the same ``RunConfig``, less the lab's runs folder), ddp
+(plain ``register_comm_hook``), lightning (``DDPStrategy``), accelerate
+(``DistributedDataParallelKwargs``), torchrun (one node and several), slurm (a batch script).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shlex
 import textwrap
 from dataclasses import dataclass, field
 
+import commlab.hooks as hooks_library
 from commlab.config import POWERSGD_FIELDS, RunConfig
 from commlab.hooks import registry
 from commlab.tune.whatif import config_link_label
@@ -30,16 +37,15 @@ TORCH_POWERSGD_DEFAULTS = {
 # Spelled out even at their defaults: they are what a sweep tunes.
 ALWAYS_SPELLED = ("matrix_approximation_rank", "start_powerSGD_iter")
 DDP_DEFAULT_BUCKET_CAP_MB = 25.0
-
-_PKG = "torch.distributed.algorithms.ddp_comm_hooks"
-MODULES = {"default": f"{_PKG}.default_hooks", "powerSGD": f"{_PKG}.powerSGD_hook",
-           "debugging": f"{_PKG}.debugging_hooks"}
-# hook / wrapper -> (module alias, attribute) of PyTorch's function
-HOOKS = {"allreduce": ("default", "allreduce_hook"), "fp16": ("default", "fp16_compress_hook"),
-         "bf16": ("default", "bf16_compress_hook"), "powersgd": ("powerSGD", "powerSGD_hook"),
-         "batched_powersgd": ("powerSGD", "batched_powerSGD_hook"),
-         "noop": ("debugging", "noop_hook")}
-WRAPPERS = {"fp16": ("default", "fp16_compress_wrapper"), "bf16": ("default", "bf16_compress_wrapper")}
+# Settings of the lab, not of the training: a config file leaves them out (the runs folder is a
+# path of the exporting machine; the loading machine uses its own default).
+LAB_ONLY = ("runs_dir",)
+# torchrun's default rendezvous port: any TCP port free on the first node that every node reaches.
+RDZV_PORT = 29500
+COMMLAB_MODULE = "commlab.hooks"
+# Hooks whose state is the process group (None in a snippet); PowerSGD's take PowerSGDState.
+STATELESS_HOOKS = ("allreduce", "fp16", "bf16", "noop")
+COMMLAB_ALIAS = "commlab_hooks"
 # commlab hook -> Accelerate's DDPCommunicationHookType member
 ACCELERATE_HOOKS = {"allreduce": "NO", "fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD",
                     "batched_powersgd": "BATCHED_POWER_SGD"}
@@ -47,6 +53,8 @@ ACCELERATE_WRAPPERS = {"none": "NO", "fp16": "FP16", "bf16": "BF16"}
 LIGHTNING_CUDA_ONLY = ("Lightning registers DDP communication hooks only when the strategy's root "
                        "device is CUDA (DDPStrategy._register_ddp_hooks): on CPU it silently trains "
                        "with DDP's plain allreduce.")
+LIGHTNING_STRATEGY = ("commlab.hooks.lightning_ddp", "AnyDeviceDDPStrategy")
+CHECKPOINT = "checkpoint.pt"
 _SAFE = re.compile(r"[A-Za-z0-9._:-]+")
 
 
@@ -60,13 +68,14 @@ class Target:
 
     nnodes: int = 1
     nproc_per_node: int | None = None  # None: the run's world size on one node
-    backend: str = "nccl"  # what production runs on; decides the warnings
+    backend: str = "nccl"  # what production runs on; decides which hooks and warnings
     script: str = "train.py"
     script_args: list[str] = field(default_factory=list)
     rdzv_endpoint: str | None = None  # host:port of the first node; None: $HEAD_NODE:29500
     job_name: str = "commlab"
     time_limit: str = "01:00:00"
     partition: str | None = None
+    threads_per_process: int = 1  # OMP_NUM_THREADS; torchrun's own default is 1
 
     @classmethod
     def from_entries(cls, script_args: str | None = None, **entries) -> Target:
@@ -82,10 +91,10 @@ class Target:
 
     def errors(self) -> dict[str, str]:
         e = {}
-        if self.nnodes < 1:
-            e["nnodes"] = f"must be at least 1, got {self.nnodes}"
-        if self.nproc_per_node is not None and self.nproc_per_node < 1:
-            e["nproc_per_node"] = f"must be at least 1, got {self.nproc_per_node}"
+        for name, lowest in (("nnodes", 1), ("nproc_per_node", 1), ("threads_per_process", 1)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < lowest):
+                e[name] = f"must be a whole number of at least {lowest}, got {value!r}"
         if self.backend not in registry.BACKENDS:
             e["backend"] = f"must be one of {', '.join(registry.BACKENDS)}, got {self.backend!r}"
         if not self.script.strip():
@@ -108,6 +117,83 @@ class Export:
     notes: list[str]  # warnings a person should read before using the text
 
 
+def export_errors(cfg: RunConfig) -> dict[str, str]:
+    """What keeps ``cfg`` from being exported: its own errors, less those about this machine (its
+    GPUs, its runs folder), which production does not run on."""
+    return {k: v for k, v in cfg.errors(gpu_count=cfg.world_size).items() if k not in LAB_ONLY}
+
+
+# ============================================================================ which hooks
+@dataclass(frozen=True)
+class Choice:
+    """One piece as the export writes it: PyTorch's, or commlab's where PyTorch's fails."""
+
+    piece: registry.Piece
+    commlab: bool
+
+    @property
+    def alias(self) -> str:
+        return COMMLAB_ALIAS if self.commlab else _alias(self.piece.module)
+
+    @property
+    def module(self) -> str:
+        return COMMLAB_MODULE if self.commlab else self.piece.module
+
+    @property
+    def expr(self) -> str:
+        return f"{self.alias}.{self.piece.attr}"
+
+    def why(self, backend: str) -> str:
+        if self.commlab:
+            return f"commlab's {self.piece.attr} (PyTorch's fails on {backend}: see above)"
+        return f"PyTorch's {self.piece.attr} (works on {backend})"
+
+
+def _alias(module: str) -> str:
+    # default_hooks -> default, powerSGD_hook -> powerSGD, debugging_hooks -> debugging
+    return re.sub(r"_hooks?$", "", module.rsplit(".", 1)[1])
+
+
+def choices(cfg: RunConfig, backend: str) -> list[Choice]:
+    """The hook, then the wrapper if any: commlab's where PyTorch's fails on ``backend``.
+
+    PyTorch's PowerSGD works on Gloo with one bucket, but how many buckets DDP makes depends on the
+    model, which an export never loads: commlab's is used on Gloo whatever the bucket cap."""
+    if cfg.hook not in STATELESS_HOOKS and not cfg.is_powersgd:
+        raise ExportRefused(
+            f"the Python exports cannot build the {cfg.hook} hook's state: they write the states of "
+            f"PyTorch's hooks ({', '.join(STATELESS_HOOKS)}: the process group; PowerSGD's: "
+            "PowerSGDState). Export json or toml, or build it with commlab.hooks.registry.choose.")
+    try:
+        found = registry.pieces(cfg.hook, cfg.wrapper, backend)
+    except LookupError as e:
+        raise ExportRefused(f"no snippet can name the {cfg.hook} hook: {e}") from None
+    chosen = [Choice(p, bool(p.fails) and p.has_variant) for p in found]
+    for c in chosen:
+        if c.commlab and c.piece.attr not in hooks_library.__all__:
+            raise ExportRefused(f"commlab's {c.piece.attr} is not part of the commlab.hooks library "
+                                f"({', '.join(hooks_library.__all__)}), and PyTorch's fails on "
+                                f"{backend}: {c.piece.fails}")
+    return chosen
+
+
+def exportable(cfg: RunConfig) -> bool:
+    """Whether the snippets and launch lines can name ``cfg``'s hook (config files always can)."""
+    try:
+        choices(cfg, "nccl")
+    except ExportRefused:
+        return False
+    return True
+
+
+def choice_line(cfg: RunConfig, backend: str) -> str:
+    """The one comment line that says which implementation each piece is and why."""
+    chosen = choices(cfg, backend)
+    ours = (" commlab's are PyTorch's algorithm and state with every collective issued from the "
+            "hook body, in bucket order." if any(c.commlab for c in chosen) else "")
+    return "# Hooks: " + ", ".join(c.why(backend) for c in chosen) + "." + ours + "\n"
+
+
 # ============================================================================ shared pieces
 def powersgd_settings(cfg: RunConfig) -> dict:
     """PowerSGDState keywords to spell out: the tuned two, and every other non-default one."""
@@ -118,9 +204,12 @@ def powersgd_settings(cfg: RunConfig) -> dict:
 def notes(cfg: RunConfig, target: Target) -> list[str]:
     """What a person must know before using any export of ``cfg`` on ``target``."""
     out = []
-    warning = registry.stock_warning(dataclasses.replace(cfg, impl="stock"), target.backend)
-    if warning:
-        out.append(f"PyTorch's own hook on {target.backend}: {warning}")
+    for c in choices(cfg, target.backend) if exportable(cfg) else []:
+        if c.commlab:
+            out.append(f"PyTorch's {c.piece.attr} fails on {target.backend}: {c.piece.fails}. The "
+                       f"Python exports use commlab's {c.piece.attr} (commlab.hooks, which needs only "
+                       "torch: pip install commlab, without the lab extra), the same algorithm "
+                       "and state.")
     if cfg.hook == "noop":
         out.append("noop_hook sends nothing: gradients are never averaged and the replicas drift "
                    "apart. It is for headroom analysis, never for training.")
@@ -131,30 +220,47 @@ def notes(cfg: RunConfig, target: Target) -> list[str]:
     return out
 
 
+def one_line(text: str) -> str:
+    """``text`` with every character that is not printable (a newline, a carriage return, any
+    control or line-separator character) written as its escape: a comment cannot be left."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(text))
+
+
 def _comment(lines: list[str], prefix: str = "# ") -> str:
-    return "".join(textwrap.fill(line, 96, initial_indent=prefix, subsequent_indent=prefix) + "\n"
-                   for line in lines)
+    """Each line a comment, prose wrapped at 96 columns; a line that starts with two spaces is
+    code to copy and stays whole."""
+    return "".join((prefix + one_line(line) if line.startswith("  ") else
+                    textwrap.fill(one_line(line), 96, initial_indent=prefix, subsequent_indent=prefix))
+                   + "\n" for line in lines)
 
 
-def _hook_expr(cfg: RunConfig) -> str:
-    module, attr = HOOKS[cfg.hook]
-    expr = f"{module}.{attr}"
-    if cfg.wrapper != "none":
-        w_module, w_attr = WRAPPERS[cfg.wrapper]
-        expr = f"{w_module}.{w_attr}({expr})"
-    return expr
+def _imports(chosen: list[Choice], extra: tuple[str, ...] = ()) -> str:
+    modules = dict.fromkeys(sorted((c.module, c.alias) for c in chosen))
+    return "\n".join([f"import {m} as {a}" for m, a in modules] + list(extra)) + "\n"
 
 
-def _imports(cfg: RunConfig, extra: tuple[str, ...] = ()) -> str:
-    aliases = [HOOKS[cfg.hook][0]] + ([WRAPPERS[cfg.wrapper][0]] if cfg.wrapper != "none" else [])
-    lines = [f"import {MODULES[a]} as {a}" for a in dict.fromkeys(sorted(aliases))]
-    return "\n".join(lines + list(extra)) + "\n"
+def _hook_expr(chosen: list[Choice]) -> str:
+    hook, *wrapper = chosen
+    return f"{wrapper[0].expr}({hook.expr})" if wrapper else hook.expr
 
 
-def _state_expr(cfg: RunConfig, indent: str) -> str:
+def _state_expr(cfg: RunConfig, chosen: list[Choice], indent: str) -> str:
     args = [f"{indent}    process_group=None,"]
     args += [f"{indent}    {k}={v!r}," for k, v in powersgd_settings(cfg).items()]
-    return "powerSGD.PowerSGDState(\n" + "\n".join(args) + f"\n{indent})"
+    return f"{chosen[0].alias}.PowerSGDState(\n" + "\n".join(args) + f"\n{indent})"
+
+
+def _checkpoint(cfg: RunConfig, save: str, load_when: str) -> str:
+    """The two lines that save and load the hook's state with the model's checkpoint."""
+    if not cfg.is_powersgd:
+        return (f"# Checkpoint: {registry.hook_name(cfg.hook)} keeps no state; the model's "
+                "checkpoint is all there is to save.\n")
+    return _comment(["Checkpoint the hook's state with the model's: PowerSGDState pickles without "
+                     "its process group and joins the default group when loaded (PyTorch's "
+                     "\"Checkpointing of Communication Hooks\")."]) + (
+        f"#   {save}\n"
+        f"#   state = torch.load({CHECKPOINT!r}, weights_only=False)[\"comm_hook_state\"]  "
+        f"# {load_when}\n")
 
 
 def _header(cfg: RunConfig, target: Target, source: str | None) -> list[str]:
@@ -162,68 +268,100 @@ def _header(cfg: RunConfig, target: Target, source: str | None) -> list[str]:
     return head + notes(cfg, target)
 
 
+def _bucket_cap(cfg: RunConfig) -> str | None:
+    return None if cfg.bucket_cap_mb == DDP_DEFAULT_BUCKET_CAP_MB else f"bucket_cap_mb={cfg.bucket_cap_mb!r}"
+
+
 # ============================================================================ config files
+def config_dict(cfg: RunConfig) -> dict:
+    """The settings a config file carries: all but the lab's own (``LAB_ONLY``)."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in LAB_ONLY}
+
+
 def to_json(cfg: RunConfig) -> str:
-    return cfg.to_json() + "\n"
+    return json.dumps(config_dict(cfg), indent=2) + "\n"
 
 
 def to_toml(cfg: RunConfig) -> str:
-    return cfg.to_toml()
+    import tomli_w
+
+    return tomli_w.dumps(config_dict(cfg))
 
 
 # ============================================================================ plain DDP
 def ddp_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
     """Imports, the state, the hook, ``register_comm_hook``: to paste after the model is wrapped."""
+    chosen = choices(cfg, target.backend)
     ddp_args = ["model"] + (["device_ids=[local_rank]"] if target.backend == "nccl" else [])
-    if cfg.bucket_cap_mb != DDP_DEFAULT_BUCKET_CAP_MB:
-        ddp_args.append(f"bucket_cap_mb={cfg.bucket_cap_mb:g}")
+    ddp_args += [a for a in [_bucket_cap(cfg)] if a]
     text = _comment(_header(cfg, target, source) + [
         "Paste after the model is wrapped, with `ddp_model` your DistributedDataParallel:",
         f"  dist.init_process_group({target.backend!r})",
         f"  ddp_model = DistributedDataParallel({', '.join(ddp_args)})"])
-    text += _imports(cfg) + "\n"
+    text += _imports(chosen) + choice_line(cfg, target.backend)
     if cfg.is_powersgd:
-        text += f"state = {_state_expr(cfg, '')}\n"
-        text += f"ddp_model.register_comm_hook(state, {_hook_expr(cfg)})\n"
+        text += f"state = {_state_expr(cfg, chosen, '')}\n"
+        text += f"ddp_model.register_comm_hook(state, {_hook_expr(chosen)})\n"
     else:
         if cfg.hook == "allreduce" and cfg.wrapper == "none":
             text += "# allreduce_hook is what DDP does with no hook; registering it changes nothing.\n"
-        text += f"ddp_model.register_comm_hook(None, {_hook_expr(cfg)})\n"
-    return text
+        text += f"ddp_model.register_comm_hook(None, {_hook_expr(chosen)})\n"
+    return text + _checkpoint(
+        cfg, f'torch.save({{"model": ddp_model.state_dict(), "comm_hook_state": state}}, {CHECKPOINT!r})',
+        "on resume, before register_comm_hook")
 
 
 # ============================================================================ Lightning
 def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
-    """A ``DDPStrategy`` with the hook, its state and the wrapper, and the ``Trainer`` using it."""
-    text = _comment(_header(cfg, target, source) + [f"Warning: {LIGHTNING_CUDA_ONLY}"])
-    text += _imports(cfg, ("from lightning.pytorch import Trainer",
-                           "from lightning.pytorch.strategies import DDPStrategy")) + "\n"
+    """A ``DDPStrategy`` with the hook, its state and the wrapper, and the ``Trainer`` using it.
+
+    On CPU Lightning's own ``DDPStrategy`` would never register the hook (``LIGHTNING_CUDA_ONLY``),
+    so CPU exports use commlab's ``AnyDeviceDDPStrategy``, which does."""
+    chosen = choices(cfg, target.backend)
+    cpu = target.backend != "nccl"
+    if cpu:
+        strategy = "AnyDeviceDDPStrategy"
+        why = (f"{LIGHTNING_CUDA_ONLY} AnyDeviceDDPStrategy (commlab.hooks.lightning_ddp) is "
+               "DDPStrategy without that check.")
+        extra = (f"from {LIGHTNING_STRATEGY[0]} import {LIGHTNING_STRATEGY[1]}",)
+    else:
+        strategy = "DDPStrategy"
+        why = (f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY} "
+               "Export for gloo to get a strategy that registers it on CPU.")
+        extra = ("from lightning.pytorch.strategies import DDPStrategy",)
+    text = _comment(_header(cfg, target, source) + [why])
+    text += _imports(chosen, ("from lightning.pytorch import Trainer", *extra))
+    text += choice_line(cfg, target.backend)
     args = []
     if cfg.is_powersgd:
-        args.append(f"    ddp_comm_state={_state_expr(cfg, '    ')},")
-    module, attr = HOOKS[cfg.hook]
-    args.append(f"    ddp_comm_hook={module}.{attr},")
-    if cfg.wrapper != "none":
-        w_module, w_attr = WRAPPERS[cfg.wrapper]
-        args.append(f"    ddp_comm_wrapper={w_module}.{w_attr},")
-    if cfg.bucket_cap_mb != DDP_DEFAULT_BUCKET_CAP_MB:
-        args.append(f"    bucket_cap_mb={cfg.bucket_cap_mb:g},  # passed on to DistributedDataParallel")
-    text += "strategy = DDPStrategy(\n" + "\n".join(args) + "\n)\n"
-    accelerator = "gpu" if target.backend == "nccl" else "cpu"
+        text += f"state = {_state_expr(cfg, chosen, '')}\n"
+        args.append("    ddp_comm_state=state,")
+    hook, *wrapper = chosen
+    args.append(f"    ddp_comm_hook={hook.expr},")
+    if wrapper:
+        args.append(f"    ddp_comm_wrapper={wrapper[0].expr},")
+    if _bucket_cap(cfg):
+        args.append(f"    {_bucket_cap(cfg)},  # passed on to DistributedDataParallel")
+    text += f"strategy = {strategy}(\n" + "\n".join(args) + "\n)\n"
+    accelerator = "cpu" if cpu else "gpu"
     text += (f"trainer = Trainer(accelerator={accelerator!r}, devices={target.procs(cfg)}, "
              f"num_nodes={target.nnodes}, strategy=strategy)\n")
-    return text
+    return text + _checkpoint(
+        cfg, 'in your LightningModule: def on_save_checkpoint(self, checkpoint): '
+             'checkpoint["comm_hook_state"] = state',
+        "on resume, before the strategy is built; a Lightning checkpoint path works too")
 
 
 # ============================================================================ Accelerate
 def accelerate_members(cfg: RunConfig) -> tuple[str, str]:
     """(comm_hook, comm_wrapper) members of DDPCommunicationHookType; raises ExportRefused."""
     if cfg.hook not in ACCELERATE_HOOKS:
+        (piece,) = [c.piece for c in choices(dataclasses.replace(cfg, wrapper="none"), "nccl")]
         raise ExportRefused(
             f"Accelerate cannot express the {cfg.hook} hook: DDPCommunicationHookType has only "
             f"{', '.join(dict.fromkeys(ACCELERATE_HOOKS.values()))}, and NO means DDP's own "
             "allreduce. Register it yourself on the prepared model: model.register_comm_hook(None, "
-            f"{MODULES[HOOKS[cfg.hook][0]]}.{HOOKS[cfg.hook][1]}).")
+            f"{piece.module}.{piece.attr}).")
     if cfg.hook == "allreduce" and cfg.wrapper != "none":
         # Accelerate applies a wrapper only to a hook it registers, and NO registers none; PyTorch
         # documents fp16_compress_hook as fp16_compress_wrapper(allreduce_hook) (bf16 alike).
@@ -231,37 +369,104 @@ def accelerate_members(cfg: RunConfig) -> tuple[str, str]:
     return ACCELERATE_HOOKS[cfg.hook], ACCELERATE_WRAPPERS[cfg.wrapper]
 
 
-def accelerate_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
-    """``DistributedDataParallelKwargs`` naming the hook, the wrapper and PowerSGD's state options."""
-    hook, wrapper = accelerate_members(cfg)
-    extra = []
-    if cfg.hook == "allreduce" and cfg.wrapper != "none":
-        extra.append(f"{cfg.wrapper}_compress_wrapper(allreduce_hook) is {cfg.wrapper}_compress_hook, "
-                     f"so comm_hook={hook} says it.")
-    text = _comment(_header(cfg, target, source) + extra)
-    text += ("from accelerate import Accelerator\n"
-             "from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs\n\n")
-    args = [f"    comm_hook=DDPCommunicationHookType.{hook},"]
-    if wrapper != "NO":
-        args.append(f"    comm_wrapper=DDPCommunicationHookType.{wrapper},")
-    if cfg.is_powersgd:
-        options = ", ".join(f"{k!r}: {v!r}" for k, v in powersgd_settings(cfg).items())
-        args.append(f"    comm_state_option={{{options}}},")
-    if cfg.bucket_cap_mb != DDP_DEFAULT_BUCKET_CAP_MB:
-        args.append(f"    bucket_cap_mb={cfg.bucket_cap_mb:g},")
-    text += "ddp_kwargs = DistributedDataParallelKwargs(\n" + "\n".join(args) + "\n)\n"
-    text += "accelerator = Accelerator(kwargs_handlers=[ddp_kwargs])\n"
+def accelerate_launch(cfg: RunConfig, target: Target) -> list[str]:
+    """The launch comment lines.  ``accelerate launch --cpu`` starts one process (its simple
+    launcher, without mpirun), so on CPU torchrun starts the processes and ``Accelerator(cpu=True)``
+    joins them (MULTI_CPU); on GPUs ``accelerate launch --multi_gpu``, with every argument that
+    several machines need."""
+    script = [target.script, *target.script_args]
+    if target.backend != "nccl":
+        lines = ["launch (accelerate launch --cpu would start one process; torchrun starts "
+                 f"{target.procs(cfg)} per node):",
+                 "  " + _words(torchrun_argv(cfg, target, 1))]
+        if target.nnodes > 1:
+            lines += [f"  {target.nnodes} nodes, the same line on every node:",
+                      "  " + _words(torchrun_argv(cfg, target, target.nnodes, target.rdzv_endpoint),
+                                    () if target.rdzv_endpoint else (HEAD_NODE_ENDPOINT,))]
+        return lines
     world = target.procs(cfg) * target.nnodes
-    gpus = "--multi_gpu " if target.backend == "nccl" else ""
-    text += (f"# launch: accelerate launch {gpus}--num_machines {target.nnodes} "
-             f"--num_processes {world} {shlex.join([target.script, *target.script_args])}\n")
-    return text
+    argv = ["accelerate", "launch", "--multi_gpu", "--num_machines", str(target.nnodes),
+            "--num_processes", str(world)]
+    ours: tuple[str, ...] = ()
+    if target.nnodes > 1:
+        ip, port = (target.rdzv_endpoint.rsplit(":", 1) if target.rdzv_endpoint and ":" in
+                    target.rdzv_endpoint else ('"$HEAD_NODE"', str(RDZV_PORT)))
+        argv += ["--machine_rank", '"$NODE_RANK"', "--main_process_ip", ip, "--main_process_port", port]
+        ours = ('"$NODE_RANK"', '"$HEAD_NODE"')
+        lines = [f"launch, on every node with NODE_RANK its index (0 on the first) and HEAD_NODE the "
+                 f"first node's address; {RDZV_PORT} is a free TCP port there that every node reaches:"]
+    else:
+        lines = ["launch:"]
+    return lines + ["  " + _words(argv + script, ours)]
+
+
+def accelerate_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
+    """``DistributedDataParallelKwargs`` and ``Accelerator``, then ``prepare``; the hook by name in
+    the kwargs where Accelerate can register it, else registered on the prepared model.
+
+    PowerSGD's state is always built here and registered on the prepared model: Accelerate would
+    build it inside ``prepare`` where no checkpoint can reach it.  commlab's variants are always
+    registered on the prepared model: Accelerate's names mean PyTorch's hooks."""
+    hook_member, wrapper_member = accelerate_members(cfg)
+    chosen = choices(cfg, target.backend)
+    by_name = not cfg.is_powersgd and not any(c.commlab for c in chosen)
+    extra = []
+    if by_name and cfg.hook == "allreduce" and cfg.wrapper != "none":
+        extra.append(f"{cfg.wrapper}_compress_wrapper(allreduce_hook) is {cfg.wrapper}_compress_hook, "
+                     f"so comm_hook={hook_member} says it.")
+    text = _comment(_header(cfg, target, source) + extra)
+    names = "DDPCommunicationHookType, DistributedDataParallelKwargs" if by_name else "DistributedDataParallelKwargs"
+    imports = ("from accelerate import Accelerator", f"from accelerate.utils import {names}")
+    text += _imports([] if by_name else chosen, imports)
+    text += choice_line(cfg, target.backend)
+    args = []
+    if by_name:
+        args.append(f"    comm_hook=DDPCommunicationHookType.{hook_member},")
+        if wrapper_member != "NO":
+            args.append(f"    comm_wrapper=DDPCommunicationHookType.{wrapper_member},")
+    if _bucket_cap(cfg):
+        args.append(f"    {_bucket_cap(cfg)},")
+    text += "ddp_kwargs = DistributedDataParallelKwargs(" + "".join(f"\n{a}" for a in args) + ("\n" if args else "") + ")\n"
+    cpu = "cpu=True, " if target.backend != "nccl" else ""
+    text += f"accelerator = Accelerator({cpu}kwargs_handlers=[ddp_kwargs])\n"
+    text += "model, optimizer = accelerator.prepare(model, optimizer)  # your model and optimizer\n"
+    if not by_name:
+        state = "state"
+        if cfg.is_powersgd:
+            text += f"state = {_state_expr(cfg, chosen, '')}\n"
+        else:
+            state = "None"
+        text += f"model.register_comm_hook({state}, {_hook_expr(chosen)})\n"
+    text += _comment(accelerate_launch(cfg, target))
+    return text + _checkpoint(
+        cfg, 'accelerator.save({"model": accelerator.get_state_dict(model), "comm_hook_state": '
+             f'state}}, {CHECKPOINT!r})', "on resume, before register_comm_hook")
 
 
 # ============================================================================ launch lines
 # With no endpoint given, the several-nodes line reads the first node's address from the shell.
-HEAD_NODE_ENDPOINT = '"$HEAD_NODE:29500"'
+HEAD_NODE_ENDPOINT = f'"$HEAD_NODE:{RDZV_PORT}"'
 HEAD_NODE_CHECK = ': "${HEAD_NODE:?set HEAD_NODE to the address of the first node}"\n'
+PORT_NOTE = (f"Port {RDZV_PORT} is torchrun's default: any TCP port free on the first node that every "
+             "node reaches.")
+
+
+def quote(word: str) -> str:
+    """``word`` for bash on one line: ``shlex.quote``, or ``$'...'`` with escapes when it holds a
+    character that is not printable (a newline would end a comment or split a command)."""
+    if all(ch.isprintable() for ch in word):
+        return shlex.quote(word)
+    body = "".join(ch if ch.isprintable() and ch not in "\\'" else
+                   ("\\" + ch if ch in "\\'" else _escape(ch)) for ch in word)
+    return f"$'{body}'"
+
+
+def _escape(ch: str) -> str:
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\U{ord(ch):08x}"
+
+
+def _words(argv: list[str], ours: tuple[str, ...] = ()) -> str:
+    return " ".join(a if a in ours else quote(a) for a in argv)
 
 
 def torchrun_argv(cfg: RunConfig, target: Target, nnodes: int, endpoint: str | None = None) -> list[str]:
@@ -279,7 +484,7 @@ def _shell(argv: list[str], script_len: int, ours: tuple[str, ...] = ()) -> str:
 
     Every argument is quoted except those in ``ours``, which are already written for the shell.
     """
-    words = [a if a in ours else shlex.quote(a) for a in argv]
+    words = [a if a in ours else quote(a) for a in argv]
     groups: list[list[str]] = []
     for word in words[:len(words) - script_len]:
         if word.startswith("--") or not groups:
@@ -290,16 +495,22 @@ def _shell(argv: list[str], script_len: int, ours: tuple[str, ...] = ()) -> str:
     return " \\\n    ".join(" ".join(g) for g in groups)
 
 
+def _threads(target: Target) -> str:
+    return (_comment(["Compute threads per process (torchrun sets 1 when OMP_NUM_THREADS is unset); "
+                      "processes × threads should not exceed a node's cores."])
+            + f"export OMP_NUM_THREADS={target.threads_per_process}\n")
+
+
 def torchrun_lines(cfg: RunConfig, target: Target, source: str | None = None) -> str:
     """The one-node line and the several-nodes line (run on every node) for the same job."""
     nodes, procs = max(target.nnodes, 2), target.procs(cfg)
-    text = "#!/usr/bin/env bash\n" + _comment(_header(cfg, target, source))
+    text = "#!/usr/bin/env bash\n" + _comment(_header(cfg, target, source)) + _threads(target)
     script_len = 1 + len(target.script_args)
     text += (f"\n# One node, {procs} process(es):\n"
              + _shell(torchrun_argv(cfg, target, 1), script_len) + "\n")
     text += "\n" + _comment([f"{nodes} nodes, {procs} process(es) each: run this same line on "
                              "every node; the endpoint is a host:port of the first node that every "
-                             "node reaches."])
+                             "node reaches."] + ([] if target.rdzv_endpoint else [PORT_NOTE]))
     if not target.rdzv_endpoint:
         text += HEAD_NODE_CHECK
     argv = torchrun_argv(cfg, target, nodes, target.rdzv_endpoint)
@@ -311,16 +522,19 @@ def slurm_script(cfg: RunConfig, target: Target, source: str | None = None) -> s
     """An sbatch script: one task per node, each starting torchrun, rendezvous on the first node."""
     procs = target.procs(cfg)
     lines = ["#!/bin/bash", f"#SBATCH --job-name={target.job_name}",
-             f"#SBATCH --nodes={target.nnodes}", "#SBATCH --ntasks-per-node=1"]
+             f"#SBATCH --nodes={target.nnodes}", "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --cpus-per-task={procs * target.threads_per_process}"]
     if target.backend == "nccl":
         lines.append(f"#SBATCH --gpus-per-node={procs}")
     lines.append(f"#SBATCH --time={target.time_limit}")
     if target.partition:
         lines.append(f"#SBATCH --partition={target.partition}")
-    text = "\n".join(lines) + "\n" + _comment(_header(cfg, target, source))
-    text += "set -euo pipefail\n"
+    text = "\n".join(lines) + "\n" + _comment(_header(cfg, target, source)
+                                              + [f"One task per node runs torchrun, which starts "
+                                                 f"{procs} process(es) there. {PORT_NOTE}"])
+    text += "set -euo pipefail\n" + _threads(target)
     text += 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
-    ours = ('"$SLURM_NNODES"', '"$SLURM_JOB_ID"', '"$head_node:29500"')
+    ours = ('"$SLURM_NNODES"', '"$SLURM_JOB_ID"', f'"$head_node:{RDZV_PORT}"')
     argv = ["srun", "torchrun", "--nnodes", ours[0], "--nproc-per-node", str(procs),
             "--rdzv-id", ours[1], "--rdzv-backend", "c10d", "--rdzv-endpoint", ours[2],
             target.script, *target.script_args]
@@ -351,5 +565,5 @@ def render(cfg: RunConfig, fmt: str, target: Target | None = None, source: str |
         raise ValueError("; ".join(f"{k}: {v}" for k, v in errs.items()))
     build, filename, language, mime = FORMATS[fmt]
     text = build(cfg, target, source)
-    extra = [f"Warning: {LIGHTNING_CUDA_ONLY}"] if fmt == "lightning" else []
+    extra = [f"Warning: {LIGHTNING_CUDA_ONLY}"] if fmt == "lightning" and target.backend == "nccl" else []
     return Export(fmt, text, filename, language, mime, notes(cfg, target) + extra)

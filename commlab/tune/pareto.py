@@ -1,21 +1,114 @@
-"""Reading a sweep's table: which settings nothing beats, and the one to recommend (pure).
+"""Reading a sweep's table: per setting over its seeds, which settings nothing beats, and the one to
+recommend, decided with the seed-to-seed noise in view (pure).
 
-A table has one row per run (``commlab.tune.sweep.summarize``).  A run is on the Pareto front of
-final loss against an axis (bytes per step, training time) when no other run is at least as good
-on both and better on one; the recommendation is the stated rule: the fewest bytes per step among
-finished runs whose final loss is within X% of the plain allreduce baseline's.
+The runs table has one row per run (``commlab.tune.sweep.summarize``): a setting (``label``)
+run with several seeds (``seed``), each with its quality (held-out loss, ``quality_basis`` says
+when it is the training loss instead).  ``by_setting`` folds the seeds of each setting into one
+row: mean and spread of the quality, every seed's value, bytes, times and time to quality.
+
+The rule (``RULE``): a setting is *as good as allreduce* when the upper end of the 95%
+t-interval of its loss minus allreduce's, paired seed by seed, lies at or below X% of
+allreduce's loss; of those, the fewest bytes per step wins.  Paired, because the runs of one seed
+share their initial weights and their batches across settings (``commlab.tune.sweep``): a seed's
+luck is in both losses and cancels in their difference, so the interval measures what the setting
+changes, not how lucky the seed was (Welch's interval on two independent samples would count the
+seed spread twice and need more seeds for the same decision).  The interval is the test: its
+upper end below the tolerance says the loss is within it *and* the spread allows no larger
+difference; its lower end above says the setting is worse; between, the noise is larger than the
+gap and nothing is decided.  Fewer than ``MIN_SEEDS`` paired seeds decide nothing, and a setting
+with a failed or diverged seed is never recommended.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
+
+MIN_SEEDS = 3  # with 2, the t-interval's factor is 12.7: no real gap can be told from noise
+CONFIDENCE = 0.95
+RULE = ("as good as allreduce: the upper end of the {conf:.0%} t-interval of (its loss - allreduce's "
+        "loss), paired by seed, is at most {x:g}% of allreduce's loss; of those, the fewest bytes per "
+        "step. At least {k} seeds; never a setting with a failed or diverged seed")
+
+# Verdicts, one per compressed setting
+AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED, INCOMPLETE = (
+    "as good", "worse", "undecided", "too few seeds", "failed seed", "unfinished seed")
+
+SETTING_KEYS = ["label", "baseline", "hook", "wrapper", "matrix_approximation_rank",
+                "start_powerSGD_iter", "min_compression_rate", "link"]
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def usable(row) -> bool:
+    """A run that counts: finished, with a finite quality."""
+    return row["status"] == "finished" and not row.get("diverged", False) and _finite(row["quality"])
+
+
+def broken(row) -> bool:
+    """A run whose seed rules its setting out: it failed, diverged, or ended with a loss that is not
+    a number (stopped and still-going runs are unfinished, not broken)."""
+    return row["status"] not in ("finished", "stopped", "starting", "running") or bool(
+        row.get("diverged", False)) or (row["status"] == "finished" and not _finite(row["quality"]))
+
+
+def _mean(xs):
+    xs = [float(x) for x in xs if _finite(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _std(xs):
+    xs = [float(x) for x in xs if _finite(x)]
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def by_setting(runs):
+    """One row per setting in plan order: its seeds and their qualities, mean and sample standard
+    deviation (``quality_std``, None with one seed), means over the finished seeds of bytes per
+    step, measured and predicted time, and of time to quality over the seeds that reached it
+    (``reached``: how many did); ``broken``: the seeds that rule it out.  Fronts marked."""
+    import pandas as pd
+
+    out = []
+    for _, group in runs.groupby("label", sort=False):
+        rows = group.to_dict(orient="records")
+        ok = [r for r in rows if usable(r)]
+        first = rows[0]
+        reached = [r for r in ok if r.get("reach_step") is not None and _finite(r["reach_step"])]
+        out.append({
+            **{k: first.get(k) for k in SETTING_KEYS}, "run_id": first.get("run_id"),
+            "seeds": [r["seed"] for r in rows], "finished": len(ok), "runs": len(rows),
+            "qualities": [r["quality"] for r in rows],
+            "quality_basis": ", ".join(sorted({r["quality_basis"] for r in ok})) or None,
+            "quality_mean": _mean(r["quality"] for r in ok),
+            "quality_std": _std(r["quality"] for r in ok),
+            "accuracy_mean": _mean(r.get("accuracy") for r in ok),
+            "broken": [f"seed {r['seed']}: {'diverged' if r.get('diverged') else r['status']}"
+                       for r in rows if broken(r)],
+            **{k: _mean(r.get(k) for r in ok) for k in ("bytes_per_step", "time_s", "predicted_s")},
+            "reached": f"{len(reached)}/{len(ok)}",
+            **{k: _mean(r.get(k) for r in reached) for k in
+               ("reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes")}})
+    return mark(pd.DataFrame(out, columns=SETTINGS_COLUMNS))
+
+
+SETTINGS_COLUMNS = [*SETTING_KEYS, "run_id", "seeds", "finished", "runs", "qualities", "quality_basis",
+                    "quality_mean", "quality_std", "accuracy_mean", "broken", "bytes_per_step",
+                    "time_s", "predicted_s", "reached", "reach_step", "reach_time_s",
+                    "reach_predicted_s", "reach_bytes"]
 
 
 def comparable(df):
-    """Rows that may enter the front and the recommendation: finished, finite loss, bytes counted."""
+    """Settings that may enter the front: no broken seed, a finished one, its bytes counted."""
     import numpy as np
 
-    loss = df["final_loss"].astype(float)
-    return (df["status"] == "finished") & np.isfinite(loss) & df["bytes_per_step"].notna()
+    mean = df["quality_mean"].astype(float)
+    return (df["broken"].str.len() == 0) & (df["finished"] > 0) & np.isfinite(mean) & \
+        df["bytes_per_step"].notna()
 
 
 def pareto_front(xs: list[float], ys: list[float]) -> list[bool]:
@@ -25,56 +118,158 @@ def pareto_front(xs: list[float], ys: list[float]) -> list[bool]:
             for i, (xi, yi) in enumerate(zip(xs, ys))]
 
 
+FRONTS = {"pareto_bytes": "bytes_per_step", "pareto_time": "time_s", "pareto_predicted": "predicted_s"}
+
+
 def mark(df):
-    """Add ``pareto_bytes`` and ``pareto_time``: on the front of final loss against that axis."""
+    """Add a front column per axis (``FRONTS``): on the front of mean quality against that axis."""
     df = df.copy()
-    ok = comparable(df)
-    for col, axis in (("pareto_bytes", "bytes_per_step"), ("pareto_time", "time_s")):
+    for col in FRONTS:
         df[col] = False
-        sub = df[ok]
+    if not len(df):
+        return df
+    ok = comparable(df)
+    for col, axis in FRONTS.items():
+        sub = df[ok & df[axis].notna()]
         if len(sub):
             df.loc[sub.index, col] = pareto_front(sub[axis].astype(float).tolist(),
-                                                  sub["final_loss"].astype(float).tolist())
+                                                  sub["quality_mean"].astype(float).tolist())
     return df
+
+
+def target(runs, tolerance_pct: float) -> float | None:
+    """The default quality target: the allreduce baseline's mean final quality plus the tolerance."""
+    base = [r["quality"] for r in runs.to_dict(orient="records") if r["baseline"] and usable(r)]
+    m = _mean(base)
+    return None if m is None else m + abs(m) * tolerance_pct / 100
+
+
+# ============================================================================ the rule
+@dataclass
+class Verdict:
+    setting: str
+    verdict: str  # AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED or INCOMPLETE
+    reason: str
+    pairs: int = 0
+    mean_diff: float | None = None  # its loss - allreduce's, mean over paired seeds
+    low: float | None = None  # the interval's ends
+    high: float | None = None
+    tolerance: float | None = None  # X% of allreduce's loss, in loss units
+
+
+def paired_interval(diffs: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high): the t-interval of the mean of paired differences: Student's t quantile
+    (scipy.special.stdtrit, what scipy.stats.t.ppf computes, at half the import time)."""
+    from scipy.special import stdtrit
+
+    n = len(diffs)
+    m = sum(diffs) / n
+    sd = _std(diffs) or 0.0
+    half = float(stdtrit(n - 1, (1 + confidence) / 2)) * sd / math.sqrt(n)
+    return m, m - half, m + half
+
+
+def verdicts(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
+             min_seeds: int = MIN_SEEDS) -> list[Verdict]:
+    """Each compressed setting against the baseline, by ``RULE``; [] without a usable baseline."""
+    rows = runs.to_dict(orient="records")
+    base = {r["seed"]: float(r["quality"]) for r in rows if r["baseline"] and usable(r)}
+    if not base:
+        return []
+    base_mean = sum(base.values()) / len(base)
+    tol = abs(base_mean) * tolerance_pct / 100
+    out = []
+    for setting in dict.fromkeys(r["label"] for r in rows if not r["baseline"]):
+        mine = [r for r in rows if r["label"] == setting]
+        bad = [r for r in mine if broken(r)]
+        if bad:
+            why = ", ".join(f"seed {r['seed']} {'diverged' if r.get('diverged') else r['status']}"
+                            for r in bad)
+            out.append(Verdict(setting, FAILED, f"{why}: never recommended", tolerance=tol))
+            continue
+        unfinished = [r for r in mine if not usable(r)]
+        if unfinished:
+            out.append(Verdict(setting, INCOMPLETE, "seed(s) " + ", ".join(
+                str(r["seed"]) for r in unfinished) + " did not finish: resume the sweep", tolerance=tol))
+            continue
+        diffs = [float(r["quality"]) - base[r["seed"]] for r in mine if r["seed"] in base]
+        if len(diffs) < min_seeds:
+            n = len(diffs)
+            out.append(Verdict(setting, TOO_FEW, f"{n} seed{'s' if n != 1 else ''} cannot separate "
+                               f"these: run {min_seeds} or more", n, _mean(diffs), tolerance=tol))
+            continue
+        m, lo, hi = paired_interval(diffs, confidence)
+        if hi <= tol:
+            verdict, why = AS_GOOD, "within the tolerance, and the seeds allow no larger difference"
+        elif lo > tol:
+            verdict, why = WORSE, "worse than the tolerance allows, beyond the seed noise"
+        else:
+            verdict, why = UNDECIDED, ("the seed-to-seed spread is larger than the gap to the "
+                                       "tolerance: run more seeds")
+        out.append(Verdict(setting, verdict, f"{why} (difference {m:+.4g}, interval [{lo:+.4g}, "
+                                             f"{hi:+.4g}], tolerance {tol:.4g})", len(diffs), m, lo, hi, tol))
+    return out
 
 
 @dataclass
 class Recommendation:
     rule: str
-    run_id: str | None
-    label: str | None
+    run_id: str | None  # the first seed's run of the setting recommended
+    label: str | None  # the setting recommended; None when nothing is decided
     text: str
+    decided: bool = False
     bytes_per_step: float | None = None
-    final_loss: float | None = None
+    final_loss: float | None = None  # its mean quality over seeds
+    verdicts: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def recommend(df, tolerance_pct: float) -> Recommendation:
-    """The fewest bytes per step among runs whose final loss is within X% of allreduce's."""
-    rule = (f"fewest bytes per step among finished runs whose final loss is within "
-            f"{tolerance_pct:g}% of the allreduce baseline's")
-    ok = df[comparable(df)]
-    base = ok[ok["baseline"].astype(bool)]
-    if not len(base):
-        return Recommendation(rule, None, None, "no finished allreduce baseline to compare with: "
-                              "run the sweep with its baseline")
-    base_loss, base_bytes = float(base["final_loss"].iloc[0]), float(base["bytes_per_step"].iloc[0])
-    limit = base_loss + abs(base_loss) * tolerance_pct / 100
-    within = ok[ok["final_loss"].astype(float) <= limit]
-    best = within.sort_values(["bytes_per_step", "final_loss"]).iloc[0]
-    if best["baseline"]:
-        return Recommendation(rule, best["run_id"], best["label"],
-                              f"keep allreduce: no compressed setting came within {tolerance_pct:g}% "
-                              f"of its final loss {base_loss:.4g}; raise X or start PowerSGD later",
-                              float(best["bytes_per_step"]), float(best["final_loss"]))
-    loss = float(best["final_loss"])
-    change = (loss - base_loss) / abs(base_loss) * 100 if base_loss else 0.0
-    return Recommendation(
-        rule, best["run_id"], best["label"],
-        f"{best['label']}: {best['bytes_per_step']:,.0f} bytes per step, "
-        f"{base_bytes / best['bytes_per_step']:.1f}x fewer than allreduce, final loss {loss:.4g} "
-        f"({change:+.1f}% against allreduce's {base_loss:.4g})",
-        float(best["bytes_per_step"]), loss)
-
+def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
+              min_seeds: int = MIN_SEEDS) -> Recommendation:
+    """The fewest bytes per step among the settings ``RULE`` calls as good as allreduce."""
+    rule = RULE.format(conf=confidence, x=tolerance_pct, k=min_seeds)
+    table = by_setting(runs) if len(runs) else None
+    if table is None or not table["baseline"].any():
+        return Recommendation(rule, None, None, "the sweep has no allreduce baseline to compare with: "
+                              "run it with its baseline")
+    base = table[table["baseline"]].iloc[0]
+    if not base["finished"]:
+        state = ", ".join(sorted(set(runs[runs["baseline"]]["status"])))
+        return Recommendation(rule, None, None, f"nothing to compare with yet: the allreduce baseline "
+                              f"has no finished seed ({state}); resume the sweep to finish it")
+    bases = {r["quality_basis"] for r in runs.to_dict(orient="records") if usable(r)}
+    if len(bases) > 1:  # a held-out loss and a training loss do not subtract
+        return Recommendation(rule, None, None, "no decision: some runs were evaluated on held-out "
+                              "data and some were not (eval_every), so their losses do not compare; "
+                              "run the sweep again with one eval_every")
+    found = verdicts(runs, tolerance_pct, confidence, min_seeds)
+    kept = [asdict(v) for v in found]
+    base_loss, base_bytes = float(base["quality_mean"]), base["bytes_per_step"]
+    good = table[table["label"].isin([v.setting for v in found if v.verdict == AS_GOOD])]
+    if len(good):
+        best = good.sort_values(["bytes_per_step", "quality_mean"]).iloc[0]
+        v = next(v for v in found if v.setting == best["label"])
+        fewer = (f", {base_bytes / best['bytes_per_step']:.1f}x fewer than allreduce"
+                 if base_bytes and best["bytes_per_step"] else "")
+        return Recommendation(
+            rule, best["run_id"], best["label"],
+            f"{best['label']}: {best['bytes_per_step']:,.0f} bytes per step{fewer}; loss "
+            f"{best['quality_mean']:.4g} against allreduce's {base_loss:.4g} over {v.pairs} seeds "
+            f"(difference {v.mean_diff:+.4g}, {confidence:.0%} interval [{v.low:+.4g}, {v.high:+.4g}], "
+            f"tolerance {v.tolerance:.4g})", True, float(best["bytes_per_step"]),
+            float(best["quality_mean"]), kept)
+    open_ = [v for v in found if v.verdict in (UNDECIDED, TOO_FEW, INCOMPLETE)]
+    if open_:
+        few = [v for v in open_ if v.verdict == TOO_FEW]
+        head = few[0].reason if few else "the seeds cannot tell yet"
+        return Recommendation(rule, None, None, f"no decision: {head}. " + "; ".join(
+            f"{v.setting}: {v.verdict}" for v in open_), False, verdicts=kept)
+    if not found:
+        return Recommendation(rule, base["run_id"], base["label"], "keep allreduce: the sweep has "
+                              "no compressed setting", True, base_bytes, base_loss, kept)
+    return Recommendation(rule, base["run_id"], base["label"],
+                          f"keep allreduce: no compressed setting is as good within {tolerance_pct:g}% "
+                          f"of its loss {base_loss:.4g} ({'; '.join(f'{v.setting}: {v.verdict}' for v in found)}); "
+                          "raise X, the rank or start PowerSGD later", True, base_bytes, base_loss, kept)

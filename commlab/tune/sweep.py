@@ -1,4 +1,5 @@
-"""A PowerSGD sweep: a grid of settings beside a plain allreduce baseline, run one after another.
+"""A PowerSGD sweep: a grid of settings beside a plain allreduce baseline, each run with several
+seeds, one run after another.
 
     python -m commlab.tune.sweep SWEEP_DIR      (started detached by ``start``, for the UI)
 
@@ -8,13 +9,29 @@ sweep keeps its plan and its state in ``<runs_dir>/sweeps/<sweep_id>/``:
   sweep.json   the spec and the planned labels       state.json   status, current index, run folders
   stop         present once a stop was asked for     sweep.log    the detached process's output
 
-Runs go one at a time: run together they would share the cores and spoil each other's timings.
-Between polls the executor reads the stop flag; on a stop it stops the current run (``Run.stop``),
-starts no other, and keeps every finished run.  A stop asked of a sweep whose process is gone
-stops its current run directly.
+Seeds: with ``repeats`` N every setting, the baseline included, runs with seeds ``base.seed``
+to ``base.seed + N - 1``; a seed sets the initial weights and the data order, so the runs of one
+seed are identical across settings until the hook makes them differ, and the analysis compares
+them seed by seed (``commlab.tune.pareto``).  The plan goes seed by seed (every setting with the
+first seed, then the second...): a sweep stopped early has whole comparisons, and a drift in the
+machine's load spreads over every setting instead of one.
 
-The analysis is pure: ``summarize`` turns a run's metrics into one row; ``commlab.tune.pareto``
-marks the settings nothing beats on both axes and applies the recommendation's rule.
+Runs go one at a time: run together they would share the cores and spoil each other's timings;
+the next starts as soon as one has recorded its end, while its processes exit.  Between polls the executor reads the stop flag; on a stop it
+stops the current run (``Run.stop``), starts no other, and keeps every finished run.  A stop asked
+of a sweep whose process is gone stops its current run directly.  ``resume`` (``commlab sweep
+--resume``, the page's Resume) executes a stopped or lost sweep again: finished runs are kept,
+the others run anew.
+
+No early stopping: a grid suffices.  The grid is small (PyTorch advises ranks 1-4 and a few start
+iterations), the decision needs every setting's final held-out loss on every seed, and an early
+checkpoint misleads here: a later ``start_powerSGD_iter`` is plain allreduce, indistinguishable
+from the baseline, until it starts, and a compressed run's error feedback recovers what it lost
+over later steps, so a median rule at a checkpoint would prune the settings that would have won.
+
+The analysis is pure: ``summarize`` turns a run's metrics and evaluations into one row;
+``commlab.tune.pareto`` folds the seeds of each setting, marks the settings nothing beats and
+applies the recommendation's rule.
 """
 from __future__ import annotations
 
@@ -39,16 +56,22 @@ from commlab.config import (
     settings,
 )
 from commlab.engine import procs, store
-from commlab.tune.pareto import mark
+from commlab.tune import pareto, quality, whatif
 from commlab.tune.whatif import config_link_label, run_label
 
 SWEEPS = "sweeps"
-FINAL_WINDOW = 5  # final loss: mean over this many last steps
+FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
+MAX_REPEATS = 100
 
 
-# The sweep axes: the settings the table marks sweepable.  PowerSGD's own settings come first, in
-# PowerSGDState's order, the wrapper last: the order of the grid's runs.
-AXES = tuple(sorted((s for s in settings() if s.sweepable), key=lambda s: s.group != "powersgd"))
+# The sweep axes: the settings the table marks sweepable.  PowerSGD's own come first, in
+# PowerSGDState's order, then the wrapper: the grid's order.  Only those a PowerSGD run reads
+# (``SWEPT_GROUPS``) take their table values unless told; another hook's axis is in the grid only
+# when values are given for it (by default it would multiply the grid with runs that ignore it).
+SWEPT_GROUPS = ("powersgd", "hook")
+AXES = tuple(sorted((s for s in settings() if s.sweepable),
+                    key=lambda s: (s.group != "powersgd", s.group not in SWEPT_GROUPS)))
+POWERSGD_AXES = tuple(s for s in AXES if s.group in SWEPT_GROUPS)  # the ones the page offers
 
 
 @dataclass(init=False)
@@ -64,25 +87,31 @@ class SweepSpec:
     values: dict[str, list]  # axis -> the values listed, by AXES
     baseline: bool  # run plain allreduce first, with the same job and link
     tolerance_pct: float  # the recommendation's X
+    repeats: int  # seeds per setting: base.seed, base.seed + 1, ...
 
     def __init__(self, base: RunConfig | None = None, baseline: bool = True,
-                 tolerance_pct: float = 5.0, **values: list):
+                 tolerance_pct: float = 5.0, repeats: int = 1, **values: list):
         unknown = sorted(set(values) - {s.name for s in AXES})
         if unknown:
             raise TypeError(f"not a sweep axis: {', '.join(unknown)}; the axes are: "
                             f"{', '.join(s.name for s in AXES)}")
         self.base = RunConfig() if base is None else base
-        self.values = {s.name: list(values.get(s.name, s.sweep)) for s in AXES}
-        self.baseline, self.tolerance_pct = baseline, tolerance_pct
+        self.values = {s.name: list(values.get(s.name, s.sweep if s.group in SWEPT_GROUPS else ()))
+                       for s in AXES}
+        self.baseline, self.tolerance_pct, self.repeats = baseline, tolerance_pct, repeats
 
     def axes(self) -> dict[str, list]:
-        """Each axis' values, repeats dropped; an axis with no default values falls back to base's."""
+        """Each axis' values, repeats dropped; an axis with no default values falls back to base's;
+        another hook's axis is left out unless values were given for it."""
         return {s.name: _unique(self.values[s.name]) or ([] if s.sweep else [getattr(self.base, s.name)])
-                for s in AXES}
+                for s in AXES if s.group in SWEPT_GROUPS or self.values[s.name]}
 
     def to_dict(self) -> dict:
         return {"base": self.base.to_dict(), **self.values, "baseline": self.baseline,
-                "tolerance_pct": self.tolerance_pct}
+                "tolerance_pct": self.tolerance_pct, "repeats": self.repeats}
+
+    def seeds(self) -> list[int]:
+        return [self.base.seed + k for k in range(self.repeats)]
 
     @classmethod
     def from_dict(cls, data: dict) -> SweepSpec:
@@ -114,30 +143,49 @@ def _unique(values) -> list:
 
 
 def grid(spec: SweepSpec) -> list[RunConfig]:
-    """Every run of the sweep in order, baseline first; raises ConfigError before anything starts."""
+    """Every run of the sweep in order, seed by seed, the baseline first in each; raises
+    ConfigError before anything starts."""
     errs: dict[str, str] = {}
     axes = spec.axes()
     for name, values in axes.items():
         if not values:
             errs[name] = "give at least one value"
     for s in AXES:
-        bad = [v for v in axes[s.name] if s.choices and v not in s.choices]
+        bad = [v for v in axes.get(s.name, []) if s.choices and v not in s.choices]
         if bad:
             errs[s.name] = f"unknown {s.name}(s) {bad}; valid {s.name}s are: {', '.join(s.choices)}"
     if not (math.isfinite(spec.tolerance_pct) and spec.tolerance_pct >= 0):
         errs["tolerance_pct"] = f"must be 0 or a positive percentage, got {spec.tolerance_pct}"
+    if isinstance(spec.repeats, bool) or not isinstance(spec.repeats, int) or \
+            not 1 <= spec.repeats <= MAX_REPEATS:
+        errs["repeats"] = (f"must be a whole number of seeds from 1 to {MAX_REPEATS} (3 or more let "
+                           f"the recommendation tell a difference from seed noise), got {spec.repeats!r}")
+    # The job's own problems are named beside the grid's, all at once, each once: as the
+    # field's, not as the first setting's; a setting's, for that setting.
+    errs = {**spec.base.with_overrides(hook="allreduce", wrapper="none").errors(), **errs}
     if errs:
         raise ConfigError(errs)
     hook = spec.base.hook if spec.base.hook in POWERSGD_HOOKS else "powersgd"
-    configs = [spec.base.with_overrides(hook="allreduce", wrapper="none")] if spec.baseline else []
+    one_seed = [spec.base.with_overrides(hook="allreduce", wrapper="none")] if spec.baseline else []
     for combination in itertools.product(*axes.values()):
-        configs.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
-    for cfg in configs:
+        one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
+    for cfg in one_seed:
         for key, msg in cfg.errors().items():
             errs.setdefault(key, f"{run_label(cfg.to_dict())}: {msg}")
     if errs:
         raise ConfigError(errs)
+    configs = [cfg.with_overrides(seed=seed) for seed in spec.seeds() for cfg in one_seed]
+    for cfg in configs[len(one_seed):]:
+        for key, msg in cfg.errors().items():
+            errs.setdefault(key, f"seed {cfg.seed}: {msg}")
+    if errs:
+        raise ConfigError(errs)
     return configs
+
+
+def plan_label(cfg: RunConfig, spec: SweepSpec) -> str:
+    """A run's name in the plan and the progress line: its setting, and its seed when there are several."""
+    return run_label(cfg.to_dict()) + (f" seed {cfg.seed}" if spec.repeats > 1 else "")
 
 
 # ============================================================================ progress
@@ -150,6 +198,7 @@ class Progress:
     step: int  # steps the current run has completed
     steps: int
     sweep_status: str
+    eta_s: float | None = None  # time left at the pace of this execution so far
 
     @property
     def fraction(self) -> float:
@@ -157,15 +206,36 @@ class Progress:
         return min(1.0, done / self.total) if self.total else 1.0
 
     def line(self) -> str:
+        going = self.eta_s is not None and self.run_status in ("starting", "running")
+        left = f", about {_duration(self.eta_s)} left" if going else ""
         return (f"[{self.index + 1}/{self.total}] {self.label}: {self.run_status}, "
-                f"step {self.step}/{self.steps}")
+                f"step {self.step}/{self.steps}{left}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def eta(fraction: float, since: dict | None) -> float | None:
+    """Seconds left: the time this execution took per share of the sweep, times the share left.
+    ``since``: when the execution began (``time``) and how far the sweep was then (``fraction``)."""
+    if not since:
+        return None
+    done = fraction - since.get("fraction", 0.0)
+    if done <= 0.01:
+        return None
+    return (time.time() - since["time"]) / done * (1 - fraction)
 
 
 # ============================================================================ the sweep folder
 # What sweep.json and state.json hold, as far as their readers rely on it (see store.load_json).
 PLAN = {"spec": dict, "labels?": [str]}
 STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
-         "pid?": store.OPT_INT, "create_time?": store.OPT_NUM}
+         "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
+         "since?": {"time": store.NUM, "fraction": store.NUM}}
 
 
 class Sweep(store.Folder):
@@ -236,16 +306,38 @@ class Sweep(store.Folder):
         entry = entries[index] if index < len(entries) else {}
         run_dir = entry.get("run_dir")
         step = len(store.read_jsonl(Path(run_dir) / "metrics.jsonl")) if run_dir else 0
-        return Progress(index, len(labels), labels[index] if labels else "",
-                        entry.get("status", "starting"), step, self.spec().base.steps, self.status())
+        p = Progress(index, len(labels), labels[index] if labels else "",
+                     entry.get("status", "starting"), step, self.spec().base.steps, self.status())
+        p.eta_s = eta(p.fraction, state.get("since")) if p.sweep_status == "running" else None
+        return p
 
-    def results(self):
-        """One row per run started, in plan order (a pandas DataFrame), Pareto fronts marked."""
-        import pandas as pd
-
-        rows = [summarize(r.metrics_records(), r.config_dict(), r.status(), r.id, str(r.path))
-                for r in self.runs()]
-        return mark(pd.DataFrame(rows, columns=ROW_COLUMNS))
+    def results(self, tolerance_pct: float | None = None, cluster: quality.Cluster = quality.Cluster()):
+        """One row per run started, in plan order (a pandas DataFrame, ``ROW_COLUMNS``): its
+        quality, bytes, measured time, the time the what-if model predicts on ``cluster``, and
+        where it first reached the target (the baseline's mean final quality plus
+        ``tolerance_pct``, default the spec's).  ``commlab.tune.pareto.by_setting`` folds the seeds."""
+        runs = self.runs()
+        loaded = [(r, r.config_dict(), r.metrics_records(), r.evals()) for r in runs]
+        profiles = {p.run_id: p for p in whatif.profiles_from_runs(runs)}
+        plain = {cfg.get("seed"): profiles.get(r.id) for r, cfg, _, _ in loaded if is_plain_allreduce(cfg)}
+        fallback = next((p for p in plain.values() if p), None)
+        rows, extra = [], []
+        for r, cfg, recs, evals in loaded:
+            per_step = quality.predicted_step_s(recs, cfg, profiles.get(r.id),
+                                                plain.get(cfg.get("seed")) or fallback, cluster)
+            rows.append(summarize(recs, cfg, r.status(), r.id, str(r.path), evals=evals,
+                                  predicted_step_s=per_step))
+            extra.append((recs, per_step))
+        table = _frame(rows)
+        goal = pareto.target(table, self.spec().tolerance_pct if tolerance_pct is None else tolerance_pct)
+        for i, (recs, per_step) in enumerate(extra):
+            got = quality.reach(table.at[i, "curve"], recs, per_step, goal) if goal is not None \
+                else quality.Reached()
+            for key in ("step", "time_s", "predicted_s", "bytes"):
+                table.at[i, f"reach_{key}"] = getattr(got, key)
+        table["target"] = goal
+        table["cluster"] = cluster.text()
+        return table
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> str:
         procs.wait_until(lambda: not self.is_running(), timeout, poll_s)
@@ -264,19 +356,23 @@ def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
 def create(spec: SweepSpec) -> Sweep:
     """Validate the whole grid, then write the sweep's folder; raises ConfigError first."""
     configs = grid(spec)
-    going = [s.id for s in list_sweeps(spec.base.runs_dir) if s.status() == "running"]
-    if going:
-        raise ConfigError({"sweep": f"sweep {going[0]} is still running: two sweeps at once would "
-                                    "share the cores and spoil each other's step times; stop it "
-                                    "or let it finish first"})
+    _none_running(spec.base.runs_dir)
     sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep", reserve=False))
     # This process answers for the sweep until another executes it; sweep.json, the marker, last.
     store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": [],
                                                 **procs.identity(os.getpid())})
     store.write_json(sweep.file("sweep.json"), {
-        "spec": spec.to_dict(), "labels": [run_label(c.to_dict()) for c in configs],
+        "spec": spec.to_dict(), "labels": [plan_label(c, spec) for c in configs],
         "created_at": time.time()})
     return sweep
+
+
+def _none_running(runs_dir) -> None:
+    going = [s.id for s in list_sweeps(runs_dir) if s.status() == "running"]
+    if going:
+        raise ConfigError({"sweep": f"sweep {going[0]} is still running: two sweeps at once would "
+                                    "share the cores and spoil each other's step times; stop it "
+                                    "or let it finish first"})
 
 
 def _write_state(sweep: Sweep, **changes) -> dict:
@@ -288,35 +384,53 @@ def _write_state(sweep: Sweep, **changes) -> dict:
     return state
 
 
+def _frame(rows: list[dict]):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=ROW_COLUMNS).astype({c: object for c in REACH_COLUMNS})
+
+
 def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
-            should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5) -> str:
+            should_stop: Callable[[], bool] | None = None, poll_s: float = 0.2) -> str:
     """Run the sweep's runs here, one after another; returns "finished" or "stopped".
 
-    ``should_stop`` is asked between polls beside the stop flag (a CLI's Ctrl-C, a test).
+    Runs a resumed sweep already finished are kept, not run again.  ``should_stop`` is asked
+    between polls beside the stop flag (a CLI's Ctrl-C, a test).
     """
+    from commlab.engine.launch import Run
     from commlab.engine.launch import start as launch
 
     configs = sweep.configs()
-    labels = [run_label(c.to_dict()) for c in configs]
-    _write_state(sweep, status="running", **procs.identity(os.getpid()))
-    entries: list[dict] = []
+    spec = sweep.spec()
+    labels = [plan_label(c, spec) for c in configs]
+    done = {i: e for i, e in enumerate(sweep.state().get("runs", []))
+            if e.get("run_dir") and Run(e["run_dir"]).status() == "finished"}
+    since = {"time": time.time(), "fraction": len(done) / len(configs) if configs else 1.0}
+    entries: list[dict] = [done.get(i, {"label": labels[i]}) for i in range(len(configs))]
+    _write_state(sweep, status="running", since=since, runs=_started(entries),
+                 **procs.identity(os.getpid()))
     stopped = False
+    exiting: list = []
 
     def stopping() -> bool:
         return sweep.stop_requested() or bool(should_stop and should_stop())
 
     def report(i: int, status: str, step: int) -> None:
         if on_progress:
-            on_progress(Progress(i, len(configs), labels[i], status, step, configs[i].steps, "running"))
+            p = Progress(i, len(configs), labels[i], status, step, configs[i].steps, "running")
+            p.eta_s = eta(p.fraction, since)
+            on_progress(p)
 
     for i, cfg in enumerate(configs):
+        if i in done:
+            continue
         if stopped or stopping():
             stopped = True
             break
         report(i, "starting", 0)
-        run = launch(cfg, request_id=f"{sweep.id}-{i}")
-        entries.append({"label": labels[i], "run_dir": str(run.path), "status": run.status()})
-        _write_state(sweep, index=i, runs=entries)
+        run = launch(cfg, request_id=f"{sweep.id}-{i}-{int(since['time'])}")
+        entries[i] = {"label": labels[i], "run_dir": str(run.path), "status": run.status()}
+        _write_state(sweep, index=i, runs=_started(entries))
 
         def look(run=run, i=i) -> bool:
             """True once the run has ended, or was stopped here."""
@@ -332,13 +446,54 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             return False
 
         procs.wait_until(look, interval=poll_s)
-        status = run.wait()
+        # The next run starts while this one's processes exit: they are past their last step,
+        # and their exit (seconds on a busy machine) overlaps the next one's start-up instead of
+        # idling the sweep.  Every one is waited for before the sweep ends.
+        status = run.wait() if stopped else run.status()
+        exiting.append(run)
         entries[i]["status"] = status
-        _write_state(sweep, runs=entries)
+        _write_state(sweep, runs=_started(entries))
         report(i, status, len(run.metrics_records()))
+    for run in exiting:
+        run.wait()
     final = "stopped" if stopped else "finished"
     _write_state(sweep, status=final, ended_at=time.time())
     return final
+
+
+def _started(entries: list[dict]) -> list[dict]:
+    # state.json lists runs by plan index: those not started (yet, or again) have no run_dir.
+    return entries[:max((i + 1 for i, e in enumerate(entries) if e.get("run_dir")), default=0)]
+
+
+def _resumable(sweep: Sweep) -> None:
+    status = sweep.status()
+    if status in ("running", "finished"):
+        raise ConfigError({"resume": f"sweep {sweep.id} is {status}: only a stopped or lost sweep "
+                                     "resumes"})
+    _none_running(sweep.path.parent.parent)
+    sweep.file("stop").unlink(missing_ok=True)
+
+
+def resume(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
+           should_stop: Callable[[], bool] | None = None) -> str:
+    """Execute a stopped or lost sweep again here: its finished runs are kept, the rest run."""
+    _resumable(sweep)
+    _write_state(sweep, status="running", **procs.identity(os.getpid()))
+    return execute(sweep, on_progress, should_stop)
+
+
+def start_resume(sweep: Sweep) -> Sweep:
+    """``resume`` in a detached process (the UI)."""
+    _resumable(sweep)
+    _spawn(sweep)
+    return sweep
+
+
+def _spawn(sweep: Sweep) -> None:
+    child = procs.spawn([sys.executable, "-m", "commlab.tune.sweep", str(sweep.path.resolve())],
+                        log=sweep.file("sweep.log"), env=procs.package_env(), detached=True)
+    _write_state(sweep, status="running", **procs.identity(child.pid))
 
 
 def run_sweep(spec: SweepSpec, on_progress: Callable[[Progress], None] | None = None,
@@ -355,41 +510,52 @@ def start(spec: SweepSpec) -> Sweep:
     from commlab.engine import workload_probe
     workload_probe.check(spec.base)  # its runs share the base's workload: refused before any starts
     sweep = create(spec)
-    child = procs.spawn([sys.executable, "-m", "commlab.tune.sweep", str(sweep.path.resolve())],
-                        log=sweep.file("sweep.log"), env=procs.package_env(), detached=True)
-    _write_state(sweep, **procs.identity(child.pid))
+    _spawn(sweep)
     return sweep
 
 
 # ============================================================================ analysis (pure)
-ROW_COLUMNS = ["label", "run_id", "run_dir", "status", "baseline", "hook", "wrapper",
-               "matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
-               "steps", "final_loss", "bytes_per_step", "time_s", "median_step_s", "link"]
+REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
+ROW_COLUMNS = ["label", "seed", "run_id", "run_dir", "status", "diverged", "baseline",
+               "hook", "wrapper", "matrix_approximation_rank", "start_powerSGD_iter",
+               "min_compression_rate", "steps", "quality", "quality_basis", "accuracy",
+               "bits_per_char", "final_loss", "bytes_per_step", "time_s", "median_step_s",
+               "predicted_s", "link", "curve", *REACH_COLUMNS]
 
 
 def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run_dir: str = "",
-              final_window: int = FINAL_WINDOW) -> dict:
-    """One sweep row from a run's metrics: its headline (``commlab.analysis.metrics.headline``),
-    two of its figures read over other windows, for the comparison a sweep makes.
+              final_window: int = FINAL_WINDOW, evals: list[dict] | None = None,
+              predicted_step_s: list[float] | None = None) -> dict:
+    """One sweep row from a run's metrics and evaluations: its headline
+    (``commlab.analysis.metrics.headline``) read over the windows a sweep compares.
 
-    final_loss: the mean loss of the last ``final_window`` steps, not the last step's alone, so that
-    one noisy batch does not rank the runs; every run draws the same batches (they depend only on
-    the seed), so runs are compared on the same data.  bytes_per_step: all the bytes the hook
-    handed over, divided by the steps, not the steady median: ``start_powerSGD_iter`` is an axis,
-    and its allreduce steps are part of what a setting costs.  time_s: training time to the last
-    step, start-up excluded.  median_step_s: over the steady steps, as in the run's headline.
+    quality: the final held-out loss, else the training loss's mean over the last
+    ``final_window`` steps (``quality_basis`` says which; ``commlab.tune.quality``); curve: the
+    same by step, for time to quality.  final_loss: that training-loss mean, always.
+    bytes_per_step: all the bytes the hook handed over, divided by the steps, not the steady
+    median: ``start_powerSGD_iter`` is an axis, and its allreduce steps are part of what a setting
+    costs.  time_s: training time to the last step, start-up excluded.  median_step_s: over the
+    steady steps, as in the run's headline.  predicted_s: the sum of ``predicted_step_s``, the
+    what-if model's step times on the chosen cluster.  The reach columns are filled by the sweep
+    (they need every seed's baseline first).
     """
     figures = metrics.headline(records, cfg, final_window, bytes_over_run=True)
+    c = quality.curve(evals, records, final_window)
     return {
-        "label": run_label(cfg), "run_id": run_id, "run_dir": run_dir, "status": status,
+        "label": run_label(cfg), "seed": cfg.get("seed"), "run_id": run_id, "run_dir": run_dir, "status": status,
+        "diverged": status == "diverged" or quality.diverged(c, records),
         "baseline": is_plain_allreduce(cfg),
         "hook": cfg.get("hook"), "wrapper": cfg.get("wrapper"),
         "matrix_approximation_rank": cfg.get("matrix_approximation_rank"),
         "start_powerSGD_iter": cfg.get("start_powerSGD_iter"),
         "min_compression_rate": cfg.get("min_compression_rate"), "steps": len(records),
+        "quality": c.final, "quality_basis": c.basis, "accuracy": c.accuracy,
+        "bits_per_char": c.bits_per_char,
         "final_loss": figures["final_loss"], "bytes_per_step": figures["bytes_per_step"],
         "time_s": records[-1]["t"] if records else None, "median_step_s": figures["median_step_s"],
-        "link": config_link_label(cfg) or "loopback",
+        "predicted_s": sum(predicted_step_s) if predicted_step_s else None,
+        "link": config_link_label(cfg) or "loopback", "curve": c,
+        **dict.fromkeys(REACH_COLUMNS),
     }
 
 

@@ -20,20 +20,24 @@ summarized by its bytes and its collective count per step, medians over the run'
 (``commlab.analysis.metrics.steady_rows``, strictly: a profile describes the hook as configured,
 so it takes no start-up step and, for PowerSGD, no step before compression started).
 
-Assumptions, stated where results are shown: communication does not overlap computation (exact with
-one bucket, where DDP calls the hook after the last gradient; with several buckets the part of
-backward that runs inside the hook's window counts as communication, an upper bound), every
+Assumptions, stated where results are shown: communication overlaps computation by the share a
+run measured at its steady traced steps (``overlap_share``, ``commlab.analysis.timeline``: the part
+of the hook's communication hidden behind backward), so a step pays ``(1 - overlap_share) * comm``;
+a run with no such trace is taken not to overlap at all (exact with one bucket, where DDP calls the
+hook after the last gradient; with several buckets the part of backward that runs inside the
+hook's window counts as communication, an upper bound).  Every
 worker keeps its batch (weak scaling), so compute and arithmetic do not change with N; one flat
 ring whose slowest link has bandwidth beta.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from commlab.analysis import metrics, ring
+from commlab.analysis import metrics, ring, timeline
 from commlab.config import is_plain_allreduce, label_of
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -76,13 +80,15 @@ class HookProfile:
     run_id: str
     measured_over: str  # "loopback" or "emulated 1 Gb/s, 20 µs"
     steady_steps: int
+    overlap_share: float = 0.0  # of comm, hidden behind backward, as measured; 0: no overlap
 
     def comm_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
         return ring.allreduce_s(self.payload_bytes, world_size, bandwidth_gbps, latency_us,
                                 self.collectives)
 
     def step_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
-        return self.compute_s + self.arithmetic_s + self.comm_s(world_size, bandwidth_gbps, latency_us)
+        exposed = (1.0 - self.overlap_share) * self.comm_s(world_size, bandwidth_gbps, latency_us)
+        return self.compute_s + self.arithmetic_s + exposed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,7 +106,8 @@ def predict(profiles: Sequence[HookProfile], world_sizes: Iterable[int] = WORLD_
                 rows.append({"label": p.label, "hook": p.hook, "wrapper": p.wrapper, "world_size": n,
                              "bandwidth_gbps": bw, "latency_us": latency_us,
                              "compute_s": p.compute_s, "arithmetic_s": p.arithmetic_s,
-                             "comm_s": comm, "step_s": p.compute_s + p.arithmetic_s + comm})
+                             "comm_s": comm, "overlap_share": p.overlap_share,
+                             "step_s": p.step_s(n, bw, latency_us)})
     return rows
 
 
@@ -207,8 +214,19 @@ def profiles_from_runs(runs: Iterable, skip: int = metrics.WARMUP_STEPS, share_c
     time to every hook: compute does not depend on the hook, and sharing it keeps one run's noise
     from passing for a difference between hooks.  Runs that cannot be profiled are left out.
     """
+    runs = list(runs)
     loaded = [(r.id, r.config_dict(), r.metrics_records()) for r in runs]
-    return [p for _, _, p in _profiles(loaded, skip, share_compute)]
+    shares = {r.id: steady_overlap_share(r.timeline(), cfg, skip) for r, (_, cfg, _) in zip(runs, loaded)}
+    return [dataclasses.replace(p, overlap_share=shares[run_id] or 0.0)
+            for run_id, _, p in _profiles(loaded, skip, share_compute)]
+
+
+def steady_overlap_share(recorded: dict, cfg: dict, skip: int = metrics.WARMUP_STEPS) -> float | None:
+    """The overlap share of a run's traced steps (``RunFolder.timeline()``) that are steady, the
+    steps a profile describes; None when it traced none of them."""
+    first = metrics.first_steady_step(cfg, skip)
+    steady = {k: v for k, v in recorded.get("steps", {}).items() if int(k) >= first}
+    return timeline.run_overlap_share(steady)
 
 
 def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commlab.config import GROUPS, POWERSGD_HOOKS, ConfigError, RunConfig, Setting, settings
+from commlab.config import GROUPS, POWERSGD_HOOKS, RunConfig, Setting, settings
 from commlab.engine import launch as engine
 from commlab.engine import workload_probe
 from commlab.workloads import BUILTIN, DESCRIPTIONS
 
 # The Launch form's four columns, each a stack of the table's groups.
-COLUMNS = (("hook", "job"), ("powersgd",), ("workload",), ("instrument",))
+COLUMNS = (("hook", "job"), ("powersgd", "localsgd", "compressors"), ("workload",), ("instrument",))
 # The workload picker: one of the built-ins, or a person's own module:function.
 WORKLOAD_KINDS = ("built-in", "my module:function")
 
@@ -62,16 +62,18 @@ def widget(s: Setting, values: dict | None = None, value: Any = None, prefix: st
     where ``read_only``.  ``prefix`` starts its key; ``titled`` capitalizes its label, for pages
     that label in sentence case; ``own_workload`` asks for the module:function box."""
     value = s.default if value is None else value
-    kw: dict[str, Any] = {"help": s.help, "disabled": read_only(s, values or {})}
-    label, key = s.label, prefix + s.name
+    kw: dict[str, Any] = {"help": help_text(s), "disabled": read_only(s, values or {})}
+    label, key = readable_label(s), prefix + s.name
     if s.name == "workload":
         if own_workload:
             return Widget(s.name, "text_input", "module:function", key + "_own",
                           {**kw, "placeholder": "mymodel:make"})
         names = list(BUILTIN)
+        # The options are the short names (a column is narrow); the help describes each.
+        described = "\n".join(f"- **{k}**: {DESCRIPTIONS[k]}" for k in names)
         return Widget(s.name, "selectbox", _title("built-in workload", titled), key + "_builtin",
-                      {**kw, "options": names, "index": names.index(value) if value in names else 0,
-                       "format_func": lambda k: f"{k}: {DESCRIPTIONS[k]}"})
+                      {**kw, "help": f"{kw['help']}\n\n{described}", "options": names,
+                       "index": names.index(value) if value in names else 0})
     if s.choices:
         element = "selectbox"
         kw |= {"options": s.choices, "index": s.choices.index(value)}
@@ -89,15 +91,39 @@ def widget(s: Setting, values: dict | None = None, value: Any = None, prefix: st
     return Widget(s.name, element, _title(label, titled), key, kw)
 
 
+# A setting's name ends in its unit: the label says it in words.
+UNIT_SUFFIXES = {"_s": "s", "_us": "µs", "_gbps": "Gb/s", "_mb": "MiB"}
+
+
+def readable_label(s: Setting) -> str:
+    """A label that wraps between words: the table's own label, or the setting's name with
+    spaces for underscores and its unit in brackets (``stall_timeout_s``: "stall timeout (s)").
+    The name itself, PyTorch's spelling where PyTorch has one, is in the help (``help_text``)."""
+    label = s.label
+    if label == s.name:
+        unit = next((u for suffix, u in UNIT_SUFFIXES.items() if label.endswith(suffix)), None)
+        if unit:
+            label = label[:label.rindex("_")] + f" ({unit})"
+    head, _, tail = label.partition(" (")
+    return head.replace("_", " ") + (f" ({tail}" if tail else "")
+
+
+def help_text(s: Setting) -> str:
+    """The table's help, then the setting's exact name: PowerSGDState's argument for PowerSGD's."""
+    whose = "PowerSGDState's argument" if s.group == "powersgd" else "Setting"
+    return f"{s.help}\n\n{whose} `{s.name}` (CLI `{s.flag}`)."
+
+
 def axis_widget(s: Setting, base: RunConfig, prefix: str = "sweep_") -> Widget:
     """A sweep axis' widget: several of its choices, or comma-separated values; it shows the
     table's sweep values, else base's one."""
     shown = list(s.sweep) or [getattr(base, s.name)]
-    kw = {"help": s.help}
+    kw = {"help": help_text(s)}
+    label = _title(readable_label(s), True)
     if s.choices:
-        return Widget(s.name, "multiselect", _title(s.label, True), prefix + s.name,
+        return Widget(s.name, "multiselect", label, prefix + s.name,
                       {**kw, "options": s.choices, "default": shown})
-    return Widget(s.name, "text_input", f"{_title(s.label, True)} (comma-separated)", prefix + s.name,
+    return Widget(s.name, "text_input", f"{label} (comma-separated)", prefix + s.name,
                   {**kw, "value": ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in shown)})
 
 
@@ -112,12 +138,8 @@ def config_from_form(values: dict) -> tuple[RunConfig | None, dict[str, str]]:
     """(config, errors by field): the config is None when a value has the wrong type.  A user's
     workload is checked in a child process (``commlab.engine.workload_probe``), never in the
     server; its answer is kept until the person edits their module or the settings it reads."""
-    try:
-        cfg = RunConfig.from_dict(values, "the form")
-    except ConfigError as e:
-        return None, e.errors
-    errors = cfg.errors()
-    if not errors:
+    cfg, errors = RunConfig.checked(values, "the form")  # every bad field at once
+    if cfg is not None and not errors:
         msg = _probed(cfg)
         if msg:
             errors["workload"] = msg

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from commlab.analysis import metrics
-from commlab.config import default_runs_dir, label_of
+from commlab.config import POWERSGD_HOOKS, default_runs_dir, label_of
 from commlab.engine import store
 from commlab.engine.launch import open_run, workers_alive
 
@@ -22,10 +22,13 @@ class LiveView:
         self.run = open_run(path)
         self._tail = self.run.metrics_tail()
         self.rows: list[dict] = []
+        self._evals_tail = self.run.evals_tail()
+        self.evals: list[dict] = []  # the held-out evaluations so far (``RunFolder.evals``)
 
     def poll(self) -> int:
         new = self._tail.read_new()
         self.rows.extend(new)
+        self.evals.extend(self._evals_tail.read_new())
         return len(new)
 
     def status(self) -> dict:
@@ -58,10 +61,16 @@ class LiveView:
         last = rows[-1] if rows else {}
         figures = metrics.headline(rows, cfg)
         return {"step": last.get("step"), "steps_planned": cfg.get("steps"),
+                # steps count from 0: a run whose last step is 199 has done 200
+                "steps_done": last["step"] + 1 if rows else 0,
                 "loss": figures["final_loss"], "median_step_s": figures["median_step_s"],
                 "bytes_per_step": figures["bytes_per_step"], "steady_steps": figures["steady_steps"],
                 "plain_bytes_per_step": last.get("plain_bytes"),
-                "compression_ratio": last.get("compression_ratio")}
+                "compression_ratio": metrics.cumulative_compression_ratio(rows),
+                "steady_compression_ratio": metrics.steady_compression_ratio(rows, cfg),
+                # the latest held-out evaluation and its step (None before the first)
+                **store.heldout(self.evals),
+                "heldout_step": self.evals[-1]["step"] if self.evals else None}
 
 
 def run_choices(runs_dir: str | None = None) -> list[dict]:
@@ -78,22 +87,74 @@ def listed_status(run: store.RunFolder) -> str:
 
 
 def picker_label(run: store.RunFolder) -> str:
-    """A run folder as the run picker, the run table and the overlays name it: its settings
-    (``config.label_of``) and the run id's random tail, which tells twins apart."""
-    return f"{label_of(run.config_dict())} · {run.id[-4:]}"
+    """A run folder as the run picker, the run table and the overlays name it: the name a person
+    gave it, its settings (``config.label_of``) and the run id's random tail, which tells twins
+    apart."""
+    name = run.notes()["name"]
+    return f"{name + ': ' if name else ''}{label_of(run.config_dict())} · {run.id[-4:]}"
+
+
+# The run table's PowerSGD columns: empty for a run of another hook, which never read them.
+POWERSGD_COLUMNS = ("rank", "start_iter", "min_compression_rate", "use_error_feedback", "warm_start")
 
 
 def run_table(runs_dir: str | None = None) -> list[dict]:
-    """One row per run: its settings, status and headline figures (``RunFolder.summary``)."""
+    """One row per run: its settings, status and headline figures (``RunFolder.summary``), the
+    name and note a person gave it and the sweep it belongs to ("" for none)."""
+    runs_dir = runs_dir or default_runs_dir()
+    sweeps = sweep_of(runs_dir)
     rows = []
-    for run in store.list_runs(runs_dir or default_runs_dir()):
+    for run in store.list_runs(runs_dir):
         cfg = run.config_dict()
-        rows.append({**_summary(run), "label": picker_label(run),
-                     "min_compression_rate": cfg.get("min_compression_rate"),
-                     "use_error_feedback": cfg.get("use_error_feedback"),
-                     "warm_start": cfg.get("warm_start"), "bucket_cap_mb": cfg.get("bucket_cap_mb"),
-                     "backend": run.launch_info().get("backend")})
+        row = {**_summary(run), "label": picker_label(run), **run.notes(),
+               "sweep": sweeps.get(str(run.path.resolve()), ""),
+               "min_compression_rate": cfg.get("min_compression_rate"),
+               "use_error_feedback": cfg.get("use_error_feedback"),
+               "warm_start": cfg.get("warm_start"), "bucket_cap_mb": cfg.get("bucket_cap_mb"),
+               "backend": run.launch_info().get("backend")}
+        if cfg.get("hook") not in POWERSGD_HOOKS:
+            row |= dict.fromkeys(POWERSGD_COLUMNS)
+        rows.append(row)
     return rows
+
+
+def sweep_of(runs_dir: str) -> dict[str, str]:
+    """Resolved run folder -> the id of the sweep that started it."""
+    from commlab.tune.sweep import list_sweeps
+
+    out = {}
+    for sweep in list_sweeps(runs_dir):
+        for entry in sweep.state().get("runs", []):
+            if entry.get("run_dir"):
+                out[str(Path(entry["run_dir"]).resolve())] = sweep.id
+    return out
+
+
+def filter_rows(rows: list[dict], **chosen: list) -> list[dict]:
+    """The rows whose value of each named column is among the chosen ones (none chosen: all)."""
+    return [r for r in rows if all(not allowed or r.get(col) in allowed
+                                   for col, allowed in chosen.items())]
+
+
+def config_diff(a: str | Path, b: str | Path, every: bool = False) -> list[dict]:
+    """Two runs' settings side by side, one row per setting (those that differ, or ``every``):
+    setting, the first run's value, the second's."""
+    ca, cb = store.RunFolder(a).config_dict(), store.RunFolder(b).config_dict()
+    return [{"setting": k, "first": _cell(ca.get(k)), "second": _cell(cb.get(k)),
+             "differs": ca.get(k) != cb.get(k)}
+            for k in dict.fromkeys([*ca, *cb]) if every or ca.get(k) != cb.get(k)]
+
+
+def _cell(v) -> str:
+    # One text column: a table column of mixed types (a list, a bool, a number) shows none well.
+    return "–" if v is None else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def metrics_csv(path: str | Path) -> bytes:
+    """A run's metrics.jsonl as CSV, one row per step, every field a column."""
+    import pandas as pd
+
+    return pd.DataFrame(store.RunFolder(path).metrics_records()).to_csv(index=False).encode()
 
 
 def _summary(run: store.RunFolder) -> dict:

@@ -1,0 +1,120 @@
+"""One step's timeline, rank by rank: what it holds, how much communication backward hid, and the
+same timeline as a Chrome trace (the JSON format Perfetto and chrome://tracing open).
+
+A rank's step is a list of events, each a dict with ``kind``, ``start`` and ``end`` (seconds on the
+rank's ``time.perf_counter``, one clock for every rank of a machine) and, by kind:
+
+- ``backward``, ``optimizer``: the compute thread's phases (``loss.backward()`` ends once DDP has
+  waited for every bucket's future);
+- ``hook``: DDP calling the hook for ``bucket`` (its gradients are ready) until the hook returned;
+- ``future``: from that call until the hook's future completed (the bucket's window);
+- ``collective``: one ``all_reduce``, from its issue until it completed, with ``bucket`` (None when
+  issued outside a hook), ``category`` (hook, measure, other: see ``commlab.hooks.instrument``),
+  ``bytes``, ``thread`` (the issuing thread's name) and ``link_s``, the part of it that only the
+  emulated link held back (0 without one).
+"""
+from __future__ import annotations
+
+COMPUTE, COMM = "compute", "comm"  # the two threads of a rank in the Chrome trace
+PHASES = ("backward", "optimizer", "hook")  # drawn on the compute thread; the rest on comm
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def backward_compute(events: list[dict]) -> tuple[float, float] | None:
+    """From backward's start to the last hook call: after it, autograd has nothing left to compute
+    and backward only waits for the buckets' futures."""
+    backward = [e for e in events if e["kind"] == "backward"]
+    hooks = [e["start"] for e in events if e["kind"] == "hook"]
+    if not backward or not hooks:
+        return None
+    return backward[0]["start"], max(hooks)
+
+
+def _minus(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out = []
+    for a, b in intervals:
+        for h0, h1 in _union(holes):
+            if h1 <= a or h0 >= b:
+                continue
+            if h0 > a:
+                out.append((a, h0))
+            a = max(a, h1)
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in xs for c, d in ys)
+
+
+def overlap_share(events: list[dict]) -> float | None:
+    """Communication hidden behind backward / all communication: the time the hook's collectives
+    were in flight while backward computed, over the time they were in flight at all.  Backward
+    computes from its start to the last hook call, except while it is inside a hook call: a hook
+    that waits for its collectives in its body stops backward, and hides nothing then."""
+    window = backward_compute(events)
+    comm = _union([(e["start"], e["end"]) for e in events
+                   if e["kind"] == "collective" and e.get("category") == "hook"])
+    total = _length(comm)
+    if window is None or total <= 0:
+        return None
+    computing = _minus([window], [(e["start"], e["end"]) for e in events if e["kind"] == "hook"])
+    return _intersect(comm, computing) / total
+
+
+def run_overlap_share(steps: dict[str, dict[str, list[dict]]]) -> float | None:
+    """The mean of ``overlap_share`` over every traced step and rank that communicated."""
+    shares = [s for ranks in steps.values() for events in ranks.values()
+              if (s := overlap_share(events)) is not None]
+    return sum(shares) / len(shares) if shares else None
+
+
+def _name(e: dict) -> str:
+    bucket = e.get("bucket")
+    where = f" bucket {bucket}" if bucket is not None else ""
+    if e["kind"] == "collective":
+        return f"allreduce ({e.get('category')}){where}"
+    return f"{e['kind']}{where}"
+
+
+def chrome_trace(steps: dict[str, dict[str, list[dict]]]) -> dict:
+    """``{"traceEvents": [...]}``: one process per rank, a compute and a communication thread,
+    complete ("X") events in microseconds from the earliest event of any rank; the emulated part
+    of a collective is a nested event of its own."""
+    all_events = [e for ranks in steps.values() for events in ranks.values() for e in events]
+    t0 = min((e["start"] for e in all_events), default=0.0)
+    out: list[dict] = []
+    ranks = sorted({int(r) for step in steps.values() for r in step})
+    for rank in ranks:
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+        for tid, name in enumerate((COMPUTE, COMM)):
+            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                        "args": {"name": name}})
+    for step, by_rank in steps.items():
+        for rank, events in by_rank.items():
+            for e in events:
+                tid = 0 if e["kind"] in PHASES else 1
+                args = {k: v for k, v in e.items() if k not in ("kind", "start", "end")}
+                out.append({"ph": "X", "name": _name(e), "cat": e["kind"], "pid": int(rank),
+                            "tid": tid, "ts": (e["start"] - t0) * 1e6,
+                            "dur": max(e["end"] - e["start"], 0.0) * 1e6,
+                            "args": {"step": int(step), **args}})
+                if e.get("link_s", 0) > 0:
+                    out.append({"ph": "X", "name": "emulated link", "cat": "link", "pid": int(rank),
+                                "tid": tid, "ts": (e["end"] - e["link_s"] - t0) * 1e6,
+                                "dur": e["link_s"] * 1e6, "args": {"step": int(step)}})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}

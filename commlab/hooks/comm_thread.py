@@ -1,0 +1,148 @@
+"""One communication thread per process, so that a hook that must wait for its own collectives
+does not hold up backward.
+
+Gloo pairs collectives across ranks by the order each rank issues them, and a collective must not
+be issued from a future callback (Gloo runs those on its own two threads).  commlab's PowerSGD
+waits in its body for its uncompressed and P allreduces before it can issue the Q allreduce; run
+in the hook itself, that wait stops backward.  Here the hook hands its body to one thread per
+process and returns a future at once: the thread takes the bodies in the order DDP called the
+hooks (bucket order, the same on every rank), so every rank issues the same collectives in the
+same order, and it completes the hook's future with what the body's last future yields.
+
+A body that fails fails its hook's future (DDP raises it in backward); every body queued after
+it is failed unrun, because the ranks' collective order is lost by then.  ``close()`` ends the
+thread; ``configure(overlap=False)`` makes hooks run their bodies in place (the blocking variant,
+kept for comparison).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+JOIN_TIMEOUT_S = 5.0  # a thread stuck in a collective whose peer is gone is left to die with us
+
+Job = Callable[[], Any]  # returns a value, or a Future whose value completes the hook's future
+
+
+def _complete(outer: torch.futures.Future, inner: torch.futures.Future) -> None:
+    try:
+        outer.set_result(inner.value())
+    except Exception as e:  # a failed collective: the hook's future carries the error
+        outer.set_exception(e)
+
+
+class CommThread:
+    """A FIFO of hook bodies, run one at a time on a thread of their own."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._unissued = 0  # bodies submitted whose collectives are not all issued yet
+        self._failed: BaseException | None = None
+        self.pid = os.getpid()
+        self._thread = threading.Thread(target=self._serve, name="commlab-comm", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job, tag: Any = None) -> torch.futures.Future:
+        """Queue ``job``; the returned future completes with its result.  ``tag`` (a bucket's
+        index) is what ``job_tag()`` returns while the job runs."""
+        fut: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            self._unissued += 1
+        self._queue.put((job, fut, tag))
+        return fut
+
+    def idle(self) -> bool:
+        """True when every submitted body has issued all its collectives.  Only the thread that
+        submits (DDP's, which calls the hooks) may rely on it staying true."""
+        with self._lock:
+            return self._unissued == 0
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _serve(self) -> None:
+        while (item := self._queue.get()) is not None:
+            job, fut, _running.tag = item
+            try:
+                if self._failed is not None:
+                    raise RuntimeError("not issued: an earlier collective on this rank's "
+                                       f"communication thread failed ({self._failed!r})")
+                result = job()
+            except BaseException as e:
+                self._failed = self._failed or e
+                fut.set_exception(e)
+            else:
+                if isinstance(result, torch._C.Future):  # what Work.get_future() returns too
+                    result.add_done_callback(lambda inner, outer=fut: _complete(outer, inner))
+                else:
+                    fut.set_result(result)
+            finally:
+                _running.tag = None
+                with self._lock:
+                    self._unissued -= 1
+
+    def close(self) -> None:
+        """Stop after the queued bodies; a body still queued past the join timeout dies with us."""
+        self._queue.put(None)
+        self._thread.join(JOIN_TIMEOUT_S)
+
+
+_overlap = True
+_current: CommThread | None = None
+_lock = threading.Lock()
+_running = threading.local()  # on the thread: the tag of the job it runs
+
+
+def job_tag() -> Any:
+    """The tag of the job the calling thread runs for a hook (None off the thread, or untagged)."""
+    return getattr(_running, "tag", None)
+
+
+def configure(overlap: bool) -> None:
+    """Whether hooks hand their bodies to the thread (True, the default) or block in place."""
+    global _overlap
+    _overlap = overlap
+
+
+def current() -> CommThread | None:
+    """This process's communication thread, started on first use; None when overlap is off."""
+    global _current
+    if not _overlap:
+        return None
+    with _lock:
+        # A forked child inherits the object but not the thread.
+        if _current is None or _current.pid != os.getpid() or not _current.alive:
+            _current = CommThread()
+        return _current
+
+
+def in_order(job: Job, tag: Any = None) -> torch.futures.Future:
+    """Run ``job`` (which issues collectives) where it keeps this process's collective order:
+    behind the thread's unissued bodies when there are any, else here and now.  For collectives
+    issued from a hook that may or may not use the thread (the instrument's exact mean)."""
+    comm = _current if _current is not None and _current.pid == os.getpid() else None
+    if comm is not None and comm.alive and not comm.idle():
+        return comm.submit(job, tag)
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(job())
+    return fut
+
+
+def close() -> None:
+    """End this process's communication thread, if it started one."""
+    global _current
+    with _lock:
+        comm, _current = _current, None
+    if comm is not None and comm.pid == os.getpid():
+        comm.close()
+
+
+atexit.register(close)

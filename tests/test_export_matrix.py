@@ -1,0 +1,518 @@
+"""Every export run as pasted: format × hook/wrapper × one or several buckets, on two Gloo ranks.
+
+One job runs the whole matrix, launched by the exported several-nodes torchrun line itself, run
+as two agents on 127.0.0.1 (two nodes of one process): each plain-DDP and Accelerate snippet (every
+hook and wrapper, one bucket and several) and one Lightning snippet per distinct code path, each
+pasted as it is into a function of one training script that trains a tiny model for a few steps
+inside the one process group.  The hook is proven to have run by a counter: the training script
+wraps ``DistributedDataParallel.register_comm_hook`` so that each registered hook counts its
+calls; PowerSGD's state shows it compressed; the exported checkpoint lines save and load it.  The
+same workers check that ``from commlab.hooks import ...`` imported none of the lab.
+
+The rest is pure and fast: the text of every cell, the injection cases, exact floats, no path of
+this machine in a file, a workload never imported.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from commlab.config import HOOKS, WRAPPERS, RunConfig
+from commlab.hooks import registry
+from commlab.tune import export
+from commlab.tune.export import ExportRefused, Target
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_TIMEOUT_S = 600
+BUCKETS = {"one": 64.0, "several": 0.004}  # MiB: the tiny model below makes 2 buckets at 0.004
+STEPS = 4
+# Every hook production code can register (the registry's table names its functions), each wrapper.
+CELLS = [(h, w) for h in HOOKS if export.exportable(RunConfig(hook=h)) for w in WRAPPERS
+         if not (h == "noop" and w != "none")]
+# One Lightning snippet per distinct path: commlab's hook with state and a wrapper, PyTorch's
+# hook without state, commlab's batched hook, PyTorch's hook with commlab's wrapper.
+LIGHTNING_CELLS = [("powersgd", "bf16", "several"), ("fp16", "none", "one"),
+                   ("batched_powersgd", "none", "several"), ("allreduce", "bf16", "one")]
+# Every snippet is made for the two-node line that launches them: 2 nodes of 1 process.
+NODES = Target(backend="gloo", nnodes=2, nproc_per_node=1, script="train.py")
+# The configurations tests/test_export.py ran before this matrix: each setting spelled out reaches
+# PowerSGDState (one bucket).
+EARLIER = {
+    "powersgd_fp16": RunConfig(hook="powersgd", wrapper="fp16", matrix_approximation_rank=2,
+                               start_powerSGD_iter=2, min_compression_rate=1.5, random_seed=7,
+                               bucket_cap_mb=64.0),
+    "powersgd_plain": RunConfig(hook="powersgd", matrix_approximation_rank=1, start_powerSGD_iter=3,
+                                use_error_feedback=False, warm_start=False, bucket_cap_mb=64.0),
+}
+
+
+def cfg_for(hook: str, wrapper: str, buckets: str) -> RunConfig:
+    return RunConfig(hook=hook, wrapper=wrapper, bucket_cap_mb=BUCKETS[buckets], start_powerSGD_iter=2)
+
+
+def _uncomment(text: str, starts: str) -> str:
+    """The commented code line of ``text`` that begins with ``starts``, as code."""
+    (line,) = [ln[4:] for ln in text.splitlines() if ln.startswith("#   " + starts)]
+    return line.split("  # ")[0]
+
+
+def _checkpoint_lines(text: str) -> tuple[str, str]:
+    save, load = [ln[4:].split("  # ")[0] for ln in text.splitlines()
+                  if ln.startswith("#   ") and ("comm_hook_state" in ln)]
+    return save, load
+
+
+# --------------------------------------------------------------------------- the training script
+PRELUDE = '''
+import collections, gc, inspect, json, os, sys
+# commlab's hooks as a library: PyTorch's names, signatures and state class, none of the lab
+from commlab.hooks import (PowerSGDState, batched_powerSGD_hook, bf16_compress_hook,
+                           bf16_compress_wrapper, powerSGD_hook)
+import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as _torch_psgd
+LIBRARY = {"lab_modules": sorted(m for m in ("streamlit", "plotly", "pandas") if m in sys.modules),
+           "same_state": PowerSGDState is _torch_psgd.PowerSGDState,
+           "same_signatures": all(inspect.signature(f) == inspect.signature(getattr(_torch_psgd, f.__name__))
+                                  for f in (powerSGD_hook, batched_powerSGD_hook))}
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+CALLS = collections.Counter()  # registered hook -> how many buckets it reduced
+NAMES = {}
+LAST = []  # the DDP models hooks were registered on, last last (Lightning unwraps its own)
+_register = DistributedDataParallel.register_comm_hook
+
+
+def _counting_register(self, state, hook):
+    key = id(self)
+    NAMES[key] = (hook.__qualname__, hook.__module__)
+    LAST.append(self)
+
+    def counted(state, bucket):
+        CALLS[key] += 1
+        return hook(state, bucket)
+
+    return _register(self, state, counted)
+
+
+DistributedDataParallel.register_comm_hook = _counting_register
+
+
+def tiny():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+
+
+def batches(n):
+    g = torch.Generator().manual_seed(dist.get_rank())
+    return [torch.randn(16, 32, generator=g) for _ in range(n)]
+
+
+def loss_of(out, x):
+    return nn.functional.cross_entropy(out, x[:, :8].argmax(1))
+
+
+def summary(ddp_model, module, state):
+    flat = torch.cat([p.detach().flatten() for p in module.parameters()])
+    every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, flat)
+    data = ddp_model._get_ddp_logging_data()
+    out = {"max_diff": max((t - flat).abs().max().item() for t in every),
+           "finite": bool(torch.isfinite(flat).all()), "calls": CALLS[id(ddp_model)],
+           "hook": NAMES.get(id(ddp_model), (None, None))[0],
+           "module": NAMES.get(id(ddp_model), (None, None))[1], "buckets": len(data.get("rebuilt_bucket_sizes", "").split(","))}
+    if state is not None:
+        out.update(iter=state.iter, before=state.total_numel_before_compression,
+                   after=state.total_numel_after_compression, cls=type(state).__name__,
+                   rank=state.matrix_approximation_rank, start=state.start_powerSGD_iter,
+                   ef=state.use_error_feedback, warm=state.warm_start,
+                   rate=state.min_compression_rate)
+    return out
+
+
+def run_cell(fn):
+    import time
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:  # every rank fails alike at registration; the test reports the cell
+        out = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {**out, "seconds": round(time.perf_counter() - t0, 3)}
+'''
+
+DDP_CELL = '''
+def ddp_{i}():
+    model = tiny()
+{ddp_line}
+{snippet}
+    state = locals().get("state")
+    opt = torch.optim.SGD(ddp_model.parameters(), lr=0.05)
+    for x in batches({steps}):
+        opt.zero_grad()
+        loss_of(ddp_model(x), x).backward()
+        opt.step()
+    out = summary(ddp_model, model, state)
+    if state is not None:
+        os.makedirs(f"rank{{dist.get_rank()}}", exist_ok=True)
+        os.chdir(f"rank{{dist.get_rank()}}")
+        {save}
+        saved_iter = state.iter
+        {load}
+        os.chdir("..")
+        out["resumed_iter"], out["resumed_cls"] = state.iter, type(state).__name__
+    return out
+'''
+
+ACCELERATE_CELL = '''
+def accelerate_{i}():
+    model = tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+{snippet}
+    state = locals().get("state")
+    for x in batches({steps}):
+        optimizer.zero_grad()
+        accelerator.backward(loss_of(model(x), x))
+        optimizer.step()
+    out = summary(model, model.module, state)
+    out["distributed_type"] = str(accelerator.distributed_type)
+    return out
+'''
+
+LIGHTNING_CELL = '''
+def lightning_{i}():
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = tiny()
+
+        def training_step(self, x, _):
+            return loss_of(self.net(x), x)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+{snippet}
+    state = locals().get("state")
+    trainer.fit_loop.max_epochs = 1
+    module = Tiny()
+    # Lightning's DistributedSampler gives each rank half of these: {steps} steps each
+    trainer.fit(module, DataLoader(batches(2 * {steps}), batch_size=None))
+    return summary(LAST[-1], module, state)
+'''
+
+EPILOGUE = '''
+if __name__ == "__main__":
+    cells = {names}
+    results = {{name: run_cell(fn) for name, fn in cells.items()}}
+    results["library"] = LIBRARY
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f)
+    gc.collect()  # DDP models gone before the group: Gloo can abort at exit otherwise
+    if dist.is_initialized():
+        dist.destroy_process_group()
+'''
+
+
+def _indent(text: str) -> str:
+    return textwrap.indent(text, "    ")
+
+
+def matrix_script() -> tuple[str, dict[str, tuple]]:
+    """The training script and what each of its cells is: name -> (format, hook, wrapper, buckets)."""
+    parts, cells = [PRELUDE, "dist.init_process_group('gloo')\n"], {}
+    for hook, wrapper in CELLS:
+        for buckets in BUCKETS:
+            cfg = cfg_for(hook, wrapper, buckets)
+            i = len(cells)
+            text = export.render(cfg, "ddp", NODES).text
+            save, load = _checkpoint_lines(text) if cfg.is_powersgd else ("pass", "pass")
+            parts.append(DDP_CELL.format(i=i, ddp_line=_indent(_uncomment(text, "ddp_model =")),
+                                         snippet=_indent(text), steps=STEPS, save=save, load=load))
+            cells[f"ddp_{i}"] = ("ddp", hook, wrapper, buckets)
+            try:
+                text = export.render(cfg, "accelerate", NODES).text
+            except ExportRefused:
+                continue
+            parts.append(ACCELERATE_CELL.format(i=i, snippet=_indent(text), steps=STEPS))
+            cells[f"accelerate_{i}"] = ("accelerate", hook, wrapper, buckets)
+    for name, cfg in EARLIER.items():
+        text = export.render(cfg, "ddp", NODES).text
+        parts.append(DDP_CELL.format(i=f"earlier_{name}", ddp_line=_indent(_uncomment(text, "ddp_model =")),
+                                     snippet=_indent(text), steps=STEPS, save="pass", load="pass"))
+        cells[f"ddp_earlier_{name}"] = ("ddp", cfg.hook, cfg.wrapper, "one")
+    for hook, wrapper, buckets in LIGHTNING_CELLS:
+        i = len(cells)
+        text = export.render(cfg_for(hook, wrapper, buckets), "lightning", NODES).text
+        parts.append(LIGHTNING_CELL.format(i=i, snippet=_indent(text), steps=STEPS))
+        cells[f"lightning_{i}"] = ("lightning", hook, wrapper, buckets)
+    parts.append(EPILOGUE.format(names="{" + ", ".join(f"{n!r}: {n}" for n in cells) + "}"))
+    return "\n".join(parts), cells
+
+
+def _bash_torchrun(extra: str = "") -> str:
+    """A ``torchrun`` for the exported lines: commlab's, whose stores listen on loopback only."""
+    return (f'torchrun() {{ {sys.executable} -m commlab.engine.torchrun --local-addr 127.0.0.1 '
+            f'--max-restarts 0 {extra} "$@"; }}\n')
+
+
+def _env() -> dict:
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
+            "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+
+
+def _several_nodes_line(text: str) -> str:
+    return text.split(export.HEAD_NODE_CHECK)[-1] if export.HEAD_NODE_CHECK in text else \
+        text.split("every node reaches.\n")[-1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_agents(line: str, cwd: Path) -> list[tuple[int, str]]:
+    """The exported several-nodes line run as two agents on this machine: (exit code, log) each.
+    Both agents match the endpoint's host here, so each is told whether it serves the store."""
+    agents = []
+    for i, is_host in enumerate((1, 0)):
+        log = open(cwd / f"agent{i}.log", "w")
+        agents.append((subprocess.Popen(["bash", "-c", _bash_torchrun(f"--rdzv-conf is_host={is_host}")
+                                         + "export OMP_NUM_THREADS=1\n" + line],
+                                        stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=cwd,
+                                        start_new_session=True), log))
+    try:
+        for proc, _ in agents:
+            proc.wait(timeout=JOB_TIMEOUT_S)
+    finally:
+        for proc, log in agents:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+    return [(proc.returncode, (cwd / f"agent{i}.log").read_text()) for i, (proc, _) in enumerate(agents)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_every_snippet_runs_as_pasted_under_the_two_node_torchrun_line(tmp_path):
+    script, cells = matrix_script()
+    (tmp_path / "train.py").write_text(script)
+    out = tmp_path / "out.json"
+    launch = export.render(cfg_for("powersgd", "none", "several"), "torchrun",
+                           dataclasses.replace(NODES, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+                                               script_args=[str(out)])).text
+    ended = _two_agents(_several_nodes_line(launch), tmp_path)
+    assert [rc for rc, _ in ended] == [0, 0], "\n".join(log[-4000:] for _, log in ended)
+    results = json.loads(out.read_text())
+    assert results.pop("library") == {"lab_modules": [], "same_state": True, "same_signatures": True}
+    for name, (fmt, hook, wrapper, buckets) in cells.items():
+        r = results[name]
+        assert "error" not in r, (name, cells[name], r)
+        assert r["buckets"] == (1 if buckets == "one" else 2), (name, r)
+        assert r["finite"], (name, r)
+        if fmt == "accelerate":
+            assert r["distributed_type"] == "DistributedType.MULTI_CPU"
+            if (hook, wrapper) == ("allreduce", "none"):
+                assert r["calls"] == 0  # comm_hook=NO: DDP's own allreduce, no hook registered
+                continue
+        # The exported hook ran for every bucket of every step (the first step has one bucket).
+        assert r["calls"] == 1 + (STEPS - 1) * r["buckets"], (name, r)
+        if hook == "noop":
+            assert r["max_diff"] > 0  # noop averages nothing: the replicas drift apart
+        else:
+            assert r["max_diff"] < 1e-5, (name, r)
+        last = export.choices(RunConfig(hook=hook, wrapper=wrapper), "gloo")[-1]
+        attr = last.piece.attr
+        if fmt == "accelerate" and hook == "allreduce" and not last.commlab:
+            attr = f"{wrapper}_compress_hook"  # wrapper(allreduce_hook) said as the compress hook
+        assert attr in r["hook"], (name, r["hook"])  # the outer piece is the right one
+        assert r["module"].startswith("commlab.hooks") == last.commlab, (name, r["module"])
+        if hook in ("powersgd", "batched_powersgd"):
+            assert r["iter"] == STEPS and r["after"] < r["before"], (name, r)  # it compressed
+            if fmt == "ddp":  # the exported checkpoint lines saved and loaded the state
+                assert (r["resumed_iter"], r["resumed_cls"]) == (STEPS, "PowerSGDState")
+    for name, cfg in EARLIER.items():  # the settings each snippet spells out reach the state
+        r = results[f"ddp_earlier_{name}"]
+        assert r["finite"] and "error" not in r, r
+        if cfg.is_powersgd:
+            assert (r["rank"], r["start"], r["ef"], r["warm"], r["rate"]) == (
+                cfg.matrix_approximation_rank, cfg.start_powerSGD_iter, cfg.use_error_feedback,
+                cfg.warm_start, cfg.min_compression_rate)
+            assert r["iter"] == STEPS and r["after"] < r["before"]
+    seconds = {name: results[name]["seconds"] for name in results}
+    print(f"\ncells: {len(results)}, seconds in cells: {sum(seconds.values()):.1f}", seconds)
+
+
+# --------------------------------------------------------------------------- the text of every cell
+@pytest.mark.parametrize("fmt", ["ddp", "lightning", "accelerate"])
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_every_cell_uses_commlabs_piece_exactly_where_pytorchs_fails(fmt, backend):
+    for hook, wrapper in CELLS:
+        cfg = cfg_for(hook, wrapper, "several")
+        try:
+            text = export.render(cfg, fmt, Target(backend=backend)).text
+        except ExportRefused as e:
+            assert fmt == "accelerate" and hook == "noop", e
+            continue
+        compile(text, "<snippet>", "exec")
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("# Hooks: ")]
+        for piece in registry.pieces(hook, wrapper, backend):
+            ours = bool(piece.fails)
+            assert (f"commlab's {piece.attr}" in line) == ours, (hook, wrapper, line)
+            assert (f"commlab_hooks.{piece.attr}" in text) == ours, text
+            if "DDPCommunicationHookType." not in text:  # else Accelerate names PyTorch's
+                assert (f"{export._alias(piece.module)}.{piece.attr}" in text) == (not ours), text
+        assert ("AnyDeviceDDPStrategy" in text) == (fmt == "lightning" and backend == "gloo")
+        assert ("cpu=True" in text) == (fmt == "accelerate" and backend == "gloo")
+        assert "impl=" not in text and "impl=" not in " ".join(export.notes(cfg, Target(backend=backend)))
+        assert ("comm_hook_state" in text) == cfg.is_powersgd and "Checkpoint" in text
+
+
+def test_every_hook_the_exports_name_exists():
+    import importlib
+
+    for hook, wrapper in CELLS:
+        for backend in registry.BACKENDS:
+            for c in export.choices(RunConfig(hook=hook, wrapper=wrapper), backend):
+                assert hasattr(importlib.import_module(c.module), c.piece.attr), c
+
+
+def test_accelerate_launch_lines_start_n_processes_and_name_every_multi_node_argument():
+    cfg = RunConfig(hook="fp16", world_size=4)
+    cpu = export.render(cfg, "accelerate", Target(backend="gloo", nnodes=2)).text
+    assert "#   torchrun --standalone --nnodes 1 --nproc-per-node 4 train.py\n" in cpu
+    assert '--nnodes 2 --nproc-per-node 4 --rdzv-id commlab --rdzv-backend c10d --rdzv-endpoint ' \
+           '"$HEAD_NODE:29500" train.py' in cpu
+    gpu = export.render(cfg, "accelerate", Target(backend="nccl", nnodes=3,
+                                                  rdzv_endpoint="10.0.0.1:29400")).text
+    line = _uncomment(gpu, "accelerate launch")
+    assert line == ('accelerate launch --multi_gpu --num_machines 3 --num_processes 12 --machine_rank '
+                    '"$NODE_RANK" --main_process_ip 10.0.0.1 --main_process_port 29400 train.py')
+    assert "--machine_rank" not in export.render(cfg, "accelerate", Target(backend="nccl")).text
+
+
+def test_accelerate_parses_the_exported_gpu_launch_line():
+    pytest.importorskip("accelerate")
+    from accelerate.commands.launch import launch_command_parser
+
+    text = export.render(RunConfig(hook="fp16"), "accelerate", Target(backend="nccl", nnodes=2)).text
+    words = _uncomment(text, "accelerate launch").replace('"$NODE_RANK"', "1") \
+        .replace('"$HEAD_NODE"', "10.0.0.1").split()[2:]
+    args = launch_command_parser().parse_args(words)
+    assert (args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port,
+            args.multi_gpu) == (2, 1, "10.0.0.1", 29500, True)
+
+
+def test_launch_lines_set_threads_cpus_and_document_the_port():
+    target = Target(backend="gloo", nnodes=2, nproc_per_node=4, threads_per_process=3)
+    slurm = export.render(RunConfig(), "slurm", target).text
+    assert "#SBATCH --cpus-per-task=12\n" in slurm and "export OMP_NUM_THREADS=3\n" in slurm
+    torchrun = export.render(RunConfig(), "torchrun", target).text
+    assert "export OMP_NUM_THREADS=3\n" in torchrun and export.PORT_NOTE.split(":")[0] in torchrun
+    with pytest.raises(ValueError, match="threads_per_process"):
+        export.render(RunConfig(), "slurm", Target(threads_per_process=0))
+
+
+# --------------------------------------------------------------------------- safe and exact text
+NASTY = ["a\nimport os; os.system('touch PWNED')", "x'); import os #", 'q"""\n""";x=1', "$(touch PWNED)",
+         "`touch PWNED`", "a\rb", "u\u2028v\x85w", "back\\slash\\", "run\n#SBATCH --evil"]
+
+
+def _python_marker_positions(text: str) -> None:
+    """Every Python snippet: the only code is the export's own (no marker outside a comment or
+    string), and it still compiles."""
+    compile(text, "<snippet>", "exec")
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in (tokenize.COMMENT, tokenize.STRING):
+            assert "PWNED" not in tok.string and "evil" not in tok.string, tok
+    # each comment line stayed one line: no statement the export did not write
+    names = {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
+    assert "os" not in names and "x" not in names
+
+
+@pytest.mark.parametrize("nasty", NASTY)
+def test_no_user_string_leaves_a_comment_or_literal_in_python(nasty):
+    cfg = RunConfig(hook="powersgd", wrapper="fp16")
+    for backend in registry.BACKENDS:
+        target = Target(backend=backend, nnodes=2, script=nasty, script_args=[nasty, "--x", nasty],
+                        rdzv_endpoint=nasty + ":1")
+        for fmt in ("ddp", "lightning", "accelerate"):
+            _python_marker_positions(export.render(cfg, fmt, target, source=nasty).text)
+
+
+@pytest.mark.slow
+def test_no_user_string_runs_in_the_shell_and_every_one_arrives_intact(tmp_path):
+    target = Target(backend="gloo", nnodes=2, script=NASTY[0], script_args=NASTY,
+                    rdzv_endpoint=NASTY[3] + ":1")
+    fake = 'torchrun() { printf "%s\\0" "$@"; printf "\\n"; }\nscontrol() { echo node7; }\n'
+    for fmt in ("torchrun", "slurm"):
+        text = export.render(RunConfig(hook="powersgd"), fmt, target, source=NASTY[1]).text
+        body = fake + text.replace("srun torchrun", "torchrun")
+        proc = subprocess.run(["bash", "-c", body], capture_output=True, cwd=tmp_path,
+                              env={**os.environ, "LANG": "C.UTF-8", "SLURM_NNODES": "2",
+                                   "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "x", "HEAD_NODE": "h"},
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert not (tmp_path / "PWNED").exists()
+        # bytes: a text-mode pipe would turn the \r of an argument into \n
+        runs = [r.decode().split("\0") for r in proc.stdout.split(b"\0\n") if r]
+        assert len(runs) == (2 if fmt == "torchrun" else 1)
+        for argv in runs:
+            assert argv[-len(NASTY) - 1:] == [NASTY[0], *NASTY], (fmt, argv)
+        if fmt == "torchrun":
+            assert runs[1][runs[1].index("--rdzv-endpoint") + 1] == NASTY[3] + ":1"
+    for fmt in ("ddp", "lightning", "accelerate"):  # the launch comments of the Python exports
+        text = export.render(RunConfig(), fmt, target).text
+        assert all(ln.startswith("#") or not re.search("PWNED|evil", ln) for ln in text.splitlines())
+
+
+def test_floats_are_exact_and_no_file_names_a_path_of_this_machine(tmp_path):
+    cfg = RunConfig(hook="powersgd", bucket_cap_mb=0.1 + 0.2, min_compression_rate=1.0000001,
+                    orthogonalization_epsilon=1e-300, runs_dir=str(tmp_path / "my runs"))
+    for fmt in ("ddp", "lightning", "accelerate"):
+        text = export.render(cfg, fmt, Target()).text
+        assert "bucket_cap_mb=0.30000000000000004" in text, fmt
+        assert "min_compression_rate=1.0000001" in text and "1e-300" in text
+    for fmt in export.FORMATS:
+        text = export.render(cfg, fmt, Target()).text
+        assert str(tmp_path) not in text and "runs_dir" not in text, fmt
+    back = RunConfig.from_json(export.render(cfg, "json").text)
+    assert back.bucket_cap_mb == cfg.bucket_cap_mb and back.runs_dir == RunConfig().runs_dir
+
+
+def test_a_hook_without_a_production_function_is_refused_by_name_and_its_config_still_exports():
+    unnamed = [h for h in HOOKS if not export.exportable(RunConfig(hook=h))]
+    for hook in unnamed:
+        cfg = RunConfig(hook=hook)
+        for fmt in ("ddp", "lightning", "accelerate"):
+            with pytest.raises(ExportRefused, match=hook):
+                export.render(cfg, fmt, Target())
+        for fmt in ("json", "toml", "torchrun", "slurm"):
+            export.render(cfg, fmt, Target())
+    assert {h for h, _ in CELLS} >= {"allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "noop"}
+
+
+def test_export_never_imports_the_workload():
+    cfg = RunConfig(hook="powersgd", workload="no_such_package_here:make")
+    assert not export.export_errors(cfg)
+    for fmt in export.FORMATS:
+        export.render(cfg, fmt, Target())
+    assert "no_such_package_here" not in sys.modules
