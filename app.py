@@ -14,7 +14,7 @@ SECTIONS = {
                    ("pages/low_rank_error.py", "Low-rank error"), ("pages/buckets.py", "Buckets")],
     "Teach": [("pages/classroom.py", "Classroom"), ("pages/bandwidth.py", "Bandwidth")],
     "Tune and export": [("pages/sweep.py", "Sweep"), ("pages/what_if.py", "What if"),
-                        ("pages/export.py", "Export")],
+                        ("pages/compare.py", "Compare"), ("pages/export.py", "Export")],
 }
 
 st.set_page_config(page_title="commlab", layout="wide")

@@ -390,48 +390,42 @@ def check(spec: str, *, rank: int = 0, world_size: int = 1, batch_size: int | No
     if not any(p.requires_grad for p in w.model.parameters()):
         return (f"workload {spec!r}: the model has no parameter that requires a gradient: DDP "
                 "has nothing to average")
+    error, batches = _first_batch_error(spec, w.model, w.batches, "batches()", "a batch")
+    return error or _held_out_error(spec, w) or _too_few(spec, batches, steps)
+
+
+def _first_batch_error(spec: str, model, make, source: str, what: str, prefix: str = ""):
+    """Why the first batch of ``make()``'s iterator cannot train or be evaluated (it must be an
+    (inputs, targets) pair of tensors the model takes and the loss can compare), or None; and the
+    iterator, to draw on."""
+    batches = iter(())
     try:
-        batches = iter(w.batches())
+        batches = iter(make())
         batch = next(batches)
     except StopIteration:
-        return f"workload {spec!r}: batches() yielded nothing; {CONTRACT}"
+        return f"workload {spec!r}: {source} yielded nothing; {CONTRACT}", batches
     except Exception as e:
-        return f"workload {spec!r}: drawing a batch raised {type(e).__name__}: {e}"
+        return f"workload {spec!r}: drawing {what} raised {type(e).__name__}: {e}", batches
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2
             and all(isinstance(t, torch.Tensor) for t in batch)):
-        return f"workload {spec!r}: a batch must be an (inputs, targets) pair of tensors; {CONTRACT}"
+        return (f"workload {spec!r}: {what} must be an (inputs, targets) pair of tensors; "
+                f"{CONTRACT}"), batches
     try:
         with torch.no_grad():
-            output = w.model(batch[0])
+            output = model(batch[0])
     except Exception as e:
-        return f"workload {spec!r}: the model raised {type(e).__name__} on a batch's inputs: {e}"
+        return (f"workload {spec!r}: the model raised {type(e).__name__} on {what}'s inputs: "
+                f"{e}"), batches
     msg = loss_mismatch(output, batch[1])
-    if msg:
-        return f"workload {spec!r}: {msg}"
-    return _held_out_error(spec, w) or _too_few(spec, batches, steps)
+    return (f"workload {spec!r}: {prefix}{msg}" if msg else None), batches
 
 
 def _held_out_error(spec: str, w: Workload) -> str | None:
     """Why the workload's held-out set (if it has one) cannot be evaluated: its first batch."""
     if w.eval_batches is None:
         return None
-    try:
-        batch = next(iter(w.eval_batches()))
-    except StopIteration:
-        return f"workload {spec!r}: eval_batches() yielded nothing; {CONTRACT}"
-    except Exception as e:
-        return f"workload {spec!r}: drawing a held-out batch raised {type(e).__name__}: {e}"
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
-            and all(isinstance(t, torch.Tensor) for t in batch)):
-        return (f"workload {spec!r}: a held-out batch must be an (inputs, targets) pair of "
-                f"tensors; {CONTRACT}")
-    try:
-        with torch.no_grad():
-            output = w.model(batch[0])
-    except Exception as e:
-        return f"workload {spec!r}: the model raised {type(e).__name__} on a held-out batch: {e}"
-    msg = loss_mismatch(output, batch[1])
-    return f"workload {spec!r}: held-out batch: {msg}" if msg else None
+    return _first_batch_error(spec, w.model, w.eval_batches, "eval_batches()", "a held-out batch",
+                              prefix="held-out batch: ")[0]
 
 
 def loss_mismatch(output: object, targets: torch.Tensor) -> str | None:

@@ -90,8 +90,9 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
         st.rerun()  # a full rerun stops the refresh and lists the run's new status
     h = view.headline()
     impl = view.implementation()
+    planned = "?" if h["steps_planned"] is None else f"{h['steps_planned']:,}"  # a damaged config
     st.markdown(f"**Status: {lab_widgets.literal(status['status'])}** · {h['steps_done']:,} of "
-                f"{h['steps_planned']:,} steps done")
+                f"{planned} steps done")
     if status["status"] == "stopped":  # the person pressed Stop: news, not a failure
         st.caption(f"Stopped by the user after {h['steps_done']:,} steps.")
     elif status.get("error") and status["status"] not in api.GOING:
@@ -102,6 +103,8 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
                f"({shown['hook_impl']}). Why: {shown['hook_reason']}.")
     if impl["warning"]:
         st.warning(lab_widgets.literal(impl["warning"]))
+    if caught := view.pitfalls():
+        st.warning(lab_widgets.literal("PowerSGD's pitfalls caught in this run:\n\n" + "\n\n".join(caught)))
     # A lost run's supervisor is gone, but torchrun or workers may outlive it: Stop ends them.
     if status["status"] in api.STOPPABLE and st.button("Stop", key="stop"):
         api.open_run(view.run.path).stop()

@@ -102,6 +102,8 @@ st.caption(lab_widgets.literal(
     f"start_powerSGD_iter {cfg.get('start_powerSGD_iter')} · error feedback "
     f"{cfg.get('use_error_feedback')} · warm start {cfg.get('warm_start')} · "
     f"workload {cfg.get('workload')} · saved steps {run.steps or 'none'}"))
+if caught := lowrank_view.pitfalls(path):
+    st.warning(lab_widgets.literal("PowerSGD's pitfalls caught in this run:\n\n" + "\n\n".join(caught)))
 try:
     offline_section(path, run)
 except Damaged as e:  # a saved gradient file that is not one

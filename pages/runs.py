@@ -16,11 +16,13 @@ from commlab.ui import runs
 COLUMNS = ["label", "name", "status", "sweep", "hook", "wrapper", "hook_impl", "backend", "world_size",
            "workload", "rank", "start_iter", "min_compression_rate", "use_error_feedback",
            "warm_start", "bucket_cap_mb", "steps", "steps_planned", "final_loss", "median_step_s",
-           "bytes_per_step", "steady_compression_ratio", "compression_ratio", "note", "run_id",
+           "bytes_per_step", "steady_compression_ratio", "compression_ratio", "heldout_loss",
+           "heldout_accuracy", "heldout_bits_per_char", "overlap_share", "note", "run_id",
            "error", "skipped_lines"]
 FORMATS = {"final_loss": "%.4f", "median_step_s": "%.4f", "bytes_per_step": "localized",
            "steady_compression_ratio": "%.2f", "compression_ratio": "%.2f", "steps": "localized",
-           "steps_planned": "localized"}
+           "steps_planned": "localized", "heldout_loss": "%.4f", "heldout_accuracy": "%.3f",
+           "heldout_bits_per_char": "%.3f", "overlap_share": "%.2f"}
 HELP = {"bytes_per_step": "bytes per rank and step handed to the collectives (median over the "
                           "steady steps)",
         "steady_compression_ratio": f"{metrics.STEADY_RATIO}: plain over sent bytes over the "

@@ -12,10 +12,13 @@ from commlab.tune.sweep import list_sweeps
 from commlab.ui import runs
 
 st.title("What if")
-st.caption("Predicted step time T = compute + arithmetic + Σ ring allreduce, with a ring allreduce "
-           "of S bytes on N workers costing 2(N−1)·α + 2(N−1)/N·S/β. Compute and the hook's "
-           "arithmetic are measured in the runs, each hook's bytes are its own count. On this "
-           "machine loopback is fast next to compression's arithmetic; on a cluster it is not.")
+st.caption("Predicted step time T = compute + arithmetic + (1 − overlap) · Σ collectives, with a ring "
+           "allreduce of S bytes on N workers costing 2(N−1)·α + 2(N−1)/N·S/β and an allgather of s "
+           "bytes from each (N−1)·α + (N−1)·s/β; post-local SGD adds one allreduce of the "
+           "parameters every period. Compute, the hook's arithmetic and the overlap (the share of "
+           "communication hidden behind backward at traced steps; 0 untraced) are measured in the "
+           "runs, each hook's bytes are its own count. On this machine loopback is fast next to "
+           "compression's arithmetic; on a cluster it is not.")
 
 sweeps, choices = [s for s in list_sweeps() if not s.damage()], runs.run_choices()
 if not choices:
@@ -43,7 +46,7 @@ st.subheader("What each hook costs per step, measured")
 st.dataframe(pd.DataFrame([{
     "hook": p.label, "compute ms": p.compute_s * 1e3, "arithmetic ms": p.arithmetic_s * 1e3,
     "bytes per step (B)": p.payload_bytes, "collectives/step": p.collectives,
-    "measured over": p.measured_over, "run": p.run_id} for p in profiles]), hide_index=True,
+    "collective": p.collective, "overlap share": p.overlap_share, "measured over": p.measured_over, "run": p.run_id} for p in profiles]), hide_index=True,
     column_config={"bytes per step (B)": st.column_config.NumberColumn(
         format="localized", help="bytes per rank and step the hook hands to the collectives")})
 if any(p.measured_over != "loopback" for p in profiles):

@@ -44,13 +44,14 @@ def train(cfg: RunConfig, counter: CollectiveCounter) -> dict:
         opt.zero_grad()
         loss.backward()
         opt.step()
+    sent = counter.take()[0]["hook"]  # before the replica check's own all_gather, which it counts
     flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
     logging = ddp._get_ddp_logging_data()
     return {"hook": cfg.hook, "wrapper": cfg.wrapper, "impl": choice.impl, "name": choice.name,
             "buckets": len(str(logging.get("rebuilt_bucket_sizes", "")).split(",")),
-            "bytes": counter.take()[0]["hook"],
+            "bytes": sent,
             "replicas_equal": all(torch.equal(gathered[0], t) for t in gathered[1:]),
             "finite": bool(torch.isfinite(flat).all())}
 

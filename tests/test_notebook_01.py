@@ -20,12 +20,14 @@ pytestmark = pytest.mark.slow  # a Jupyter kernel, and the processes the noteboo
 
 
 def _ranks_since(since: float) -> list[psutil.Process]:
-    """Launchers and ranks (their command line names commlab's launcher) started since ``since``."""
+    """Launchers and ranks (their command line names commlab's launcher) started since ``since``,
+    among this process's descendants: the conftest makes it the subreaper of every orphan, and
+    another test running beside this one (pytest-xdist) has its own."""
     found = []
-    for p in psutil.process_iter(["cmdline", "create_time"]):
+    for p in psutil.Process().children(recursive=True):
         try:
-            if p.info["create_time"] >= since - 1 and "_launcher_main" in " ".join(
-                    p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+            if p.create_time() >= since - 1 and "_launcher_main" in " ".join(
+                    p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.NoSuchProcess:
             pass

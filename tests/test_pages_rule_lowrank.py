@@ -254,5 +254,8 @@ def test_the_winner_map_has_log_axes_and_a_log_colour_scale():
     fig = whatif_figs.winner_map(cells)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     heat = fig.data[0]
-    assert list(heat.customdata[1]) == [1.02, 1.5]  # the speed-ups shown, rows by bandwidth
+    assert [t.split("<br>")[1] for t in heat.text[1]] == ["×1.02", "×1.50"]  # rows by bandwidth
     assert heat.z[0][1] == pytest.approx(np.log10(40.0))
+    # Profiles without a plain allreduce: the fastest hook is named, no speed-up, no colour.
+    bare = whatif_figs.winner_map([{**c, "speedup": None} for c in cells]).data[0]
+    assert all(t == "powersgd" for row in bare.text for t in row) and not any(map(any, bare.z))

@@ -44,6 +44,48 @@ def allreduce_s(payload_bytes: float, world_size: int, bandwidth_gbps: float,
     return collectives * steps(world_size) * latency_us * 1e-6 + transfer
 
 
+# An allgather from N ranks of s bytes each, in a ring: N-1 steps, each rank passes on one s-byte
+# piece per step, so it sends (N-1) s and takes N-1 latencies, half an allreduce's.  The byte
+# counter (``commlab.hooks.instrument``) counts every collective as the allreduce payload on all
+# N ranks that puts the same bytes on each rank's wire; ``message_bytes`` undoes that.
+ALLREDUCE, ALLGATHER = "all_reduce", "all_gather"
+
+
+def latency_steps(collective: str, group_size: int) -> int:
+    """Ring steps of one ``collective`` on ``group_size`` ranks: 2(g-1) for an allreduce, g-1 for
+    an allgather."""
+    if collective == ALLGATHER:
+        return group_size - 1 if group_size > 1 else 0
+    if collective == ALLREDUCE:
+        return steps(group_size)
+    raise ValueError(f"unknown collective {collective!r}; known: {ALLREDUCE}, {ALLGATHER}")
+
+
+def sent_bytes(collective: str, message_bytes: float, group_size: int) -> float:
+    """Bytes each rank sends: allreduce of S: 2(g-1)/g S; allgather of s from each: (g-1) s."""
+    if collective == ALLGATHER:
+        return max(group_size - 1, 0) * message_bytes
+    latency_steps(collective, group_size)  # names an unknown collective
+    return wire_bytes(message_bytes, group_size)
+
+
+def message_bytes(collective: str, counted_bytes: float, world_size: int, group_size: int) -> float:
+    """What one rank handed to ``collective`` on ``group_size`` ranks, from the bytes the counter
+    counted for it on a ``world_size``-rank run (the allreduce payload of the same wire bytes)."""
+    sent = counted_bytes * factor(world_size)
+    per_byte = sent_bytes(collective, 1.0, group_size)
+    return sent / per_byte if per_byte else 0.0
+
+
+def collective_s(collective: str, message: float, group_size: int, bandwidth_gbps: float,
+                 latency_us: float = 0.0, collectives: float = 1) -> float:
+    """Seconds for ``collectives`` ring ``collective``s carrying ``message`` bytes per rank in all
+    (``allreduce_s`` for allreduces)."""
+    beta = bandwidth_gbps * 1e9 / 8
+    transfer = sent_bytes(collective, message, group_size) / beta if beta > 0 else 0.0
+    return collectives * latency_steps(collective, group_size) * latency_us * 1e-6 + transfer
+
+
 # nccl-tests' PERFORMANCE.md: busbw = algbw * factor, so that each collective's busbw can be held
 # against the links' peak whatever N.  S, in algbw = S / t, is the largest buffer of the call:
 # all_gather's output and reduce_scatter's input, N chunks of S/N each.

@@ -19,6 +19,8 @@ Layout of ``<runs_dir>/<run_id>/``:
                    (``commlab.engine.checkpoint``; a resumed run's launch.json names the first
                    run's folder as resumed_from)
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
+  pitfalls.jsonl   PowerSGD's pitfalls rank 0 caught (``commlab.hooks.pitfalls``): step, layer,
+                   kind, detail, fix; absent when none
   supervisor.json  the PIDs that own the run, written by the supervisor once it is up
   supervisor.log   the supervisor's output                launcher.log  torchrun's output
   rank<k>.error.json  a rank's traceback, written as it dies, with the ranks already gone then
@@ -160,6 +162,7 @@ STEP = {"step": int, "loss": NUM, "step_s": NUM, "t": NUM, "compression_ratio?":
 INSTRUMENTED = {"payload_bytes": NUM, "hook_s": NUM, "collectives": NUM, "plain_bytes": NUM}
 EVAL = {"step": int, "loss": NUM, "eval_s": NUM, "accuracy?": NUM, "bits_per_char?": NUM}
 CHECKPOINT = {"step": int, "world_size": int}
+PITFALL = {"step": int, "layer": str, "kind": str, "detail": str, "fix": str}
 ERRORS = {"step": int, "layers?": [{"layer": str, "bucket": int, "rel_error": NUM}],
           "buckets?": [{"bucket": int, "rel_error": NUM}], "ef_residual_norm?": OPT_NUM}
 
@@ -506,6 +509,11 @@ class RunFolder(Folder):
     def evals_tail(self) -> JsonlTail:
         return JsonlTail(self.file("evals.jsonl"), checker(EVAL))
 
+    def pitfalls(self) -> list[dict]:
+        """pitfalls.jsonl's PowerSGD pitfalls in the order caught ([] when none): step, layer,
+        kind, detail and the setting that avoids it (fix)."""
+        return read_jsonl(self.file(PITFALLS), checker(PITFALL))
+
     def resumed_from(self) -> str | None:
         """The folder of the run this one continues (``--resume``), or None."""
         return self.launch_info().get("resumed_from")
@@ -623,6 +631,7 @@ class RunFolder(Folder):
 
 
 NOTES = {"name?": str, "note?": str}  # notes.json, a person's name and note for a run
+PITFALLS = "pitfalls.jsonl"
 TIMELINE, TRACE = "timeline.json", "trace.json"  # the traced steps; the same as a Chrome trace
 MAX_NAME_CHARS = 80  # a name shows in every run picker
 

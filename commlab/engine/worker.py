@@ -31,7 +31,7 @@ from commlab.analysis.rule import apply_rule, named_shapes
 from commlab.config import RunConfig
 from commlab.engine import checkpoint, procs, store
 from commlab.engine.teardown import end_process_group
-from commlab.hooks import comm_thread, registry
+from commlab.hooks import comm_thread, pitfalls, registry
 from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
 
 
@@ -102,6 +102,10 @@ def train(run_dir: Path) -> None:
             {**d.as_dict(), "applies": cfg.hook == "powersgd"} for d in rule.layers])
         writer = store.JsonlWriter(folder.file("metrics.jsonl"))
         errors_out = store.JsonlWriter(folder.file("errors.jsonl"))
+    # Rank 0 watches PowerSGD's memories for its pitfalls (its own: no collective).
+    watch = (pitfalls.Watch(choice.state, layerwise=cfg.hook == "powersgd")
+             if rank == 0 and hasattr(choice.state, "error_dict") else None)
+    pitfalls_out = None  # made with the first pitfall: most runs have none
     # Rank 0 alone evaluates, on a held-out set drawn once, before the clock starts.
     held_out = workloads.held_out(work) if rank == 0 and cfg.eval_every > 0 else None
     evals_out = store.JsonlWriter(folder.file("evals.jsonl")) if held_out else None
@@ -171,11 +175,19 @@ def train(run_dir: Path) -> None:
             if rec.grads:
                 folder.file("grads").mkdir(exist_ok=True)
                 torch.save({k: v.cpu() for k, v in rec.grads.items()}, folder.file(f"grads/step_{step}.pt"))
+        if watch:  # backward has returned: every hook future, and so every memory write, is done
+            current = layouts.get("rebuilt") or layouts.get("iter0")
+            for found in watch.after_step(step, current, instrument.record.layer_errors
+                                          if instrument and measure else [], math.isfinite(loss_value)):
+                pitfalls_out = pitfalls_out or store.JsonlWriter(folder.file(store.PITFALLS))
+                pitfalls_out.write(found)
         writer.write(row)
         if not math.isfinite(loss_value):
+            why = watch.reason() if watch else None
             store.write_json(folder.file("status.json"), {
                 "status": "diverged", "step": step,
-                "error": f"loss became {loss_value} at step {step}; the run was stopped there"})
+                "error": f"loss became {loss_value} at step {step}"
+                         + (f" after {why}" if why else "") + "; the run was stopped there"})
             break
         if held_out and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
             t_eval = time.perf_counter()  # outside step_s; the other ranks wait in the next step

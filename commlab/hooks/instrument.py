@@ -70,9 +70,13 @@ class Link:
     def on(self) -> bool:
         return self.bandwidth_gbps > 0 or self.latency_us > 0
 
-    def seconds(self, nbytes: int, world_size: int) -> float:
-        """A ring allreduce of nbytes over this link: 2(N-1) latencies + 2(N-1)/N * S / beta."""
-        return ring.allreduce_s(nbytes, world_size, self.bandwidth_gbps, self.latency_us)
+    def seconds(self, nbytes: int, world_size: int, latency_steps: int | None = None) -> float:
+        """A collective counted as a ring allreduce of nbytes on every rank (``payload_of``): its
+        wire time, 2(N-1)/N * S / beta, and ``latency_steps`` latencies (None: an allreduce's
+        2(N-1); an allgather on g ranks takes g-1, ``ring.latency_steps``)."""
+        hops = ring.steps(world_size) if latency_steps is None else latency_steps
+        return (ring.allreduce_s(nbytes, world_size, self.bandwidth_gbps)
+                + hops * self.latency_us * 1e-6)
 
 
 class CollectiveCounter:
@@ -137,14 +141,17 @@ class CollectiveCounter:
         original, counter = self._original, self
 
         def all_reduce(tensor, *args, **kwargs):
-            nbytes = counter.payload_of("all_reduce", tensor, _group_arg(args, kwargs, 1))
-            return counted(original, nbytes, tensor, *args, **kwargs)
+            group = _group_arg(args, kwargs, 1)
+            nbytes = counter.payload_of("all_reduce", tensor, group)
+            return counted(original, nbytes, counter.hops("all_reduce", group), tensor, *args, **kwargs)
 
         def all_gather(tensor_list, tensor, *args, **kwargs):
-            nbytes = counter.payload_of("all_gather", tensor, _group_arg(args, kwargs, 0))
-            return counted(counter._original_gather, nbytes, tensor_list, tensor, *args, **kwargs)
+            group = _group_arg(args, kwargs, 0)
+            nbytes = counter.payload_of("all_gather", tensor, group)
+            return counted(counter._original_gather, nbytes, counter.hops("all_gather", group),
+                           tensor_list, tensor, *args, **kwargs)
 
-        def counted(call, nbytes, *args, **kwargs):
+        def counted(call, nbytes, hops, *args, **kwargs):
             cat = getattr(counter._local, "category", HOOK)
             deadline = None
             with counter._lock:
@@ -152,7 +159,8 @@ class CollectiveCounter:
                 counter.calls[cat] += 1
                 if cat == HOOK and counter.link.on:
                     start = max(time.perf_counter(), counter._link_free)
-                    deadline = counter._link_free = start + counter.link.seconds(nbytes, counter.world_size)
+                    deadline = counter._link_free = start + counter.link.seconds(
+                        nbytes, counter.world_size, hops)
             event = counter._traced(cat, nbytes)
             work = call(*args, **kwargs)
             if work is None:  # a blocking call: the caller waits for the link too
@@ -175,12 +183,19 @@ class CollectiveCounter:
         (g-1) * s, so on the whole world (g = N) it counts as N * s / 2, not s.  A subgroup's
         collective (post-local SGD's) counts for its g ranks; on one rank it sends nothing."""
         nbytes = tensor.numel() * tensor.element_size()
-        g = dist.get_world_size(group) if group is not None else self.world_size
+        g = self._group_size(group)
         if g == self.world_size and kind == "all_reduce":
             return nbytes
-        sent = ring.wire_bytes(nbytes, g) if kind == "all_reduce" else (g - 1) * nbytes
+        sent = ring.sent_bytes(kind, nbytes, g)
         world_factor = ring.factor(self.world_size)
         return round(sent / world_factor) if world_factor else 0
+
+    def _group_size(self, group) -> int:
+        return dist.get_world_size(group) if group is not None else self.world_size
+
+    def hops(self, kind: str, group) -> int:
+        """Ring steps, each one latency, of a collective on ``group`` (``ring.latency_steps``)."""
+        return ring.latency_steps(kind, self._group_size(group))
 
     def uninstall(self) -> None:
         if self._original is not None:

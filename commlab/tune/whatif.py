@@ -13,7 +13,15 @@ For one hook on N workers joined by links of bandwidth beta and per-hop latency 
 * ``S_i``: the bytes the hook handed to ``all_reduce``, from the run's own count.  PowerSGD's P and
   Q do not grow with N, nor does the plain gradient, so the count carries over to any scale.
 
-``ring`` is the cost of a ring allreduce (``commlab.analysis.ring.allreduce_s``), the formula the
+``ring`` is the cost of a ring allreduce (``commlab.analysis.ring.allreduce_s``); a hook whose
+collectives are allgathers (the quantization hooks, the sparsifiers, QSGD, the sign methods) pays
+instead, for s bytes from each of N ranks, (N-1) alpha + (N-1) s / beta (``ring.collective_s``): s
+is read back from the run's count (``ring.message_bytes``) and does not grow with N, but what each
+rank receives does.  Post-local SGD pays its gradient allreduce within a subgroup of fixed size
+(``localsgd_subgroup_size``), which does not grow with N, and its model averaging, one allreduce
+of the parameters over all ranks every ``averager_period`` steps, averaged over the period; its
+bytes per step are means, not medians, over the steps since both local SGD and averaging began.
+The formulas are those the
 emulated link (``Link.seconds`` in ``commlab.hooks.instrument``) enforces: a run over an emulated
 link is a measurement of this model.  Summed over collectives it stays linear, so a hook is
 summarized by its bytes and its collective count per step, medians over the run's steady steps
@@ -38,7 +46,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from commlab.analysis import metrics, ring, timeline
-from commlab.config import is_plain_allreduce, label_of
+from commlab.config import LOCALSGD_HOOKS, QUANTIZATION_HOOKS, is_plain_allreduce, label_of
+from commlab.hooks import compressors
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
@@ -81,10 +90,38 @@ class HookProfile:
     measured_over: str  # "loopback" or "emulated 1 Gb/s, 20 µs"
     steady_steps: int
     overlap_share: float = 0.0  # of comm, hidden behind backward, as measured; 0: no overlap
+    collective: str = ring.ALLREDUCE  # what the hook's collectives are (``traffic``)
+    group_size: int = 0  # ranks each of the hook's collectives spans; 0: all of them, at any N
+    averaged_bytes: float = 0.0  # model averaging: parameter bytes allreduced over all ranks ...
+    period: int = 1  # ... every ``period`` steps (counted in payload_bytes and collectives)
+
+    @property
+    def averages(self) -> float:
+        """Model averagings per step."""
+        return 1.0 / self.period if self.averaged_bytes else 0.0
+
+    def message_bytes(self) -> float:
+        """What one rank hands to the hook's own collectives per step (averaging apart)."""
+        counted = max(0.0, self.payload_bytes - self.averaged_bytes * self.averages)
+        return ring.message_bytes(self.collective, counted, self.world_size,
+                                  self.group_size or self.world_size)
 
     def comm_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
-        return ring.allreduce_s(self.payload_bytes, world_size, bandwidth_gbps, latency_us,
-                                self.collectives)
+        group = min(self.group_size, world_size) if self.group_size else world_size
+        own = ring.collective_s(self.collective, self.message_bytes(), group, bandwidth_gbps,
+                                latency_us, max(0.0, self.collectives - self.averages))
+        return own + self.averaging_s(world_size, bandwidth_gbps, latency_us)
+
+    def averaging_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
+        """Model averaging's share of a step: one allreduce of the parameters every period."""
+        return ring.allreduce_s(self.averaged_bytes * self.averages, world_size, bandwidth_gbps,
+                                latency_us, self.averages)
+
+    def wire_bytes(self, world_size: int) -> float:
+        """Bytes each rank sends per step on ``world_size`` ranks."""
+        group = min(self.group_size, world_size) if self.group_size else world_size
+        return (ring.sent_bytes(self.collective, self.message_bytes(), group)
+                + self.averages * ring.wire_bytes(self.averaged_bytes, world_size))
 
     def step_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
         exposed = (1.0 - self.overlap_share) * self.comm_s(world_size, bandwidth_gbps, latency_us)
@@ -135,7 +172,7 @@ def break_even_gbps(baseline: HookProfile, other: HookProfile, world_size: int,
     the parts that do not depend on beta.  inf: ``other`` wins at every bandwidth; 0: never.
     """
     zero = {"world_size": world_size, "bandwidth_gbps": 0.0, "latency_us": latency_us}
-    saved_bits = 8 * ring.wire_bytes(baseline.payload_bytes - other.payload_bytes, world_size)
+    saved_bits = 8 * (baseline.wire_bytes(world_size) - other.wire_bytes(world_size))
     extra_s = other.step_s(**zero) - baseline.step_s(**zero)
     if saved_bits <= 0:
         return 0.0 if extra_s >= 0 else math.inf
@@ -160,25 +197,64 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     """
     if records and "payload_bytes" not in records[0]:
         raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
-    steady = metrics.steady_rows(records, cfg, skip)
+    collective, group_size, period = traffic(cfg)
+    first = max(metrics.first_steady_step(cfg, skip), _local_sgd_from(cfg))
+    steady = [r for r in metrics.steady_rows(records, cfg, skip) if r["step"] >= first]
     if not steady:
         raise ValueError(f"run {run_id} has no steady steps: it recorded {len(records)} step(s) and "
-                         f"the model needs steps from {metrics.first_steady_step(cfg, skip)} on")
+                         f"the model needs steps from {first} on")
     world = cfg.get("world_size", 2)
-    hook_s = metrics.median(steady, "hook_s")
-    payload = metrics.median(steady, "payload_bytes")
-    calls = metrics.median(steady, "collectives")
-    emulated = config_link_label(cfg)
-    link_s = (loopback_s_per_byte or 0.0) * ring.wire_bytes(payload, world)
-    if emulated:
-        link_s = max(link_s, ring.allreduce_s(payload, world, cfg.get("emulate_bandwidth_gbps", 0.0),
-                                              cfg.get("emulate_latency_us", 0.0), calls))
-    return HookProfile(
+    per_step = metrics.median if period == 1 else _mean  # averaging: one step in `period`
+    profile = HookProfile(
         label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
-        compute_s=_compute_s(steady) if compute_s is None else compute_s,
-        arithmetic_s=max(0.0, hook_s - link_s), payload_bytes=payload, collectives=calls,
-        world_size=world, run_id=run_id, measured_over=emulated or "loopback",
-        steady_steps=len(steady))
+        compute_s=0.0, arithmetic_s=0.0, payload_bytes=per_step(steady, "payload_bytes"),
+        collectives=per_step(steady, "collectives"), world_size=world, run_id=run_id,
+        measured_over=config_link_label(cfg) or "loopback", steady_steps=len(steady),
+        collective=collective, group_size=group_size, period=period,
+        averaged_bytes=metrics.median(steady, "plain_bytes") if cfg.get("hook") in LOCALSGD_HOOKS else 0.0)
+
+    def on_this_link(averaging: bool) -> float:
+        """What the hook's collectives (or its averaging) took on the run's own link."""
+        loop = (loopback_s_per_byte or 0.0) * (
+            profile.averages * ring.wire_bytes(profile.averaged_bytes, world) if averaging
+            else profile.wire_bytes(world) - profile.averages * ring.wire_bytes(profile.averaged_bytes, world))
+        if not config_link_label(cfg):
+            return loop
+        bw, lat = cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0)
+        avg = profile.averaging_s(world, bw, lat)
+        return max(loop, avg if averaging else profile.comm_s(world, bw, lat) - avg)
+
+    # The averaging runs after the optimizer step, outside the hook's window: the run's own
+    # compute time holds it, so it is taken out there.
+    own_compute = _compute_s(steady) - on_this_link(averaging=True)
+    return dataclasses.replace(
+        profile, compute_s=max(0.0, own_compute) if compute_s is None else compute_s,
+        arithmetic_s=max(0.0, metrics.median(steady, "hook_s") - on_this_link(averaging=False)))
+
+
+def traffic(cfg: dict) -> tuple[str, int, int]:
+    """What a hook's collectives are: (``ring.ALLREDUCE`` or ``ring.ALLGATHER``, the ranks each
+    spans (0: all), the period of its model averaging (1: none))."""
+    hook = cfg.get("hook")
+    if hook in LOCALSGD_HOOKS:  # the parameters, not the gradients, are what it averages
+        return ring.ALLREDUCE, cfg.get("localsgd_subgroup_size", 1), cfg.get("averager_period", 1)
+    if hook in QUANTIZATION_HOOKS:
+        return ring.ALLGATHER, 0, 1
+    if hook in compressors.STATES:
+        kind = compressors.STATES[hook][1].collective
+        return (ring.ALLREDUCE if kind == compressors.ALLREDUCE else ring.ALLGATHER), 0, 1
+    return ring.ALLREDUCE, 0, 1
+
+
+def _local_sgd_from(cfg: dict) -> int:
+    """Post-local SGD's first step with local steps and averaging both on (0 for other hooks)."""
+    if cfg.get("hook") not in LOCALSGD_HOOKS:
+        return 0
+    return max(cfg.get("start_localSGD_iter", 0), cfg.get("averager_warmup_steps", 0))
+
+
+def _mean(rows: Sequence[dict], key: str) -> float:
+    return statistics.fmean(r[key] for r in rows)
 
 
 def _compute_s(steady: Sequence[dict]) -> float:

@@ -72,6 +72,11 @@ def warm_start(run_dir: str, steps: tuple[int, ...], name: str, rank: int) -> lo
                               epsilon)
 
 
+def pitfalls(run_dir: str) -> list[str]:
+    """The PowerSGD pitfalls the run caught, one line each (``runs.pitfall_lines``)."""
+    return runs.pitfall_lines(store.RunFolder(run_dir).pitfalls())
+
+
 def measured(run_dir: str) -> tuple[list[dict], list[tuple[int, float]]]:
     """(rows, residual norms): the errors the run measured, one row per step and layer or bucket,
     and the norm of error feedback's memory wherever it was recorded."""

@@ -34,6 +34,10 @@ class LiveView:
     def status(self) -> dict:
         return self.run.listed_status_record()
 
+    def pitfalls(self) -> list[str]:
+        """PowerSGD's pitfalls rank 0 caught so far, one line each (``pitfall_lines``)."""
+        return pitfall_lines(self.run.pitfalls())
+
     @property
     def skipped(self) -> int:
         """Lines of metrics.jsonl skipped so far: not step records (``store.step_check``)."""
@@ -71,6 +75,12 @@ class LiveView:
                 # the latest held-out evaluation and its step (None before the first)
                 **store.heldout(self.evals),
                 "heldout_step": self.evals[-1]["step"] if self.evals else None}
+
+
+def pitfall_lines(records: list[dict]) -> list[str]:
+    """pitfalls.jsonl's records as the lines a warning lists: layer, step, what, the fix."""
+    return [f"Step {r['step']}, layer {r['layer']}: {r['kind'].replace('_', ' ')}. {r['detail']}. "
+            f"Fix: {r['fix']}." for r in records]
 
 
 def run_choices(runs_dir: str | None = None) -> list[dict]:

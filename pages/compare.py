@@ -1,0 +1,64 @@
+"""Every algorithm side by side on one workload: quality, bytes, measured and predicted step time.
+Thin: runs picked, commlab.tune.compare, a table and plotly out."""
+import pandas as pd
+import streamlit as st
+
+import lab_widgets
+from commlab.api import open_run
+from commlab.figures import compare as figs
+from commlab.figures.whatif import ASSUMPTION
+from commlab.tune import compare, whatif
+from commlab.tune.quality import Cluster
+from commlab.ui import runs
+
+MAX_DEFAULT = 12  # runs picked at first: every finished run of the workload, up to this many
+
+st.title("Compare")
+st.caption("One workload, every algorithm you ran on it, side by side as GRACE's tables compare "
+           "compressors: quality, the bytes each rank handed over per step (the ratio is DDP's "
+           "plain allreduce bytes over them), the step time measured here and the step time the "
+           "what-if model predicts on the cluster below. Run them with "
+           "`commlab compare --workload W --hooks a,b,c --steps N`, or from Launch and watch.")
+
+finished = [c for c in runs.run_choices() if c["status"] == "finished"]
+if not finished:
+    lab_widgets.stop_without_runs("finished runs of one workload, one per algorithm, compare here.")
+workload_of = {c["path"]: open_run(c["path"]).config_dict().get("workload") for c in finished}
+workloads = list(dict.fromkeys(workload_of.values()))
+workload = st.selectbox("Workload", workloads)
+mine = [c for c in finished if workload_of[c["path"]] == workload]
+paths = lab_widgets.pick_runs("Runs", mine, default=[c["path"] for c in mine[:MAX_DEFAULT]])
+if not paths:
+    st.info("Pick one or more runs.")
+    st.stop()
+
+c1, c2, c3 = st.columns(3)
+world = c1.select_slider("Predicted for workers", whatif.WORLD_SIZES, Cluster.world_size)
+bandwidth = c2.select_slider("Link bandwidth, Gb/s", whatif.BANDWIDTHS_GBPS, Cluster.bandwidth_gbps)
+latency = c3.number_input("Latency per hop α, µs", 0.0, 10_000.0, Cluster.latency_us)
+cluster = Cluster(world, bandwidth, latency)
+rows = compare.compare_runs([open_run(p) for p in paths], cluster)
+basis = compare.bases(rows)
+
+st.caption(f"Quality: {basis} (lower is better). Predicted on {cluster.text()}: {ASSUMPTION}.")
+st.dataframe(pd.DataFrame(rows, columns=compare.COLUMNS), hide_index=True, key="compare_table",
+             column_config={
+                 "quality": st.column_config.NumberColumn("quality", format="%.4f", help=basis),
+                 "bytes_per_step": st.column_config.NumberColumn(
+                     "bytes per step (B)", format="localized",
+                     help="per rank and step, as an allreduce payload of the same wire bytes; "
+                          "median over the steady steps"),
+                 "compression_ratio": st.column_config.NumberColumn("ratio vs allreduce", format="%.1f"),
+                 "wire_bytes": st.column_config.NumberColumn(
+                     f"sent per rank on {world} (B)", format="localized",
+                     help="an allgather's grows with the workers, an allreduce's does not"),
+                 "median_step_s": st.column_config.NumberColumn("step here (s)", format="%.4f"),
+                 "predicted_step_s": st.column_config.NumberColumn("predicted step (s)", format="%.4f"),
+                 "overlap_share": st.column_config.NumberColumn("overlap share", format="%.2f")})
+
+quality_title = "held-out loss" if basis.startswith("held-out") else "loss"
+c1, c2 = st.columns(2)
+c1.plotly_chart(figs.quality_figure(rows, "bytes_per_step", "bytes per step and rank",
+                                    "Quality vs bytes per step", quality_title))
+c2.plotly_chart(figs.quality_figure(rows, "predicted_step_s", "predicted step time, s",
+                                    f"Quality vs predicted step · {cluster.text()}", quality_title))
