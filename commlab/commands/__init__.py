@@ -79,11 +79,12 @@ class Progress:
 
     LINES = 10  # plain lines over a whole run
 
-    def __init__(self, total: int, what: str = "step", stream=None):
+    def __init__(self, total: int, what: str = "step", stream=None, lines: int = LINES):
+        """``lines``: the plain lines when piped (0: none; the caller ``write``s its own)."""
         import sys
 
         self.stream = stream or sys.stderr
-        self.total, self.what, self.done, self.next_line = total, what, 0, 0
+        self.total, self.what, self.done, self.next_line, self.lines = total, what, 0, 0, lines
         self.bar = None
         if self.stream.isatty():
             from tqdm import tqdm
@@ -98,11 +99,27 @@ class Progress:
         if self.bar is not None:
             self.bar.update(done - self.done)
             self.bar.set_postfix_str(text, refresh=False)
-        elif done >= self.next_line or done == self.total:
+        elif self.lines and (done >= self.next_line or done == self.total):
             print(f"{self.what} {done:,}/{self.total:,}" + (f"  {text}" if text else ""),
                   file=self.stream, flush=True)
-            self.next_line = done + max(self.total // self.LINES, 1)
+            self.next_line = done + max(self.total // self.lines, 1)
         self.done = done
+
+    @property
+    def piped(self) -> bool:
+        return self.bar is None
+
+    def describe(self, text: str) -> None:
+        """What the bar is counting now (on a terminal; piped, ``write`` says it)."""
+        if self.bar is not None:
+            self.bar.set_description_str(text, refresh=False)
+
+    def write(self, line: str) -> None:
+        """A line of its own, above the bar on a terminal."""
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -17,6 +17,7 @@ import argparse
 import signal
 import sys
 
+from commlab.commands import Progress
 from commlab.commands.run import add_run_options, config_from_args
 from commlab.config import POWERSGD_HOOKS, ConfigError, default_runs_dir
 from commlab.tune.quality import Cluster
@@ -91,15 +92,6 @@ def _text(p: dict) -> str:
     return "\n".join(lines)
 
 
-def _progress_bar(total: int):
-    """tqdm over every step of every run: a bar on a terminal; piped, no bar (its carriage
-    returns would run together), the lines ``_on_progress`` writes instead."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True, mininterval=0.5,
-                disable=not sys.stderr.isatty())
-
-
 PIPED_EVERY_S = 10.0  # piped, a running run's line this often
 
 
@@ -110,15 +102,14 @@ def _on_progress(bar, configs):
 
     def on_progress(p) -> None:
         at = sum(c.steps for c in configs[:p.index]) + min(p.step, p.steps)
-        if not bar.disable:
-            bar.update(max(0, at - bar.n))
-            bar.set_description_str(f"[{p.index + 1}/{p.total}] {p.label}", refresh=False)
+        bar.update(max(at, bar.done))
+        bar.describe(f"[{p.index + 1}/{p.total}] {p.label}")
         changed = shown["key"] != (p.index, p.run_status)
         ended = p.run_status not in ("starting", "running")
-        due = bar.disable and time.monotonic() - shown["at"] >= PIPED_EVERY_S
-        if changed and (ended or bar.disable) or due:
+        due = bar.piped and time.monotonic() - shown["at"] >= PIPED_EVERY_S
+        if changed and (ended or bar.piped) or due:
             shown.update(key=(p.index, p.run_status), at=time.monotonic())
-            bar.write(p.line(), file=sys.stderr)
+            bar.write(p.line())
 
     return on_progress
 
@@ -156,7 +147,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"sweep {sweep.id}: {len(configs)} run(s), one after another -> {sweep.path}",
               file=sys.stderr)
-        bar = _progress_bar(sum(c.steps for c in configs))
+        bar = Progress(sum(c.steps for c in configs), "step", lines=0)  # piped: the runs' own lines
         on_progress = _on_progress(bar, configs)
 
     try:
