@@ -104,25 +104,23 @@ class CollectiveCounter:
         return out
 
     @contextlib.contextmanager
-    def category(self, name: str):
-        """Attributes collectives issued from this thread to ``name`` (hooks' are HOOK by default)."""
-        prev = getattr(self._local, "category", HOOK)
-        self._local.category = name
+    def _scoped(self, attr: str, value, default):
+        """This thread's ``attr`` is ``value`` inside the block, as it was after."""
+        prev = getattr(self._local, attr, default)
+        setattr(self._local, attr, value)
         try:
             yield
         finally:
-            self._local.category = prev
+            setattr(self._local, attr, prev)
 
-    @contextlib.contextmanager
+    def category(self, name: str):
+        """Attributes collectives issued from this thread to ``name`` (hooks' are HOOK by default)."""
+        return self._scoped("category", name, HOOK)
+
     def in_bucket(self, index: int):
         """Attributes collectives issued from this thread to bucket ``index`` in the timeline (on
         the communication thread, the job's tag says which bucket)."""
-        prev = getattr(self._local, "bucket", None)
-        self._local.bucket = index
-        try:
-            yield
-        finally:
-            self._local.bucket = prev
+        return self._scoped("bucket", index, None)
 
     def _traced(self, cat: str, nbytes: int) -> dict | None:
         events = self.events
