@@ -170,7 +170,8 @@ class RunConfig:
         "them share a bucket. Helps when compression compute is the bottleneck."))
     # -- PostLocalSGDState's and PeriodicModelAverager's arguments (read only by post_localsgd)
     start_localSGD_iter: int = setting(20, group="localsgd", bounds=Bounds(0, MAX_STEPS, (
-        "a step number; one past steps keeps global gradient allreduce throughout")), export=True, help=(
+        "a step number; one past steps keeps global gradient allreduce throughout")), export=True,
+        sweep=(), help=(
         "PostLocalSGDState: gradients are allreduced over all ranks until this step, then only "
         "within each rank's subgroup; set averager_warmup_steps to the same step, as PyTorch "
         "advises."))
@@ -183,7 +184,7 @@ class RunConfig:
         "alone between averagings. PyTorch's default (one subgroup per machine) needs CUDA."))
     averager_period: int = setting(4, group="localsgd", bounds=Bounds(1, MAX_STEPS, (
         "a number of steps; 1 averages every step, costing more than allreducing gradients")),
-        export=True, help=(
+        export=True, sweep=(2, 4, 8), help=(
         "PeriodicModelAverager: average the parameters over all ranks every this many steps, "
         "after the optimizer step."))
     averager_warmup_steps: int = setting(20, group="localsgd", bounds=Bounds(0, MAX_STEPS, (
@@ -192,19 +193,22 @@ class RunConfig:
     # -- the quantization and sparsification hooks' hyperparameters (commlab.hooks.compressors)
     quantization_bucket_size: int = setting(512, group="compressors", bounds=Bounds(1, 2**24, (
         "elements per channel; each channel sends its own scale and zero point")), export=True,
+        sweep=(64, 512, 4096),
         help=("quantization_perchannel_hook's bucket_size: the bucket is cut into channels of "
               "this many elements, each quantized to uint8 with its own scale."))
     compress_ratio: float = setting(0.01, group="compressors", bounds=Bounds(0, 1, (
-        "the share of a bucket's elements that is sent"), lo_open=True), export=True, help=(
+        "the share of a bucket's elements that is sent"), lo_open=True), export=True,
+        sweep=(0.001, 0.01, 0.1), help=(
         "topk, randomk and dgc send k = ceil(compress_ratio * n) elements of each n-element bucket."))
     sparse_error_feedback: bool = setting(True, group="compressors", export=True, help=(
         "topk and threshold keep what they did not send and add it to the next step's gradient."))
     sparsify_threshold: float = setting(1e-3, group="compressors", bounds=Bounds(0, 1e6, (
-        "a gradient magnitude"), lo_open=True), export=True, help=(
+        "a gradient magnitude"), lo_open=True), export=True, sweep=(1e-4, 1e-3, 1e-2), help=(
         "threshold sends the elements whose magnitude exceeds this (their number varies per "
         "rank and step, so it allgathers the counts first)."))
     qsgd_levels: int = setting(7, group="compressors", bounds=Bounds(1, 127, (
-        "levels per sign; up to 127 fits the signed level in one byte")), export=True, help=(
+        "levels per sign; up to 127 fits the signed level in one byte")), export=True,
+        sweep=(1, 7, 127), help=(
         "QSGD's s: each element is rounded at random to one of s levels of the bucket's norm "
         "(7 levels pack into 4 bits, 127 into 8)."))
     compressor_momentum: float = setting(0.9, group="compressors", bounds=Bounds(0, 0.999, (
@@ -268,6 +272,11 @@ class RunConfig:
         "collectives, futures, the optimizer step) into timeline.json and trace.json (Chrome "
         "trace); the default, 1, is the first step after DDP rebuilt its buckets. Needs "
         "instrument on; steps past the end are not traced."))
+    torch_profiler: bool = setting(False, group="instrument", label="torch_profiler (trace_steps)",
+                                   help=(
+        "Also profile the trace_steps with torch.profiler on every rank (CPU, and CUDA on a GPU: "
+        "every operator and kernel, which the lab's own timeline leaves out) and write each "
+        "rank's Chrome trace to profiler/step<s>.rank<k>.json; it slows the steps it profiles."))
     stall_timeout_s: float = setting(120.0, group="instrument", bounds=Bounds(1, 7 * 86400, (
         "the supervisor looks about twice a second; past a week a hung run holds the machine "
         "unnoticed")), help=(

@@ -3,7 +3,7 @@ Thin: a run chosen with lab_widgets' picker, commlab.analysis.buckets' layouts a
 import streamlit as st
 
 import lab_widgets
-from commlab.analysis import buckets
+from commlab.analysis import buckets, units
 from commlab.api import open_run
 from commlab.figures import runs as figures
 from commlab.figures import timeline as timeline_figures
@@ -28,7 +28,8 @@ layouts = buckets.bucket_layouts(recorded)
 st.plotly_chart(figures.buckets_figure(layouts, buckets.cap_bytes(recorded)), key="buckets")
 st.caption("One bar per bucket, split into its parameters (the same colour in both layouts); "
            "buckets top to bottom in the order DDP reduces them; the dashed line is the cap "
-           f"({buckets.cap_bytes(recorded):,} bytes = bucket_cap_mb {recorded['bucket_cap_mb']:g}).")
+           f"({units.human_bytes(buckets.cap_bytes(recorded))} = bucket_cap_mb "
+           f"{recorded['bucket_cap_mb']:g}).")
 for col, (title, rows) in zip(st.columns(len(layouts)), layouts.items()):
     col.markdown(f"**{title}**")
     if rows:
@@ -64,3 +65,6 @@ st.caption("Bars over the backward pass: each bucket's hook call (its gradients 
 if (trace := run.trace()) is not None:
     st.download_button("Download trace.json (Perfetto, chrome://tracing)", trace,
                        file_name=f"{run.id}-trace.json", mime="application/json")
+for path in run.profiler_traces():  # torch_profiler: every operator of the same steps
+    st.download_button(f"Download torch.profiler trace {path.name}", path.read_bytes(),
+                       file_name=f"{run.id}-{path.name}", mime="application/json", key=path.name)

@@ -73,8 +73,9 @@ st.title("Export")
 st.caption("The chosen settings for production: a config file that loads back into commlab, a "
            "snippet for plain DDP, Lightning or Accelerate, and launch lines for torchrun and "
            "SLURM. Snippets use PyTorch's hooks where they work on the production backend and "
-           "commlab's (commlab.hooks) where they fail, and say which. Every block has a copy "
-           "button at its top right.")
+           "commlab's (commlab.hooks) where they fail or PyTorch has none, and say which; a tab "
+           "that cannot carry the settings says why. Every block has a copy button at its top "
+           "right.")
 
 choices = runs.run_choices()
 source = st.radio("Settings from", ["a run", "settings entered here"], index=0 if choices else 1,

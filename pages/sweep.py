@@ -1,5 +1,5 @@
-"""A PowerSGD sweep beside an allreduce baseline, every setting with N seeds: start it, watch it,
-stop or resume it, read its front and the noise-aware recommendation.
+"""A sweep of one hook's own settings beside an allreduce baseline, every setting with N seeds:
+start it, watch it, stop or resume it, read its front and the noise-aware recommendation.
 Thin: widgets in, commlab.tune.sweep (which runs in its own process), plotly out."""
 import streamlit as st
 
@@ -17,6 +17,7 @@ PRESET_REPEATS = 3
 JOB = ("workload", "steps", "world_size", "eval_every", "emulate_bandwidth_gbps", "emulate_latency_us")
 # The sweep shown, kept across reruns; no widget has this key (Streamlit refuses to set one that has).
 CHOSEN = "chosen_sweep"
+TABLE = {s.name: s for s in settings()}
 NAMES = {s.name: s.label for s in settings()} | {"repeats": "seeds per setting"}
 
 
@@ -25,17 +26,27 @@ def _named(field: str) -> str:
     return f"{label} ({field})" if label != field else field
 
 
-def spec_form() -> sw.SweepSpec | None:
-    table = {s.name: s for s in settings()}
+def hook_picker() -> str:
+    """The hook swept, outside the form: the axes below follow it at once."""
+    hooks = list(sw.SWEPT_HOOKS)
+    return st.selectbox("Hook to sweep", hooks, index=hooks.index(sw.DEFAULT_HOOK), key="sweep_hook",
+                        help=f"{form.help_text(TABLE['hook'])}\n\nThe sweep varies this hook's own "
+                             "settings; plain allreduce is the baseline it is compared with.")
+
+
+def spec_form(hook: str) -> sw.SweepSpec | None:
     slots: dict = {}
+    hook_axes = sw.hook_axes(hook)
     with st.form("sweep_form"):
         job = {}
         for col, name in zip(st.columns(len(JOB)), JOB):
-            job[name] = form.widget(table[name], value=getattr(PRESET, name), prefix="sweep_",
+            job[name] = form.widget(TABLE[name], value=getattr(PRESET, name), prefix="sweep_",
                                     titled=True).draw(col)
             slots[name] = col.empty()
         axes = {}
-        for col, s in zip(st.columns(len(sw.POWERSGD_AXES)), sw.POWERSGD_AXES):
+        if not hook_axes:
+            st.caption(f"{hook} has no settings to sweep: each seed runs it once beside the baseline.")
+        for col, s in zip(st.columns(len(hook_axes)) if hook_axes else (), hook_axes):
             axes[s.name] = form.axis_widget(s, PRESET).draw(col)
             slots[s.name] = col.empty()
         c1, c2, c3 = st.columns(3)
@@ -53,13 +64,13 @@ def spec_form() -> sw.SweepSpec | None:
         return None
     errors: dict[str, str] = {}
     values = {}
-    for s in sw.POWERSGD_AXES:  # several choices picked, or comma-separated text
+    for s in hook_axes:  # several choices picked, or comma-separated text
         try:
             values[s.name] = axes[s.name] if s.choices else sw.axis_values(s, axes[s.name])
         except ConfigError as e:
             errors |= e.errors
     try:
-        base = RunConfig.from_dict(job, "the sweep's job")
+        base = RunConfig.from_dict({**job, "hook": hook}, "the sweep's job")
     except ConfigError as e:
         errors |= e.errors
         base = None
@@ -170,7 +181,8 @@ def results(sweep: sw.Sweep) -> None:
         st.markdown("**Each setting against allreduce**")
         st.dataframe(rec.verdicts, hide_index=True)
     with st.expander("Every run"):
-        st.dataframe(runs.drop(columns=["run_dir", "curve"]), hide_index=True)
+        # Columns empty throughout (the axes of hooks these runs do not use) are left out.
+        st.dataframe(runs.drop(columns=["run_dir", "curve"]).dropna(axis=1, how="all"), hide_index=True)
 
 
 def _num(x) -> str:
@@ -178,12 +190,12 @@ def _num(x) -> str:
 
 
 st.title("Sweep")
-st.caption("Every combination of the PowerSGD settings listed, each run with several seeds after a "
-           "plain allreduce baseline, one run at a time. Held-out loss against bytes per step and "
-           "against the time predicted on your cluster, with the Pareto front: the settings nothing "
-           "else beats on both.")
+st.caption("Every combination of the chosen hook's settings listed (PowerSGD's rank, top-k's k, QSGD's "
+           "levels, local SGD's period...), each run with several seeds after a plain allreduce "
+           "baseline, one run at a time. Held-out loss against bytes per step and against the time "
+           "predicted on your cluster, with the Pareto front: the settings nothing else beats on both.")
 
-spec = spec_form()
+spec = spec_form(hook_picker())
 if spec is not None:
     try:
         started = sw.start(spec)

@@ -8,7 +8,9 @@ and a test not marked slow may not start one at all.
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import sys
 import time
 
@@ -60,11 +62,69 @@ def _adopt_orphans() -> None:
 _adopt_orphans()
 
 
+# The longest tests and groups, longest first (`--durations` of a full run: several minutes down to
+# about 30 s each on a loaded 2-core machine), a node id or the start of one.  They run first:
+# with `--dist loadgroup` (pyproject.toml) each xdist worker takes the next test or group when it
+# is free, so long ones started last cannot leave one worker running alone while the other idles.
+LONG_FIRST = [
+    "tests/test_notebook_02.py::",
+    "tests/test_browser.py::",
+    "tests/test_faults.py::test_a_rank_killed_is_named_as_the_one_that_failed",
+    "tests/test_app_pages.py::test_bandwidth_headroom_button_runs_noop_and_allreduce",
+    "tests/test_resume.py::",
+    "tests/test_sweep_whatif.py::test_a_resumed_sweep_runs_only_what_is_left",  # its group
+    "tests/test_classroom.py::test_every_op_against_numpy",  # its group
+    "tests/test_engine.py::test_cli_run_json_three_ranks_batched_bf16",
+    "tests/test_app_pages.py::test_classroom_ring_check_and_gradient_averaging_buttons",
+    "tests/test_damaged.py::test_every_page_survives_the_damaged_folder",
+    "tests/test_damaged.py::test_disk_full_mid_run_ends_it_failed_with_the_reason",
+    "tests/test_notebook_01.py::",
+    "tests/test_hooks.py::test_powersgd_matches_pytorch_on_one_bucket",  # its group
+    "tests/test_engine.py::test_no_step_for_the_stall_timeout_is_stalled",
+    "tests/test_engine.py::test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets",
+    "tests/test_pages_rule_lowrank.py::test_lowrank_page_numbers_equal_the_run_folder",
+    "tests/test_faults.py::test_two_processes_launching_one_request_id_at_once_get_one_run",
+    "tests/test_engine.py::test_a_crashing_rank_ends_the_run_and_is_named",
+    "tests/test_engine.py::test_the_leak_fixture_fails_an_unmarked_test_that_starts_a_process",
+    "tests/test_export_matrix.py::test_every_snippet_runs_as_pasted_under_the_two_node_torchrun_line",
+    "tests/test_engine.py::test_stop_leaves_no_process_even_a_worker_ignoring_sigterm",
+    "tests/test_faults.py::test_the_json_of_a_diverged_run_is_strict_with_null",
+    "tests/test_inputs.py::test_a_sweep_s_runs_stay_on_loopback_with_eth0_in_the_environment",
+    "tests/test_engine.py::test_nan_loss_stops_the_run_as_diverged",
+    "tests/test_notebook_03.py::",
+    "tests/test_faults.py::test_a_killed_supervisor_takes_torchrun_and_every_worker_with_it",
+    "tests/test_overlap.py::test_overlap_matches_blocking_bit_for_bit_in_the_same_order_on_every_rank",
+]
+
+
+def _shared_module_fixtures(item) -> list[str]:
+    defs = getattr(item, "_fixtureinfo", None)
+    return sorted(name for name, fixturedefs in (defs.name2fixturedefs.items() if defs else ())
+                  if fixturedefs and fixturedefs[-1].scope == "module")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
+    """Marks the tests using the session's real runs slow; puts a module's tests that share a
+    module-scoped fixture into one xdist group (one worker makes the fixture once, and runs them
+    in file order: test_sweep_whatif's last one resumes the sweep the others read); then moves
+    LONG_FIRST to the front, a group where its first listed test is."""
     for item in items:
         if REAL_RUNS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if _shared_module_fixtures(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+    def unit(item) -> str:
+        return item.nodeid.split("::")[0] if _shared_module_fixtures(item) else item.nodeid
+
+    def rank(nodeid: str) -> int:
+        return next((i for i, start in enumerate(LONG_FIRST) if nodeid.startswith(start)), len(LONG_FIRST))
+
+    ranks: dict[str, int] = {}
+    for item in items:
+        ranks[unit(item)] = min(ranks.get(unit(item), len(LONG_FIRST)), rank(item.nodeid))
+    items.sort(key=lambda item: ranks[unit(item)])  # stable: file order within a rank
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -125,10 +185,28 @@ def _reap_adopted() -> None:
 
 
 @pytest.fixture(scope="session")
-def runs_dir(tmp_path_factory):
+def runs_dir(tmp_path_factory, request):
     """A runs folder holding real short runs, made once: a PowerSGD run with several buckets,
-    error measurement and saved gradients, and a plain allreduce baseline."""
-    root = tmp_path_factory.mktemp("runs")
+    error measurement and saved gradients, and a plain allreduce baseline.
+
+    The xdist workers share one (the tests only read it; those that change runs copy them): the
+    first worker to need it makes it while the others wait, instead of each making the same runs
+    on the same 2 cores."""
+    if not hasattr(request.config, "workerinput"):  # no xdist: this process is the whole session
+        return _make_runs(tmp_path_factory.mktemp("runs"))
+    root = tmp_path_factory.getbasetemp().parent / "shared-runs"  # the session's, above each worker's
+    made = root.with_name("shared-runs.made")
+    with open(root.with_name("shared-runs.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until the file closes, or this worker exits
+        if not made.exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a worker whose runs failed left
+            _make_runs(root)
+            made.touch()
+    return root
+
+
+def _make_runs(root):
+    root.mkdir(parents=True, exist_ok=True)
     # A generous stall timeout: on a busy 2-core machine a rank can take minutes to import torch.
     common = dict(workload="mlp", steps=24, world_size=2, runs_dir=str(root), bucket_cap_mb=0.05,
                   stall_timeout_s=600)

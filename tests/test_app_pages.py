@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -263,13 +264,17 @@ def test_buckets_page_draws_the_run_folders_layouts(runs_dir, powersgd_run, monk
     assert [a["text"] for a in fig["layout"]["annotations"][:2]] == ["iteration 0", "after the rebuild"]
     bars = [t for t in fig["data"] if t["type"] == "bar"]
     cap = int(recorded["bucket_cap_mb"] * 1024 * 1024)
+    unit = re.fullmatch(r"bucket size \((\w+)\)", fig["layout"]["xaxis"]["title"]["text"])[1]
+    per_unit = 1024 ** units.BINARY_UNITS.index(unit)
+    assert f"({units.human_bytes(cap)} = bucket_cap_mb" in texts(at)
     for bar, key, table in zip(bars, ("iter0", "rebuilt"), at.dataframe):
         layout = sorted(recorded[key], key=lambda b: b["index"])
         # Segments of one bar add up to its bucket's bytes, parameter by parameter.
         totals = {}
         for y, x, name in zip(bar["y"], bar["x"], bar["text"]):
             totals.setdefault(y, []).append((name, x))
-        assert [sum(x for _, x in segs) for segs in totals.values()] == [b["bytes"] for b in layout]
+        assert [sum(x for _, x in segs) for segs in totals.values()] == \
+               pytest.approx([b["bytes"] / per_unit for b in layout])
         assert [[n for n, _ in segs] for segs in totals.values()] == \
                [[p["name"] for p in b["params"]] for b in layout]
         assert [y.endswith("· last") for y in totals] == [b["is_last"] for b in layout]

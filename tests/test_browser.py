@@ -1,9 +1,13 @@
 """The lab in a real browser: Playwright drives Debian's Chromium against `streamlit run app.py`.
 
-One test: launch a real 2-rank PowerSGD run from the form, wait for the loss chart to have points,
-measure how long a metric line takes from metrics.jsonl to the chart, walk the sidebar's sections
-and screenshot every page into test-artifacts/, reload (a new session re-attaches to the run),
-click Stop, check that no process of the run remains.  Without Chromium it skips, except under CI, where it fails.
+One test, one server, one browser, every page visited once: launch a real 2-rank PowerSGD run
+from the form, wait for the loss chart to have points, measure how long a metric line takes from
+metrics.jsonl to the chart, reload (a new session re-attaches to the run), click Stop, check that
+no process of the run remains; then walk the sidebar's sections, timing each page's load, pressing
+its main actions (every Classroom button, the ring's step slider and ▶ Play, presentation mode;
+Start sweep and Stop sweep; every Export download, checked against the block the page shows and
+the run's settings) and screenshotting it into test-artifacts/.  Any exception a page shows fails
+it.  Without Chromium it skips, except under CI, where it fails.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +30,7 @@ from test_app_pages import navigation  # app.py's table of sections and pages
 
 from commlab import api
 from commlab.engine import procs
+from commlab.tune import sweep as sw
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -186,6 +192,7 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
     server = start_streamlit(runs_dir, port)
     log("streamlit answers")
     writes = WriteTimes(runs_dir)
+    sweeps = []
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -238,19 +245,24 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 assert not page.locator('[data-testid="stAlertContentError"]').count()
                 screenshot(page, "1_Launch_and_watch_stopped")
                 # After Stop, so that page loads do not share the two cores with the training run.
-                screenshot_every_page(page)
+                screenshot_every_page(page, {
+                    "classroom": drive_classroom,
+                    "sweep": lambda page: sweeps.append(drive_sweep(page, runs_dir)),
+                    "export": lambda page: drive_export(page, run)})
                 log("every page captured")
             finally:
                 browser.close()
         assert run.status() == "stopped"
-        sup = json.loads(run.file("supervisor.json").read_text())
-        pids = [sup["pid"], sup["torchrun_pid"], *sup["worker_pids"]]
-        assert len(sup["worker_pids"]) >= 2, sup
-        assert not [pid for pid in pids if procs.alive(pid)], "a process of the run survived Stop"
+        assert_processes_gone(run)
+        assert [s.status() for s in sweeps] == ["stopped"]
         print(f"\nwrite-to-screen latency over {latency['steps']} steps: median "
               f"{latency['median_s']:.3f} s, p90 {latency['p90_s']:.3f} s, max {latency['max_s']:.3f} s")
     finally:
         writes.done.set()
+        for leftover in sw.list_sweeps(runs_dir):  # nor its sweep, which would start more runs
+            if leftover.is_running():
+                leftover.request_stop()
+                wait_until(lambda s=leftover: not s.is_running(), 300, "the sweep to stop")
         for leftover in api.list_runs(runs_dir):  # a failed test must not leave its run going
             if leftover.is_running():
                 leftover.stop()
@@ -273,8 +285,9 @@ def write_to_screen(written: dict[int, float], shown: dict[int, float], now: flo
     return result
 
 
-def screenshot_every_page(page) -> None:
-    """The sidebar shows app.py's sections and pages in the table's order; each page opens."""
+def screenshot_every_page(page, actions: dict) -> None:
+    """The sidebar shows app.py's sections and pages in the table's order; each page opens, and
+    ``actions[stem](page)`` presses the buttons of the pages that have some, once it has loaded."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     sections = navigation()
@@ -297,10 +310,15 @@ def screenshot_every_page(page) -> None:
             idle(page, timeout_ms=300_000)
         except PlaywrightTimeout:  # a page that keeps working still gets its picture
             pass
-        loads[Path(file).stem] = round(time.monotonic() - started, 2)
+        stem = Path(file).stem
+        loads[stem] = round(time.monotonic() - started, 2)
         assert_no_exception(page, file)
-        screenshot(page, Path(file).stem)
-        log(f"captured {Path(file).stem}: loaded in {loads[Path(file).stem]:.2f} s")
+        log(f"{stem}: loaded in {loads[stem]:.2f} s")
+        if stem in actions:
+            actions[stem](page)
+            assert_no_exception(page, f"{file}, after its buttons")
+            log(f"{stem}: buttons pressed")
+        screenshot(page, stem)
     (ARTIFACTS / "page_load_s.json").write_text(json.dumps(loads, indent=1))
     print("\npage load (s): " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
 
@@ -309,3 +327,169 @@ def assert_no_exception(page, where: str) -> None:
     """A page that shows a Python exception (Streamlit's red traceback box) fails the test."""
     shown = page.locator('[data-testid="stException"]')
     assert not shown.count(), (where, shown.all_inner_texts())
+
+
+def assert_processes_gone(run) -> None:
+    """No process of a stopped 2-rank run is left: its supervisor, torchrun, the ranks."""
+    sup = json.loads(run.file("supervisor.json").read_text())
+    pids = [sup["pid"], sup["torchrun_pid"], *sup["worker_pids"]]
+    assert len(sup["worker_pids"]) >= 2, sup
+    assert not [pid for pid in pids if procs.alive(pid)], f"a process of {run.id} survived Stop"
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.2)
+
+
+def press(page, name: str, then: str) -> None:
+    """Click the button named ``name``, wait for the text ``then`` (the result it shows) and for
+    the rerun to end; an exception shown on the way fails the test."""
+    page.get_by_role("button", name=name, exact=True).click()
+    page.get_by_text(then).first.wait_for()
+    idle(page)
+    assert_no_exception(page, f"after {name}")
+    assert not page.get_by_text("The processes failed").count(), name
+
+
+def slide(page, label: str, key: str) -> str:
+    """Move a Streamlit slider with the keyboard, as a person would; returns the value it shows."""
+    thumb = page.locator(f'input[type="range"][aria-label="{label}"]')
+    thumb.focus()
+    thumb.press(key)
+    idle(page)
+    return thumb.get_attribute("aria-valuetext")
+
+
+def click_missed(button) -> bool:
+    """Click, allowing a second for the button to be there; always False (the caller checks
+    what the click did)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        button.click(timeout=1000)
+    except PlaywrightTimeout:
+        pass
+    return False
+
+
+def tab(page, name: str) -> None:
+    page.get_by_role("tab", name=re.compile(re.escape(name))).click()
+
+
+# After ▶ Play, plotly fires plotly_animated once the last frame is drawn.
+WATCH_ANIMATION = """() => {
+  window.__played = 0;
+  const animated = [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(gd => (gd.layout.updatemenus || []).length);
+  for (const gd of animated) gd.on('plotly_animated', () => { window.__played++; });
+  return animated.length;
+}"""
+# The step the ring diagram's own slider shows: the animation's last frame once it has played.
+ANIMATION_STEP = """() => [...document.querySelectorAll('.js-plotly-plot')]
+  .filter(gd => (gd.layout.updatemenus || []).length)
+  .map(gd => [gd.layout.sliders[0].active, gd._transitionData._frames.length])"""
+
+
+def drive_classroom(page) -> None:
+    """Every button of the three tabs on 2 real ranks, the ring's step slider and ▶ Play, and
+    presentation mode."""
+    assert slide(page, "Ranks (processes)", "ArrowLeft") == "2"  # 3 by default
+    tab(page, "Ring allreduce")
+    # Before tab 1 has run these inputs, so that the ring tab's own button is there.
+    press(page, "Run dist.all_reduce on these inputs",
+          then="The ring simulation equals dist.all_reduce on 2 real rank(s)")
+    assert slide(page, "Step", "ArrowRight") == "1"
+    page.locator("h3").filter(has_text="Ring — step 1/2: reduce-scatter").wait_for()
+    assert page.evaluate(WATCH_ANIMATION) == 2  # the ring's and the naive scheme's diagrams
+    page.locator(".updatemenu-button").filter(has_text="Play").first.click()
+    page.wait_for_function("window.__played > 0")
+    assert [2, 3] in page.evaluate(ANIMATION_STEP)  # played to its last step (frames 0, 1, 2)
+
+    tab(page, "Real collectives")
+    press(page, "Run on real processes", then="Order in which the ranks reported back")
+    headings = page.locator("h3").all_inner_texts()
+    for call in ("dist.all_reduce(op=SUM)", "dist.broadcast(src=1)", "dist.reduce(dst=0, op=SUM)",
+                 "dist.all_gather_single", "dist.reduce_scatter_single(op=SUM)"):
+        assert call in headings, (call, headings)
+
+    tab(page, "gradient averaging")
+    assert slide(page, "Steps", "Home") == "5"  # the fewest: the button is what is tried here
+    press(page, "Train on real processes", then="Largest |DDP gradient")
+    assert page.get_by_text("(they must agree to 1e-6)").count()
+    assert not page.locator('[data-testid="stAlertContentError"]').count()
+
+    screenshot(page, "classroom_buttons")
+    h1 = "parseFloat(getComputedStyle(document.querySelector('h1')).fontSize)"
+    normal = page.evaluate(h1)
+    # The switch's input is hidden under its label, which takes the click.
+    page.locator("label").filter(has=page.get_by_role("switch", name="Presentation mode")).click()
+    page.wait_for_function(f"{h1} > {1.15 * normal}")  # large text for a projector
+    idle(page)
+
+
+def drive_sweep(page, runs_dir: Path) -> sw.Sweep:
+    """Start a small sweep (the mlp, 2 ranks, one PowerSGD rank, one seed: a baseline and one
+    setting) and stop it from its live panel while its first run trains; returns the sweep."""
+    # The form sends its values on submit: Tab (not Enter, which submits) moves on.  Enough
+    # steps that the run is still going when Stop is pressed (the mlp does ~25 a second here).
+    for label, value in (("Steps", 2000), ("Ranks", 2), ("Matrix approximation rank (comma-separated)", 1),
+                         ("Seeds per setting", 1)):
+        box = page.locator(f'input[aria-label="{label}"]')
+        box.fill(str(value))
+        box.press("Tab")
+    page.get_by_role("button", name="Start sweep").click()
+    stop = page.get_by_role("button", name="Stop sweep")
+    stop.wait_for()
+    assert_no_exception(page, "sweep started")
+    (sweep,) = sw.list_sweeps(runs_dir)
+    spec = sweep.spec()
+    assert (spec.base.steps, spec.base.world_size, spec.repeats, len(sweep.configs())) == (2000, 2, 1, 2)
+    # The baseline has trained a step (the line reads "[1/2] allreduce: <status>, step 12/2000").
+    page.locator('[data-testid="stProgress"]').filter(
+        has_text=re.compile(r"^\[1/2\] allreduce: .*step [1-9]")).wait_for(timeout=300_000)
+    # The live panel redraws every second: a click that lands on a redraw is tried again.
+    wait_until(lambda: sweep.stop_requested() or click_missed(stop), 60, "Stop sweep to be taken")
+    page.get_by_text("Status: stopped").first.wait_for()
+    idle(page)
+    assert sweep.status() == "stopped"
+    (first,) = sweep.runs()
+    assert first.status() == "stopped", "Stop sweep stops the current run"
+    assert_processes_gone(first)
+    state = sweep.state()
+    wait_until(lambda: not procs.alive(state.get("pid"), state.get("create_time")), 120,
+               "the sweep's process to exit")
+    return sweep
+
+
+def drive_export(page, run) -> None:
+    """Every format's download: the file is the block the page shows, and the config files hold
+    the settings of the run the page names (those the Launch form was given)."""
+    caption = page.get_by_text("Settings of run").first.inner_text()
+    assert run.id in caption, caption
+    settings = run.config().to_dict()
+    tabs = page.get_by_role("tab")
+    names = tabs.all_inner_texts()
+    assert len(names) == 7, names
+    got = {}
+    for name in names:
+        tabs.filter(has_text=name).first.click()
+        panel = page.locator('[role="tabpanel"]:visible')
+        with page.expect_download() as download:
+            panel.get_by_role("button", name=re.compile("^Download ")).click()
+        text = Path(download.value.path()).read_text()
+        assert download.value.suggested_filename in panel.get_by_role("button").first.inner_text()
+        shown = panel.locator('[data-testid="stCode"] code').first.text_content()
+        assert text.strip() == shown.strip(), name
+        got[name] = text
+        idle(page)
+    config = json.loads(got["JSON"])
+    assert config == {k: settings[k] for k in config}
+    assert (config["hook"], config["bucket_cap_mb"]) == ("powersgd", 0.05)  # as Launch was given
+    assert tomllib.loads(got["TOML"]) == config
+    for name in ("Plain DDP", "Lightning", "Accelerate"):
+        compile(got[name], name, "exec")
+    for name in ("torchrun", "SLURM"):
+        subprocess.run(["bash", "-n"], input=got[name], text=True, check=True)

@@ -20,7 +20,8 @@ from unittest import mock
 import pytest
 
 from commlab import cli
-from commlab.config import RunConfig
+from commlab.config import HOOKS, RunConfig
+from commlab.hooks import registry
 from commlab.tune import export
 from commlab.tune.export import ExportRefused, Target
 
@@ -77,7 +78,8 @@ def test_every_hook_and_wrapper_named_exists_in_torch():
     for hook in filter(lambda h: export.exportable(RunConfig(hook=h)), HOOKS):
         for wrapper in WRAPPERS:
             for piece in registry.pieces(hook, wrapper, "nccl"):
-                assert hasattr(importlib.import_module(piece.module), piece.attr)
+                # a hook PyTorch has none of is commlab's (test_export_matrix checks commlab.hooks)
+                assert piece.module is None or hasattr(importlib.import_module(piece.module), piece.attr)
 
 
 def test_state_spells_out_every_non_default_and_the_two_tuned_settings():
@@ -162,6 +164,15 @@ def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_onl
     assert type(strategy).__name__ == "AnyDeviceDDPStrategy" and isinstance(strategy, DDPStrategy)
     assert state.start_powerSGD_iter == 2 and hook.__name__ == "fp16_compress_wrapper_hook"
 
+    # Its localsgd_subgroup_size is for a PostLocalSGDState still without subgroups, and a count.
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
+
+    from commlab.hooks.lightning_ddp import AnyDeviceDDPStrategy
+    with pytest.raises(ValueError, match="ddp_comm_state must be a PostLocalSGDState with subgroup=None"):
+        AnyDeviceDDPStrategy(ddp_comm_state=None, localsgd_subgroup_size=2)
+    with pytest.raises(ValueError, match="localsgd_subgroup_size must be a whole number of at least 1"):
+        AnyDeviceDDPStrategy(ddp_comm_state=PostLocalSGDState(None, None, 1), localsgd_subgroup_size=0)
+
 
 # --------------------------------------------------------------------------- Accelerate
 @pytest.mark.timeout(900)
@@ -204,12 +215,146 @@ def test_accelerate_says_a_wrapped_allreduce_as_the_compress_hook():
     cfg = RunConfig(hook="allreduce", wrapper="fp16")
     assert export.accelerate_members(cfg) == ("FP16", "NO")
     assert export.accelerate_members(RunConfig(hook="powersgd", wrapper="bf16")) == ("POWER_SGD", "BF16")
+    assert export.accelerate_members(RunConfig(hook="topk")) is None
 
 
-@pytest.mark.slow
-def test_accelerate_refuses_noop_clearly():
-    with pytest.raises(ExportRefused, match="Accelerate cannot express the noop hook.*noop_hook"):
-        export.render(RunConfig(hook="noop"), "accelerate", Target())
+@pytest.mark.parametrize("hook", ["noop", "topk", "quantize_pertensor", "post_localsgd"])
+def test_accelerate_registers_a_hook_it_cannot_name_on_the_prepared_model(hook):
+    text = export.render(RunConfig(hook=hook), "accelerate", Target()).text
+    assert "DDPCommunicationHookType" not in text.split("# Hooks:")[1]  # named in a comment only
+    assert f"DDPCommunicationHookType cannot name {registry.hook_name(hook)}" in " ".join(
+        ln[2:] for ln in text.splitlines() if ln.startswith("# "))
+    prepare = text.index("accelerator.prepare(model, optimizer)")
+    register = text.index("model.register_comm_hook(")
+    assert prepare < register  # on the prepared model: its DistributedDataParallel
+
+
+# --------------------------------------------------------------------------- the new hooks' snippets
+# Every setting the new hooks read, none at its default, and what each hook's snippet must spell:
+# written out here, not read from commlab.hooks.compressors.STATES.
+SETTINGS = dict(compress_ratio=0.125, qsgd_levels=5, sparsify_threshold=0.25, compressor_momentum=0.75,
+                dgc_clip_norm=2.5, sparse_error_feedback=False, quantization_bucket_size=96,
+                start_localSGD_iter=9, post_local_gradient_allreduce=False, localsgd_subgroup_size=2,
+                averager_period=3, averager_warmup_steps=9, seed=11, world_size=4)
+SPELLED = {
+    "topk": ["TopKState(", "compress_ratio=0.125", "use_error_feedback=False"],
+    "randomk": ["RandomKState(", "compress_ratio=0.125"],
+    "qsgd": ["QSGDState(", "levels=5"],
+    "terngrad": ["TernGradState("],
+    "signsgd": ["SignSGDState("],
+    "ef_signsgd": ["EFSignSGDState("],
+    "onebit": ["OneBitState("],
+    "threshold": ["ThresholdState(", "threshold=0.25", "use_error_feedback=False"],
+    "dgc": ["DGCState(", "compress_ratio=0.125", "momentum=0.75", "clip_norm=2.5"],
+    "natural": ["NaturalState("],
+    "signum": ["SignumState(", "momentum=0.75"],
+}
+NEW_HOOKS = [*SPELLED, "quantize_pertensor", "quantize_perchannel", "post_localsgd"]
+# Hyperparameters some hook reads: no other hook's snippet may name them.
+ONLY = {"compress_ratio=": ("topk", "randomk", "dgc"), "levels=": ("qsgd",), "clip_norm=": ("dgc",),
+        "bucket_size=": ("quantize_perchannel",), "start_localSGD_iter=": ("post_localsgd",)}
+
+
+@pytest.mark.parametrize("hook", NEW_HOOKS)
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_each_new_hooks_snippets_build_its_state_with_the_runs_settings(hook, backend):
+    cfg = RunConfig(hook=hook, **SETTINGS)
+    texts = {fmt: export.render(cfg, fmt, Target(backend=backend, nproc_per_node=2, nnodes=2)).text
+             for fmt in ("ddp", "lightning", "accelerate")}
+    for fmt, text in texts.items():
+        compile(text, f"<{fmt}>", "exec")
+        code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+        for word, hooks in ONLY.items():
+            assert (word in code) == (hook in hooks), (fmt, word)
+        if hook in SPELLED:
+            assert f"state = commlab_hooks.{SPELLED[hook][0]}\n    process_group=None," in code
+            assert all(w in code for w in SPELLED[hook][1:]) and "random_seed=11" in code, (fmt, code)
+            assert f"commlab_hooks.{hook}_hook" in code and '"comm_hook_state"' in text
+            assert "PyTorch has no" in text and "pip install commlab" in text
+        elif hook.startswith("quantize"):
+            assert "state =" not in code and f"commlab_hooks.quantization_{hook[9:]}_hook" in code
+            assert "keeps no state" in text
+        if hook == "quantize_perchannel":  # its own argument, bound in a function DDP can log
+            assert "def quantization_perchannel_hook(process_group, bucket):" in code
+            assert ("\n    return commlab_hooks.quantization_perchannel_hook(process_group, bucket, "
+                    "bucket_size=96)\n") in code
+    ddp, lightning, accelerate = texts.values()
+    if hook in SPELLED or hook.startswith("quantize"):
+        state = "None" if hook.startswith("quantize") else "state"
+        assert f"ddp_model.register_comm_hook({state}, " in ddp
+        assert f"\nmodel.register_comm_hook({state}, " in accelerate
+        assert ("ddp_comm_state=state" in lightning) == (state == "state")
+    if hook == "post_localsgd":
+        for text, model in ((ddp, "ddp_model"), (accelerate, "model")):
+            assert "subgroup, _ = dist.new_subgroups(group_size=2)\n" in text
+            assert ("PostLocalSGDState(\n    process_group=None,\n    subgroup=subgroup,\n"
+                    "    start_localSGD_iter=9,\n    post_local_gradient_allreduce=False,\n)") in text
+            assert "averagers.PeriodicModelAverager(\n    period=3,\n    warmup_steps=9,\n)" in text
+            assert f"#   averager.average_parameters({model}.parameters())\n" in text
+            assert f"{model}.register_comm_hook(state, post_localSGD.post_localSGD_hook)" in text
+            assert '"localsgd_steps": (state.iter, averager.step)' in text
+        assert text.index("accelerator.prepare(") < text.index("dist.new_subgroups")  # group first
+        # Lightning: no group yet when the snippet runs; the strategy makes the subgroups and
+        # Lightning's own averager steps (its warm-up is start_localSGD_iter, equal here).
+        assert "subgroup=None," in lightning and "new_subgroups(" not in lightning.split("# Hooks:")[1]
+        assert "model_averaging_period=3,\n    localsgd_subgroup_size=2,\n" in lightning
+        assert "strategy = AnyDeviceDDPStrategy(" in lightning and "averagers." not in lightning
+
+
+@pytest.mark.parametrize("hook", list(SPELLED))
+def test_a_compressor_snippets_state_is_the_state_the_lab_builds(hook):
+    from commlab.hooks import compressors
+
+    cfg = RunConfig(hook=hook, **SETTINGS)
+    tree = ast.parse(export.render(cfg, "ddp", Target(backend="gloo")).text)
+    body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+            or (isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "state")]
+    namespace: dict = {}
+    exec(compile(ast.Module(body, type_ignores=[]), "<ddp>", "exec"), namespace)
+    lab = compressors.make_state(cfg)
+
+    def settings_of(state):
+        return {k: v for k, v in vars(state).items() if isinstance(v, (bool, int, float, type(None)))}
+
+    assert type(namespace["state"]) is type(lab) and settings_of(namespace["state"]) == settings_of(lab)
+
+
+@pytest.mark.parametrize("fmt", ["torchrun", "slurm"])
+def test_launch_lines_of_the_new_hooks_name_the_hook_and_what_it_needs(fmt):
+    for hook in NEW_HOOKS:
+        text = export.render(RunConfig(hook=hook, **SETTINGS), fmt, Target(nproc_per_node=2)).text
+        assert f"commlab export: {hook}" in text and "torchrun" in text
+        assert ("pip install commlab" in text) == (hook != "post_localsgd")  # PyTorch's hook there
+
+
+# --------------------------------------------------------------------------- every refusal
+def test_lightning_refuses_an_averager_warmup_it_cannot_carry_and_the_other_formats_carry_it():
+    cfg = RunConfig(hook="post_localsgd", start_localSGD_iter=5, averager_warmup_steps=9)
+    with pytest.raises(ExportRefused, match=r"Lightning cannot express averager_warmup_steps=9 with "
+                                            r"start_localSGD_iter=5: .*_enable_model_averaging"):
+        export.render(cfg, "lightning", Target())
+    for fmt in ("ddp", "accelerate"):
+        assert "warmup_steps=9," in export.render(cfg, fmt, Target()).text
+
+
+def test_post_local_sgd_is_refused_where_its_subgroups_cannot_cut_the_targets_ranks():
+    cfg = RunConfig(hook="post_localsgd", localsgd_subgroup_size=2)
+    for fmt in ("ddp", "lightning", "accelerate", "torchrun", "slurm"):
+        with pytest.raises(ExportRefused, match=r"localsgd_subgroup_size=2 does not divide the "
+                                                r"target's 3 ranks \(1 node\(s\) × 3 process"):
+            export.render(cfg, fmt, Target(nproc_per_node=3))
+        export.render(cfg, fmt, Target(nproc_per_node=3, nnodes=2))  # 6 ranks: 3 subgroups
+    for fmt in ("json", "toml"):  # a config file names no target
+        export.render(cfg, fmt, Target(nproc_per_node=3))
+
+
+def test_a_commlab_piece_missing_from_the_library_is_refused_by_name(monkeypatch):
+    import commlab.hooks as library
+
+    monkeypatch.setattr(library, "__all__", [n for n in library.__all__ if n != "dgc_hook"])
+    with pytest.raises(ExportRefused, match="commlab's dgc_hook is not part of the commlab.hooks "
+                                            "library .*, and PyTorch has none"):
+        export.render(RunConfig(hook="dgc"), "ddp", Target())
 
 
 # --------------------------------------------------------------------------- launch lines
@@ -310,8 +455,12 @@ def test_cli_exports_a_run_whose_workload_and_runs_folder_are_not_of_this_machin
 
 
 def test_cli_refuses_what_a_format_cannot_express(tmp_path, capsys):
-    rc, out, err = _cli(capsys, "export", "--hook", "noop", "--format", "accelerate")
-    assert rc == 2 and "Accelerate cannot express the noop hook" in err and not out
+    rc, out, err = _cli(capsys, "export", "--hook", "post_localsgd", "--averager-warmup-steps", "5",
+                        "--format", "lightning")
+    assert rc == 2 and "Lightning cannot express averager_warmup_steps=5" in err and not out
+    rc, out, _ = _cli(capsys, "export", "--hook", "post_localsgd", "--localsgd-subgroup-size", "2",
+                      "--nproc-per-node", "3", "--format", "slurm", "--json")
+    assert rc == 2 and "does not divide the target's 3 ranks" in json.loads(out)["error"]
     rc, out, _ = _cli(capsys, "export", "--hook", "nope", "--format", "ddp", "--json")
     assert rc == 2 and "hook" in json.loads(out)["errors"]
     rc, _, err = _cli(capsys, "export", str(tmp_path), "--format", "ddp")
@@ -333,8 +482,17 @@ def test_export_page_works_with_no_runs(tmp_path, monkeypatch):
     default = RunConfig.from_dict({"hook": "powersgd", "wrapper": "none", "world_size": 2})
     assert RunConfig.from_json(texts[0]) == default
     hook = next(s for s in at.selectbox if s.label == "Hook")
-    hook.set_value("noop").run()
-    assert any("Accelerate cannot express the noop hook" in e.value for e in at.error)
+    assert set(hook.options) == set(HOOKS)  # the picker offers every hook, the new ones too
+    for name, state in (("dgc", "DGCState("), ("quantize_perchannel", "bucket_size=512"),
+                        ("post_localsgd", "PeriodicModelAverager(")):
+        next(s for s in at.selectbox if s.label == "Hook").set_value(name).run()
+        assert not at.exception and not at.error, name
+        assert state in at.code[list(export.FORMATS).index("ddp")].value, name
+    # A cell the target cannot carry: its tab says why, the others still export.
+    next(n for n in at.number_input if n.key == "export_averager_warmup_steps").set_value(5).run()
+    assert not at.exception
+    assert any("Lightning cannot express averager_warmup_steps=5" in e.value for e in at.error)
+    assert len(at.code) == len(export.FORMATS) - 1
 
 
 @pytest.mark.timeout(900)

@@ -159,8 +159,10 @@ def test_a_rank_killed_is_named_as_the_one_that_failed(tmp_path):
 RACER = textwrap.dedent("""
     import sys, time
     from commlab.api import RunConfig, launch
-    runs_dir, request_id, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    runs_dir, request_id = sys.argv[1], sys.argv[2]
     cfg = RunConfig(runs_dir=runs_dir, workload="mlp", steps=100000).check()
+    print("ready", flush=True)
+    at = float(sys.stdin.readline())
     time.sleep(max(0.0, at - time.time()))
     print(launch(cfg, request_id=request_id).path, flush=True)
 """)
@@ -169,9 +171,16 @@ RACER = textwrap.dedent("""
 @pytest.mark.slow
 def test_two_processes_launching_one_request_id_at_once_get_one_run(tmp_path):
     for attempt in range(3):
-        at = time.time() + 8  # both have imported commlab and checked the settings by then
-        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), f"id-{attempt}", str(at)],
-                                   stdout=subprocess.PIPE, text=True, cwd=HERE.parent) for _ in range(2)]
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), f"id-{attempt}"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                   cwd=HERE.parent) for _ in range(2)]
+        # One moment for both, told once both have imported commlab and checked the settings (a
+        # fixed delay from their start would have to allow for the slowest machine).
+        assert [p.stdout.readline().strip() for p in racers] == ["ready", "ready"]
+        at = time.time() + 0.5
+        for p in racers:
+            p.stdin.write(f"{at}\n")
+            p.stdin.flush()
         paths = {p.communicate(timeout=120)[0].strip() for p in racers}
         assert len(paths) == 1 and "" not in paths, paths
         assert len(list_runs(tmp_path)) == attempt + 1

@@ -153,6 +153,11 @@ def test_predicted_steps_price_the_allreduce_steps_before_powersgd_starts_as_the
     assert quality.predicted_step_s(records, cfg, None, _Profile(3.0), cluster) is None
     plain = RunConfig(hook="allreduce").to_dict()
     assert quality.predicted_step_s(records, plain, _Profile(3.0), None, cluster) == [6] * 6
+    # Post-local SGD allreduces gradients over every rank until start_localSGD_iter: plain steps.
+    local = RunConfig(hook="post_localsgd", start_localSGD_iter=3).to_dict()
+    assert quality.predicted_step_s(records, local, _Profile(1.0), _Profile(3.0), cluster) == [6] * 3 + [2] * 3
+    topk = RunConfig(hook="topk").to_dict()
+    assert quality.predicted_step_s(records, topk, _Profile(1.0), None, cluster) == [2] * 6
 
 
 def test_the_plan_runs_every_setting_with_every_seed_seed_by_seed():

@@ -59,9 +59,81 @@ def test_a_bad_grid_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="comma-separated list of int"):
         sw.parse_list("1,two", int, "matrix_approximation_rank")
     assert not any(tmp_path.iterdir())
-    # A hook that is not PowerSGD's would be swapped for it: refused instead, naming the field.
-    assert cli.main(["sweep", "--hook", "fp16", "--runs-dir", str(tmp_path), "--dry-run"]) == 2
+    # allreduce is the baseline, not a hook to sweep; an axis the hook does not read is refused.
+    assert cli.main(["sweep", "--hook", "allreduce", "--runs-dir", str(tmp_path), "--dry-run"]) == 2
+    assert cli.main(["sweep", "--hook", "qsgd", "--compress-ratio", "0.01", "--runs-dir",
+                     str(tmp_path), "--dry-run"]) == 2
     assert not any(tmp_path.iterdir())
+
+
+# The axes each hook reads, as the registry builds it: what the sweep must find (hook_axes).
+OWN_AXES = {"powersgd": ["matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
+                         "wrapper"],
+            "topk": ["compress_ratio"], "randomk": ["compress_ratio"], "dgc": ["compress_ratio"],
+            "qsgd": ["qsgd_levels"], "threshold": ["sparsify_threshold"],
+            "quantize_perchannel": ["quantization_bucket_size"],
+            "post_localsgd": ["start_localSGD_iter", "averager_period", "wrapper"],
+            "fp16": ["wrapper"], "signsgd": [], "noop": [], "quantize_pertensor": []}
+
+
+@pytest.mark.parametrize("hook", OWN_AXES)
+def test_each_hook_sweeps_its_own_axes(hook):
+    assert [s.name for s in sw.hook_axes(hook)] == OWN_AXES[hook]
+    spec = sw.SweepSpec(base=RunConfig(hook=hook, workload="mlp", steps=30))
+    configs = sw.grid(spec)
+    # The table's values unless told (top-k's k: 0.001, 0.01, 0.1), else base's: every combination.
+    expected = math.prod(len(s.sweep) or 1 for s in sw.hook_axes(hook))
+    assert len(configs) == 1 + expected and {c.hook for c in configs[1:]} == {hook}
+    labels = [sw.plan_label(c, spec) for c in configs]
+    assert len(set(labels)) == len(labels), labels  # each setting says its values
+
+
+def test_every_axis_of_the_table_belongs_to_some_hook():
+    assert all(sw.axis_hooks(s.name) for s in sw.AXES)
+    assert sw.axis_hooks("compress_ratio") == ["topk", "randomk", "dgc"]
+    assert "topk" not in sw.axis_hooks("wrapper") and "powersgd" in sw.axis_hooks("wrapper")
+
+
+def test_a_compressor_sweep_is_labelled_by_its_values():
+    base = RunConfig(workload="mlp", steps=30, emulate_bandwidth_gbps=1.0)
+    spec = sw.SweepSpec(base=base.with_overrides(hook="topk"), compress_ratio=[0.01, 0.05, 0.01])
+    assert spec.hook == "topk" and spec.axes() == {"compress_ratio": [0.01, 0.05]}
+    assert [sw.plan_label(c, spec) for c in sw.grid(spec)] == [
+        "allreduce [emulated 1 Gb/s, 0 µs]", "topk compress_ratio=0.01 [emulated 1 Gb/s, 0 µs]",
+        "topk compress_ratio=0.05 [emulated 1 Gb/s, 0 µs]"]
+    assert sw.SweepSpec.from_dict(spec.to_dict()) == spec and "qsgd_levels" not in spec.to_dict()
+    qsgd = sw.SweepSpec(base=base.with_overrides(hook="qsgd"), qsgd_levels=[1, 127], repeats=2)
+    assert sw.plan_label(sw.grid(qsgd)[-1], qsgd) == "qsgd qsgd_levels=127 [emulated 1 Gb/s, 0 µs] seed 1"
+    local = sw.SweepSpec(base=base.with_overrides(hook="post_localsgd"), averager_period=[2, 8],
+                         start_localSGD_iter=[5], baseline=False)
+    assert [whatif.run_label(c.to_dict()) for c in sw.grid(local)] == [
+        f"post_localsgd start_localSGD_iter=5 averager_period={p} [emulated 1 Gb/s, 0 µs]" for p in (2, 8)]
+    # The default, plain allreduce as the base, still sweeps PowerSGD, labelled as before.
+    assert sw.SweepSpec(base=base).hook == "powersgd"
+
+
+def test_an_axis_the_hook_does_not_read_is_refused_by_name_with_why():
+    base = RunConfig(workload="mlp", hook="qsgd")
+    with pytest.raises(ConfigError) as e:
+        sw.grid(sw.SweepSpec(base=base, compress_ratio=[0.01], wrapper=["fp16"],
+                             qsgd_levels=[0, 7]))
+    errs = e.value.errors
+    assert set(errs) == {"compress_ratio", "wrapper", "qsgd_levels"}
+    assert errs["compress_ratio"].startswith("is not an axis of qsgd: qsgd does not read compress_ratio")
+    assert "it is an axis of topk, randomk, dgc" in errs["compress_ratio"]
+    assert "qsgd's axes are: qsgd_levels" in errs["compress_ratio"]
+    assert "no compress wrapper may wrap it" in errs["wrapper"]
+    # A bad value of the hook's own axis: the table's bounds, for the setting that has it.
+    assert errs["qsgd_levels"].startswith("qsgd qsgd_levels=0: must be at least 1")
+    with pytest.raises(ConfigError, match="unknown hook 'gzip'"):
+        sw.grid(sw.SweepSpec(base=RunConfig(hook="gzip")))
+
+
+def test_cli_sweeps_a_compressor_over_its_own_axis(capsys):
+    rc = cli.main(["sweep", "--workload", "mlp", "--hook", "topk", "--compress-ratio", "0.01,0.05",
+                   "--dry-run", "--json"])
+    runs = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"]
+    assert rc == 0 and runs == ["allreduce", "topk compress_ratio=0.01", "topk compress_ratio=0.05"]
 
 
 def test_a_second_sweep_waits_for_the_first(tmp_path):
@@ -137,6 +209,13 @@ def test_summarize_reads_final_loss_bytes_and_time_from_metrics():
     assert row["bytes_per_step"] == pytest.approx((2 * 400 + 8 * 40) / 10)
     assert row["time_s"] == pytest.approx(1.0)
     assert row["link"] == "emulated unlimited bandwidth, 5 µs" and not row["baseline"]
+    assert (row["matrix_approximation_rank"], row["start_powerSGD_iter"]) == (1, 2)
+    # A row carries its own hook's axes only: another hook's value is not this run's setting.
+    topk = sw.summarize(records, RunConfig(hook="topk", compress_ratio=0.05).to_dict(), "finished")
+    assert topk["compress_ratio"] == 0.05 and topk["label"] == "topk compress_ratio=0.05"
+    assert topk["matrix_approximation_rank"] is None and row["compress_ratio"] is None
+    table = pareto.by_setting(pd.DataFrame([row, topk], columns=sw.ROW_COLUMNS))
+    assert table["compress_ratio"].isna().tolist() == [True, False] and table["compress_ratio"][1] == 0.05
 
 
 @pytest.mark.slow
@@ -552,3 +631,29 @@ def test_sweep_page_names_every_bad_field_and_starts_nothing(tmp_path, monkeypat
     assert any("got 0" in e and "1 to 64" in e for e in errors)  # the reason, shown, not on hover
     assert any("comma-separated list of int" in e for e in errors)
     assert sw.list_sweeps(tmp_path) == [] and not any(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(1800)
+def test_the_sweep_page_offers_the_chosen_hook_s_own_axes_and_names_a_bad_value(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+    at.switch_page("pages/sweep.py").run()
+    assert at.selectbox(key="sweep_hook").value == "powersgd"
+    at.selectbox(key="sweep_hook").set_value("topk").run()
+    assert not at.exception, [e.value for e in at.exception]
+    keys = {w.key for w in at.text_input} | {w.key for w in at.multiselect}
+    assert "sweep_compress_ratio" in keys and "sweep_matrix_approximation_rank" not in keys
+    assert "sweep_wrapper" not in keys  # no compress wrapper may wrap top-k
+    assert at.text_input(key="sweep_compress_ratio").value == "0.001,0.01,0.1"
+    at.text_input(key="sweep_compress_ratio").set_value("0.01,2")
+    next(b for b in at.button if b.label == "Start sweep").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("Fix 1 setting(s)") and "compress_ratio" in e.replace("\\_", "_") for e in errors)
+    assert any("topk compress_ratio=2: must be at most 1" in e.replace("\\_", "_") for e in errors), errors
+    assert sw.list_sweeps(tmp_path) == []
+    at.selectbox(key="sweep_hook").set_value("signsgd").run()  # a hook with nothing to sweep
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("signsgd has no settings to sweep" in c.value for c in at.caption)

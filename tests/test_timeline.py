@@ -39,6 +39,30 @@ def test_overlap_share_is_hidden_over_all_hook_communication():
     assert timeline.run_overlap_share(steps) == pytest.approx(0.3)
 
 
+def test_a_blocking_hook_hides_only_what_it_returns_unfinished():
+    # commlab's blocking PowerSGD: the uncompressed and P allreduces are waited for inside the
+    # hook call (backward stops), the Q allreduce's future is returned, so Q flies while backward
+    # computes the next bucket: that part, and only that, is hidden.  The last bucket's Q flies
+    # after the last hook call, when backward has nothing left to compute.
+    blocking = [_ev("backward", 0.0, 10.0),
+                _ev("hook", 2.0, 4.0, bucket=0), _collective(2.2, 2.8), _collective(3.0, 3.8),
+                _collective(4.0, 5.0),
+                _ev("hook", 6.0, 8.0, bucket=1), _collective(6.2, 6.8, bucket=1),
+                _collective(7.0, 7.8, bucket=1), _collective(8.0, 9.0, bucket=1)]
+    assert timeline.overlap_share(blocking) == pytest.approx(1.0 / 4.8)
+    assert timeline.backward_compute(blocking) == (0.0, 6.0)
+    assert timeline.backward_compute_s(blocking) == pytest.approx(4.0)  # less the hook's waits
+    waits_for_all = [e for e in blocking if e["start"] != 4.0] + [_collective(3.85, 3.95)]
+    assert timeline.overlap_share(waits_for_all) == 0.0
+
+
+def test_link_share_is_what_only_the_emulated_link_held():
+    assert timeline.link_share(STEP) == pytest.approx(1.0 / 6.0)  # the loss's is not the hook's
+    assert timeline.link_share([_ev("backward", 0.0, 1.0)]) is None
+    no_link = [_collective(0.0, 1.0)]
+    assert timeline.run_link_share({"1": {"0": STEP, "1": no_link}}) == pytest.approx(1.0 / 12.0)
+
+
 def _check_trace(trace: dict, ranks: int) -> None:
     """The Chrome trace format: named processes (one per rank) and threads, complete events."""
     events = trace["traceEvents"]

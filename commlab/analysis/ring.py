@@ -38,10 +38,8 @@ def wire_bytes(payload_bytes: float, world_size: int) -> float:
 def allreduce_s(payload_bytes: float, world_size: int, bandwidth_gbps: float,
                 latency_us: float = 0.0, collectives: float = 1) -> float:
     """Seconds for ``collectives`` ring allreduces carrying ``payload_bytes`` in all, over links of
-    ``bandwidth_gbps`` (0: infinitely fast) and ``latency_us`` per step."""
-    beta = bandwidth_gbps * 1e9 / 8
-    transfer = wire_bytes(payload_bytes, world_size) / beta if beta > 0 else 0.0
-    return collectives * steps(world_size) * latency_us * 1e-6 + transfer
+    ``bandwidth_gbps`` (0: infinitely fast) and ``latency_us`` per step (``collective_s``)."""
+    return collective_s(ALLREDUCE, payload_bytes, world_size, bandwidth_gbps, latency_us, collectives)
 
 
 # An allgather from N ranks of s bytes each, in a ring: N-1 steps, each rank passes on one s-byte
@@ -79,8 +77,10 @@ def message_bytes(collective: str, counted_bytes: float, world_size: int, group_
 
 def collective_s(collective: str, message: float, group_size: int, bandwidth_gbps: float,
                  latency_us: float = 0.0, collectives: float = 1) -> float:
-    """Seconds for ``collectives`` ring ``collective``s carrying ``message`` bytes per rank in all
-    (``allreduce_s`` for allreduces)."""
+    """Seconds for ``collectives`` ring ``collective``s carrying ``message`` bytes per rank in all:
+    ``latency_steps`` latencies each and ``sent_bytes`` over the bandwidth.  The one formula of a
+    collective's time: the what-if model prices with it, and the emulated link
+    (``commlab.hooks.instrument.Link``) holds collectives back by it."""
     beta = bandwidth_gbps * 1e9 / 8
     transfer = sent_bytes(collective, message, group_size) / beta if beta > 0 else 0.0
     return collectives * latency_steps(collective, group_size) * latency_us * 1e-6 + transfer

@@ -12,6 +12,16 @@ rank's ``time.perf_counter``, one clock for every rank of a machine) and, by kin
   issued outside a hook), ``category`` (hook, measure, other: see ``commlab.hooks.instrument``),
   ``bytes``, ``thread`` (the issuing thread's name) and ``link_s``, the part of it that only the
   emulated link held back (0 without one).
+
+On CUDA (NCCL runs) the host's clock says when work was queued, not when it ran, so every event
+is timed on the device as well, and its ``start`` and ``end`` are the device's, on the same
+perf_counter clock (``commlab.hooks.instrument.DeviceClock``): CUDA events recorded on the stream
+the work is on (a collective from when its issuing stream had its input ready until its result
+was ready; a hook call from when its bucket's gradients were ready; backward and the optimizer
+around what they queued), resolved after the step from their elapsed time since a reference event
+recorded at a synchronize at the step's start, plus that synchronize's perf_counter time.  Such an
+event has ``clock: "cuda"``, and its host times as ``host_start`` and ``host_end``; an event
+without ``clock`` is the host's.
 """
 from __future__ import annotations
 
@@ -61,26 +71,58 @@ def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> 
     return sum(max(0.0, min(b, d) - max(a, c)) for a, b in xs for c, d in ys)
 
 
+def _computing(events: list[dict]) -> list[tuple[float, float]] | None:
+    """When backward computed: from its start to the last hook call, except while it was inside
+    a hook call (a hook that waits for its collectives in its body stops backward)."""
+    window = backward_compute(events)
+    if window is None:
+        return None
+    return _minus([window], [(e["start"], e["end"]) for e in events if e["kind"] == "hook"])
+
+
+def backward_compute_s(events: list[dict]) -> float | None:
+    """Seconds backward computed (``_computing``): the same for a hook that blocks as for one
+    that returns at once, where ``backward_compute``'s window also holds the blocking waits."""
+    computing = _computing(events)
+    return None if computing is None else _length(computing)
+
+
 def overlap_share(events: list[dict]) -> float | None:
     """Communication hidden behind backward / all communication: the time the hook's collectives
-    were in flight while backward computed, over the time they were in flight at all.  Backward
-    computes from its start to the last hook call, except while it is inside a hook call: a hook
-    that waits for its collectives in its body stops backward, and hides nothing then."""
-    window = backward_compute(events)
+    were in flight while backward computed (``_computing``), over the time they were in flight
+    at all."""
+    computing = _computing(events)
     comm = _union([(e["start"], e["end"]) for e in events
                    if e["kind"] == "collective" and e.get("category") == "hook"])
     total = _length(comm)
-    if window is None or total <= 0:
+    if computing is None or total <= 0:
         return None
-    computing = _minus([window], [(e["start"], e["end"]) for e in events if e["kind"] == "hook"])
     return _intersect(comm, computing) / total
+
+
+def link_share(events: list[dict]) -> float | None:
+    """The part of the hook's collectives' time that only the emulated link held them (their
+    ``link_s`` over their durations): near 1, they waited for the link; near 0, for loopback
+    Gloo, a late peer or a busy core (and 0 without an emulated link)."""
+    comm = [e for e in events if e["kind"] == "collective" and e.get("category") == "hook"]
+    total = sum(e["end"] - e["start"] for e in comm)
+    return sum(e.get("link_s", 0.0) for e in comm) / total if total > 0 else None
+
+
+def _run_mean(steps: dict[str, dict[str, list[dict]]], share) -> float | None:
+    shares = [s for ranks in steps.values() for events in ranks.values()
+              if (s := share(events)) is not None]
+    return sum(shares) / len(shares) if shares else None
 
 
 def run_overlap_share(steps: dict[str, dict[str, list[dict]]]) -> float | None:
     """The mean of ``overlap_share`` over every traced step and rank that communicated."""
-    shares = [s for ranks in steps.values() for events in ranks.values()
-              if (s := overlap_share(events)) is not None]
-    return sum(shares) / len(shares) if shares else None
+    return _run_mean(steps, overlap_share)
+
+
+def run_link_share(steps: dict[str, dict[str, list[dict]]]) -> float | None:
+    """The mean of ``link_share`` over every traced step and rank that communicated."""
+    return _run_mean(steps, link_share)
 
 
 def _name(e: dict) -> str:

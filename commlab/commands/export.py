@@ -5,7 +5,9 @@
     commlab export --hook powersgd --matrix-approximation-rank 2 --format accelerate
 
 Run options given beside RUN_DIR override the run's settings.  Exit 2 when the format cannot
-express the settings (Accelerate has no noop, for instance); the message says what to do instead.
+express the settings (Lightning's averager for post-local SGD warms up for start_localSGD_iter
+steps, so it cannot carry another averager_warmup_steps, for instance); the message says what to
+do instead.
 The settings are checked as production reads them: the workload is never imported, and this
 machine's GPUs and runs folder do not count.
 """

@@ -1,12 +1,16 @@
-"""``commlab sweep``: a PowerSGD grid beside a plain allreduce baseline, each setting with N seeds,
-one run after another.
+"""``commlab sweep``: a grid of one hook's own settings beside a plain allreduce baseline, each
+setting with N seeds, one run after another.
 
     commlab sweep --workload mlp --steps 100 --matrix-approximation-rank 1,2,4 \
         --start-powersgd-iter 10,50 --repeats 3 [--min-compression-rate 2,4] [--wrapper none,fp16]
         [--predict-world-size 64 --predict-bandwidth-gbps 10] [--json]
+    commlab sweep --hook topk --compress-ratio 0.01,0.05      (any hook, over its own axes)
     commlab sweep --resume SWEEP      (a stopped or lost sweep: its id or folder)
 
-Every other run option (``commlab run``'s) sets the job all runs share.  A progress bar (tqdm;
+``--hook`` names the hook swept (default PowerSGD); its axes are the settings it reads that the
+settings table marks sweepable (``commlab.tune.sweep.hook_axes``), each a comma-separated list,
+and an axis the hook does not read is refused by name.  Every other run option (``commlab
+run``'s) sets the job all runs share.  A progress bar (tqdm;
 plain lines when the output is not a terminal) shows the time left.  Ctrl-C stops the current
 run and starts no other; finished runs are kept, and ``--resume`` runs the rest.  Exit 0 when
 every planned run has ended.
@@ -19,18 +23,18 @@ import sys
 
 from commlab.commands import Progress
 from commlab.commands.run import add_run_options, config_from_args
-from commlab.config import POWERSGD_HOOKS, ConfigError, default_runs_dir
+from commlab.config import ConfigError, default_runs_dir
 from commlab.tune.quality import Cluster
-from commlab.tune.sweep import AXES, SweepSpec, axis_values
+from commlab.tune.sweep import AXES, SWEPT_HOOKS, SweepSpec, axis_values
 
 AXIS_NAMES = tuple(s.name for s in AXES)
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
-    if args.hook is not None and args.hook not in POWERSGD_HOOKS:
-        raise ConfigError({"hook": f"a sweep varies PowerSGD's settings: --hook must be one of "
-                                   f"{', '.join(POWERSGD_HOOKS)} (the allreduce baseline is added "
-                                   f"by itself), got {args.hook!r}"})
+    if args.hook == "allreduce":
+        raise ConfigError({"hook": "allreduce is the baseline, which every sweep runs first by "
+                                   "itself: name the hook to sweep, one of "
+                                   f"{', '.join(SWEPT_HOOKS)}"})
     # The axes given are lists; the others keep the spec's defaults.
     lists = {s.name: axis_values(s, getattr(args, s.name)) for s in AXES
              if getattr(args, s.name) is not None}
@@ -70,21 +74,22 @@ def _num(x, fmt: str) -> str:
 
 
 def _text(p: dict) -> str:
+    w = max([40, *(len(s["label"]) for s in p["settings"])])  # labels whole: they name the values
     lines = [f"sweep {p['sweep_id']}: {p['status']} ({p['sweep_dir']})",
              f"quality: {', '.join(sorted({s['quality_basis'] for s in p['settings'] if s['quality_basis']})) or '-'}; "
              f"predicted times on {p['cluster']}; target loss {_num(p['target'], '.4f')}",
-             f"{'setting':<40} {'seeds':>5} {'loss mean':>9} {'± sd':>7} {'bytes/step':>12} "
+             f"{'setting':<{w}} {'seeds':>5} {'loss mean':>9} {'± sd':>7} {'bytes/step':>12} "
              f"{'time s':>7} {'pred s':>8} {'to target: step':>15} {'pred s':>8}  front",
              ]
     for s in p["settings"]:
         front = ("bytes " if s["pareto_bytes"] else "") + ("time" if s["pareto_predicted"] else "")
         seeds = f"{s['finished']}/{s['runs']}"
-        lines.append(f"{s['label'][:40]:<40} {seeds:>5} {_num(s['quality_mean'], '.4f'):>9} "
+        lines.append(f"{s['label']:<{w}} {seeds:>5} {_num(s['quality_mean'], '.4f'):>9} "
                      f"{_num(s['quality_std'], '.4f'):>7} {_num(s['bytes_per_step'], ',.0f'):>12} "
                      f"{_num(s['time_s'], '.1f'):>7} {_num(s['predicted_s'], '.2f'):>8} "
                      f"{_num(s['reach_step'], '.0f') + ' (' + s['reached'] + ')':>15} "
                      f"{_num(s['reach_predicted_s'], '.2f'):>8}  {front}")
-        lines.append(f"{'':<40}   seeds: " + ", ".join(
+        lines.append(f"{'':<{w}}   seeds: " + ", ".join(
             f"{seed}: {'-' if q is None else format(q, '.4f')}" for seed, q in zip(s["seeds"], s["qualities"]))
             + (f"  BROKEN {'; '.join(s['broken'])}" if s["broken"] else ""))
     rec = p["recommendation"]
@@ -176,7 +181,8 @@ def _find(given: str, runs_dir: str | None):
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="a PowerSGD grid beside an allreduce baseline, run by run")
+    p = sub.add_parser("sweep", help="a grid of one hook's settings (--hook, default PowerSGD) "
+                                     "beside an allreduce baseline, run by run")
     add_run_options(p, axes=AXIS_NAMES)
     p.add_argument("--no-baseline", action="store_true", help="leave out the allreduce baseline")
     p.add_argument("--tolerance-pct", type=float, default=5.0,

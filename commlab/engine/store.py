@@ -21,6 +21,8 @@ Layout of ``<runs_dir>/<run_id>/``:
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
   pitfalls.jsonl   PowerSGD's pitfalls rank 0 caught (``commlab.hooks.pitfalls``): step, layer,
                    kind, detail, fix; absent when none
+  profiler/        step<s>.rank<k>.json: each rank's torch.profiler Chrome trace of the traced
+                   steps, written by that rank (setting torch_profiler); absent when off
   supervisor.json  the PIDs that own the run, written by the supervisor once it is up
   supervisor.log   the supervisor's output                launcher.log  torchrun's output
   rank<k>.error.json  a rank's traceback, written as it dies, with the ranks already gone then
@@ -545,6 +547,13 @@ class RunFolder(Folder):
         except OSError:
             return None
 
+    def profiler_traces(self) -> list[Path]:
+        """The torch.profiler Chrome traces in profiler/, by name ([] when none)."""
+        try:
+            return sorted(p for p in self.file(PROFILER).glob("*.json") if p.is_file())
+        except OSError:
+            return []
+
     def layers(self) -> list[dict]:
         return read_json(self.file("layers.json"), [])
 
@@ -633,6 +642,7 @@ class RunFolder(Folder):
 NOTES = {"name?": str, "note?": str}  # notes.json, a person's name and note for a run
 PITFALLS = "pitfalls.jsonl"
 TIMELINE, TRACE = "timeline.json", "trace.json"  # the traced steps; the same as a Chrome trace
+PROFILER = "profiler"  # torch.profiler's traces of the traced steps, one file per step and rank
 MAX_NAME_CHARS = 80  # a name shows in every run picker
 
 # What every listing reads of a run: one of them damaged makes the run "damaged".

@@ -28,7 +28,7 @@ from commlab import workloads
 from commlab.analysis import timeline
 from commlab.analysis.ring import wire_bytes as ring_wire_bytes
 from commlab.analysis.rule import apply_rule, named_shapes
-from commlab.config import RunConfig
+from commlab.config import POWERSGD_HOOKS, RunConfig
 from commlab.engine import checkpoint, procs, store
 from commlab.engine.teardown import end_process_group
 from commlab.hooks import comm_thread, pitfalls, registry
@@ -76,7 +76,8 @@ def train(run_dir: Path) -> None:
         link = Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us)
         counter = CollectiveCounter(link, world).install()
         compressed = {d.name for d in rule.layers if d.compressed} if cfg.hook == "powersgd" else set()
-        instrument = hook = HookInstrument(choice.hook, counter, names_by_ptr, compressed, world)
+        instrument = hook = HookInstrument(choice.hook, counter, names_by_ptr, compressed, world,
+                                           cuda_device=device if device.type == "cuda" else None)
     comm_thread.configure(cfg.overlap)
     batches = work.batches()
     if saved:
@@ -102,9 +103,10 @@ def train(run_dir: Path) -> None:
             {**d.as_dict(), "applies": cfg.hook == "powersgd"} for d in rule.layers])
         writer = store.JsonlWriter(folder.file("metrics.jsonl"))
         errors_out = store.JsonlWriter(folder.file("errors.jsonl"))
-    # Rank 0 watches PowerSGD's memories for its pitfalls (its own: no collective).
+    # Rank 0 watches PowerSGD's memories for its pitfalls (its own: no collective); the
+    # sparsifiers' states keep an error_dict too, but none of PowerSGD's settings.
     watch = (pitfalls.Watch(choice.state, layerwise=cfg.hook == "powersgd")
-             if rank == 0 and hasattr(choice.state, "error_dict") else None)
+             if rank == 0 and cfg.hook in POWERSGD_HOOKS else None)
     pitfalls_out = None  # made with the first pitfall: most runs have none
     # Rank 0 alone evaluates, on a held-out set drawn once, before the clock starts.
     held_out = workloads.held_out(work) if rank == 0 and cfg.eval_every > 0 else None
@@ -116,6 +118,7 @@ def train(run_dir: Path) -> None:
     t_start = time.perf_counter()
     save_at, trace_at = set(cfg.save_grads_at), set(cfg.trace_steps)
     timelines: dict[str, dict[str, list]] = {}
+    phase = instrument.phase if instrument else lambda _: contextlib.nullcontext()
     for step in range(first, cfg.steps):
         x, y = next(batches)
         x, y = x.to(device), y.to(device)
@@ -124,6 +127,7 @@ def train(run_dir: Path) -> None:
             # Iteration 0 shows DDP's first layout, iteration 1 the one it rebuilt after it.
             instrument.begin_step(measure, step in save_at, record_layout=step < 2 or step == first,
                                   trace=step in trace_at)
+        profiler = _profiler(device) if cfg.torch_profiler and step in trace_at else None
         t0 = time.perf_counter()
         loss = workloads.loss_fn(ddp(x), y)
         # The mean loss over ranks: every rank then agrees on divergence at the same step.
@@ -133,20 +137,21 @@ def train(run_dir: Path) -> None:
         with counter.category(OTHER) if counter else contextlib.nullcontext():
             loss_work = dist.all_reduce(mean_loss, async_op=True)
         optimizer.zero_grad(set_to_none=True)
-        t_backward = time.perf_counter()
-        loss.backward()  # DDP waits here for every bucket's hook future
-        t_optimizer = time.perf_counter()
-        optimizer.step()
-        if choice.averager:  # post-local SGD: its allreduce of the parameters is the hook's traffic
-            choice.averager.average_parameters(ddp.parameters())
-        if instrument:
-            instrument.record.add("backward", t_backward, t_optimizer)
-            instrument.record.add("optimizer", t_optimizer, time.perf_counter())
+        with phase("backward"):
+            loss.backward()  # DDP waits here for every bucket's hook future
+        with phase("optimizer"):
+            optimizer.step()
+            if choice.averager:  # post-local SGD: its allreduce of the parameters is the hook's traffic
+                choice.averager.average_parameters(ddp.parameters())
         loss_work.wait()
         loss_value = mean_loss.item() / world
         step_s = time.perf_counter() - t0
+        if profiler:
+            profiler.stop()
+            folder.file(store.PROFILER).mkdir(exist_ok=True)
+            profiler.export_chrome_trace(str(folder.file(f"{store.PROFILER}/step{step}.rank{rank}.json")))
         if instrument and instrument.record.events is not None:
-            _gather_timeline(folder if rank == 0 else None, timelines, step, instrument.record.events)
+            _gather_timeline(folder if rank == 0 else None, timelines, step, instrument.record.timeline())
         if rank != 0:
             if not math.isfinite(loss_value):
                 break
@@ -155,7 +160,7 @@ def train(run_dir: Path) -> None:
         row = {"step": step, "loss": loss_value, "step_s": step_s,
                "t": time.perf_counter() - t_start - eval_total}
         if instrument:
-            nbytes, calls = counter.take()
+            nbytes, calls, timing = counter.take()
             rec = instrument.record
             sent_total += nbytes["hook"]
             plain_total += rec.plain_bytes
@@ -163,7 +168,7 @@ def train(run_dir: Path) -> None:
                 "payload_bytes": nbytes["hook"], "wire_bytes": ring_wire_bytes(nbytes["hook"], world),
                 "plain_bytes": rec.plain_bytes, "collectives": calls["hook"],
                 "compression_ratio": plain_total / sent_total if sent_total else None,
-                "hook_s": rec.hook_s, "measure_bytes": nbytes["measure"],
+                "hook_s": rec.hook_s, **timing, "measure_bytes": nbytes["measure"],
                 "powersgd_iter": getattr(choice.state, "iter", None)})
             if rec.layouts:
                 layouts["iter0" if step == 0 else "rebuilt"] = sorted(rec.layouts, key=lambda b: b["index"])
@@ -207,6 +212,16 @@ def train(run_dir: Path) -> None:
         counter.uninstall()
     del ddp, instrument, hook
     end_process_group()
+
+
+def _profiler(device: torch.device) -> torch.profiler.profile:
+    """torch.profiler over one step, started: the host's operators, on CUDA its kernels too."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities)
+    profiler.start()
+    return profiler
 
 
 def _gather_timeline(folder: store.RunFolder | None, timelines: dict, step: int, events: list) -> None:

@@ -9,6 +9,7 @@ import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from commlab.analysis import units
 from commlab.figures import style
 
 # x column -> (what the title says, the axis title)
@@ -89,34 +90,41 @@ def live_figure(df) -> go.Figure:
 def buckets_figure(layouts: dict[str, list[dict]], cap_bytes: int | None) -> go.Figure:
     """Layouts side by side (title -> buckets from ``buckets.bucket_layouts``): one bar per bucket,
     split into its parameters, each parameter the same colour in both layouts; the dashed line
-    is the cap; buckets run top to bottom in the order DDP reduces them (bucket index order)."""
+    is the cap; buckets run top to bottom in the order DDP reduces them (bucket index order).
+    Sizes read in the binary unit ``units.human_bytes`` gives the largest bucket or the cap, the
+    same unit in both layouts so that their bars compare."""
     titles = list(layouts)
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.15)
     names = sorted({p["name"] for rows in layouts.values() for b in rows for p in b["params"]})
     palette = plotly.colors.qualitative.Plotly
     colour = {n: palette[i % len(palette)] for i, n in enumerate(names)}
+    largest = max([b["bytes"] for rows in layouts.values() for b in rows] + [cap_bytes or 0, 1])
+    unit = units.human_bytes(largest).split()[-1]
+    per_unit = 1024 ** units.BINARY_UNITS.index(unit)
     for col, title in enumerate(titles, start=1):
         rows = layouts[title]
         segments = [(bucket_label(b), p, nbytes, offset)
                     for b in rows for p, nbytes, offset in _segments(b)]
-        fig.add_bar(x=[s[2] for s in segments], y=[s[0] for s in segments],
-                    base=[s[3] for s in segments], orientation="h",
+        fig.add_bar(x=[s[2] / per_unit for s in segments], y=[s[0] for s in segments],
+                    base=[s[3] / per_unit for s in segments], orientation="h",
                     text=[s[1]["name"] for s in segments], textposition="inside",
                     insidetextanchor="middle",
                     marker=dict(color=[colour[s[1]["name"]] for s in segments], line=dict(width=1)),
-                    hovertext=[f"{p['name']} {tuple(p['shape'])}: {n:,} bytes"
+                    hovertext=[f"{p['name']} {tuple(p['shape'])}: {units.human_bytes(n)} ({n:,} B)"
                                for _, p, n, _ in segments],
                     hoverinfo="text", showlegend=False, name=title, row=1, col=col)
-        fig.add_scatter(x=[b["bytes"] for b in rows], y=[bucket_label(b) for b in rows],
+        fig.add_scatter(x=[b["bytes"] / per_unit for b in rows], y=[bucket_label(b) for b in rows],
                         mode="text", textposition="middle right", showlegend=False,
                         text=[_size_text(b["bytes"], cap_bytes) for b in rows], hoverinfo="skip",
-                        name=f"{title} sizes", row=1, col=col)
+                        cliponaxis=False, name=f"{title} sizes", row=1, col=col)
         if cap_bytes:
-            fig.add_vline(x=cap_bytes, line_dash="dash", annotation_text="cap", row=1, col=col)
+            fig.add_vline(x=cap_bytes / per_unit, line_dash="dash", annotation_text="cap",
+                          row=1, col=col)
         fig.update_yaxes(autorange="reversed", row=1, col=col)
         # Room on the right of the longest bar for its size.
         widest = max([b["bytes"] for b in rows] + [cap_bytes or 0, 1])
-        fig.update_xaxes(title_text="bytes", range=[0, 1.6 * widest], row=1, col=col)
+        fig.update_xaxes(title_text=f"bucket size ({unit})", range=[0, 1.8 * widest / per_unit],
+                         row=1, col=col)
     fig.update_layout(barmode="overlay", height=140 + 70 * max([len(r) for r in layouts.values()] + [1]),
                       margin=dict(t=50, b=10, l=10, r=10))
     return fig
@@ -136,4 +144,4 @@ def bucket_label(b: dict) -> str:
 
 
 def _size_text(nbytes: int, cap: int | None) -> str:
-    return f" {nbytes:,} B" + (f" ({nbytes / cap:.0%} of cap)" if cap else "")
+    return f" {units.human_bytes(nbytes)}" + (f" ({nbytes / cap:.0%} of cap)" if cap else "")

@@ -36,8 +36,9 @@ def pareto_figure(table, axis: str = "bytes_per_step", recommended: str | None =
         front = ok[ok[FRONT_OF[axis]]].sort_values(axis)
         fig.add_scatter(x=front[axis], y=front["quality_mean"], mode="lines", name="Pareto front",
                         line=dict(dash="dot", color="gray"))
+        swept = ", ".join(dict.fromkeys(ok[~ok["baseline"].astype(bool)]["hook"].dropna())) or "compressed"
         for is_base, name, symbol in ((True, "allreduce baseline", "square"),
-                                      (False, "PowerSGD settings", "circle")):
+                                      (False, f"{swept} settings", "circle")):
             part = ok[ok["baseline"] == is_base]
             fig.add_scatter(x=part[axis], y=part["quality_mean"], mode="markers+text", name=name,
                             text=_short(part["label"]), textposition="top center",

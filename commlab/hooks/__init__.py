@@ -4,8 +4,12 @@ As a library, with PyTorch's signatures, for production code on Gloo (the export
 
     from commlab.hooks import PowerSGDState, powerSGD_hook, batched_powerSGD_hook
     from commlab.hooks import bf16_compress_hook, bf16_compress_wrapper
+    from commlab.hooks import quantization_pertensor_hook, quantization_perchannel_hook
+    from commlab.hooks import TopKState, topk_hook  # and each compressor's state and hook
 
 ``PowerSGDState`` is PyTorch's own class, so a state pickled with PyTorch's hook loads here and back.
+Post-local SGD needs nothing of commlab: PyTorch's hook, state and averager work on Gloo once the
+state is given subgroups (``commlab.hooks.localsgd``; the exports write it so).
 Importing these needs torch and nothing of the lab (no streamlit, plotly or pandas).
 
 - ``registry``: config -> (state, hook), PyTorch's where it works on the backend; pure planning

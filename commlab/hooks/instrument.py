@@ -11,7 +11,8 @@ allreduce of its bytes over that link would (``Link.seconds``) after it started;
 the one link, so a collective issued while another is on it waits for the link to be free, as on
 a real network card.  At the steps it is told to trace, it records the step's timeline (see
 ``commlab.analysis.timeline``): each hook call, each collective's issue and completion, each hook
-future's completion, and what the worker adds (backward, the optimizer step).
+future's completion, and what the worker adds (backward, the optimizer step); on CUDA each of
+them is timed on the device too (``DeviceClock``).
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from commlab.analysis import ring
+from commlab.analysis import ring, timeline
 from commlab.analysis.metrics import relative_error
 from commlab.hooks import comm_thread
 
@@ -90,16 +93,24 @@ class CollectiveCounter:
         self._original = None
         self._link_free = 0.0  # when the emulated link has carried everything handed to it so far
         self.events: list | None = None  # the traced step's timeline, while one is traced
+        self.clock: DeviceClock | None = None  # ... and its device clock, on CUDA
         self.reset()
 
     def reset(self) -> None:
         with self._lock:
             self.bytes = {HOOK: 0, MEASURE: 0, OTHER: 0}
             self.calls = {HOOK: 0, MEASURE: 0, OTHER: 0}
+            self.link_s = 0.0  # what the emulated link charged the hook's collectives (Link.seconds)
+            self._spans: list[list] = []  # [issued, done on the real link] of those in a bucket
 
-    def take(self) -> tuple[dict, dict]:
+    def take(self) -> tuple[dict, dict, dict]:
+        """This step's bytes and calls by category, and the hook's timing: ``link_s``, what the
+        emulated link charged, and ``collective_s``, how long the bucket collectives took on the
+        real link (their union: waiting for the other ranks too), what the hook did not compute."""
         with self._lock:
-            out = dict(self.bytes), dict(self.calls)
+            spans = [(a, b) for a, b in self._spans if b is not None]
+            out = dict(self.bytes), dict(self.calls), {
+                "link_s": self.link_s, "collective_s": timeline._length(timeline._union(spans))}
         self.reset()
         return out
 
@@ -121,6 +132,11 @@ class CollectiveCounter:
         """Attributes collectives issued from this thread to bucket ``index`` in the timeline (on
         the communication thread, the job's tag says which bucket)."""
         return self._scoped("bucket", index, None)
+
+    def _in_bucket(self) -> bool:
+        """Whether this thread issues for a bucket (the hook's body or its communication thread's
+        job), not outside the hook (post-local SGD's averaging, after the optimizer step)."""
+        return getattr(self._local, "bucket", None) is not None or comm_thread.job_tag() is not None
 
     def _traced(self, cat: str, nbytes: int) -> dict | None:
         events = self.events
@@ -157,18 +173,39 @@ class CollectiveCounter:
                 counter.calls[cat] += 1
                 if cat == HOOK and counter.link.on:
                     start = max(time.perf_counter(), counter._link_free)
-                    deadline = counter._link_free = start + counter.link.seconds(
-                        nbytes, counter.world_size, hops)
+                    held = counter.link.seconds(nbytes, counter.world_size, hops)
+                    deadline = counter._link_free = start + held
+                    counter.link_s += held
+                span = [time.perf_counter(), None] if cat == HOOK and counter._in_bucket() else None
+                if span:
+                    counter._spans.append(span)
             event = counter._traced(cat, nbytes)
+            clock = counter.clock if event is not None else None
+            # On the issuing stream: the collective's input is ready when the device gets here.
+            issued = clock.mark() if clock else None
+
+            def ended():
+                _ended(event, deadline)
+                if clock:
+                    clock.span(event, issued)
+
             work = call(*args, **kwargs)
+            if span:
+                def done(_=None):
+                    span[1] = time.perf_counter()
+                if work is None:
+                    done()
+                else:
+                    work.get_future().add_done_callback(done)
             if work is None:  # a blocking call: the caller waits for the link too
                 if event is not None:
-                    _ended(event, deadline)
+                    ended()  # NCCL made the current stream wait for the collective
                 if deadline is not None:
                     _sleep_until(deadline)
                 return None
             if event is not None:
-                work.get_future().add_done_callback(lambda _: _ended(event, deadline))
+                # A CUDA future runs its callbacks on streams that wait for its kernels.
+                work.get_future().add_done_callback(lambda _: ended())
             return work if deadline is None else _EmulatedWork(work, deadline)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
@@ -214,6 +251,61 @@ def _ended(event: dict, deadline: float | None) -> None:
     event["end"] = now + event["link_s"]
 
 
+class DeviceClock:
+    """A traced step's times on the GPU.  CUDA kernels run after the host queues them, so on
+    NCCL the host's perf_counter says when work was queued, not when it ran: each event gets a
+    pair of CUDA events (``mark``, ``span``) on the stream its work is on, and ``resolve`` turns
+    them into the host's clock.  ``reference`` was recorded on an idle device, right after a
+    synchronize, at the perf_counter time ``anchor``: a mark's time is ``anchor`` plus its
+    ``reference.elapsed_time`` (milliseconds), early by the launch of the reference (microseconds).
+    """
+
+    def __init__(self, reference: Any, anchor: float, record: Callable[[], Any]):
+        self.reference, self.anchor, self._record = reference, anchor, record
+        self._spans: list[tuple[dict, Any, Any]] = []  # (event, start mark, end mark)
+
+    @classmethod
+    def on_cuda(cls, device: torch.device) -> DeviceClock:
+        """A clock for the step starting now: the device synchronized, its reference recorded."""
+        torch.cuda.synchronize(device)
+
+        def record():
+            # The device named: a thread of commlab's own (the communication thread) has not set it.
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(device))
+            return event
+
+        reference = record()
+        return cls(reference, time.perf_counter(), record)
+
+    def mark(self) -> Any:
+        """A CUDA event on this thread's current stream: the device reaches it once the work
+        queued there before it is done."""
+        return self._record()
+
+    def span(self, event: dict, start_mark: Any) -> None:
+        """``event`` ran on the device from ``start_mark`` until now (a mark made here)."""
+        self._spans.append((event, start_mark, self.mark()))
+
+    def resolve(self) -> None:
+        """Every spanned event's ``start`` and ``end`` become its device times (``clock: "cuda"``),
+        its host times kept as ``host_start`` and ``host_end``.  An emulated link held a collective
+        until its host deadline, the host ``end`` then: its device ``end`` is the later of the two
+        and ``link_s`` what the deadline added past the device's completion."""
+        def at(mark) -> float:
+            mark.synchronize()  # elapsed_time needs both events to have run
+            return self.anchor + self.reference.elapsed_time(mark) / 1e3
+
+        for event, start_mark, end_mark in list(self._spans):
+            start, end = at(start_mark), at(end_mark)
+            host_start, host_end = event["start"], event["end"]
+            if event.get("link_s", 0) > 0:
+                event["link_s"] = max(0.0, host_end - end)
+                end = max(end, host_end)
+            event.update(start=start, end=end, clock="cuda", host_start=host_start, host_end=host_end)
+        self._spans.clear()
+
+
 @dataclass
 class StepRecord:
     """What the instrumented hook saw during one step (filled from several threads)."""
@@ -226,11 +318,24 @@ class StepRecord:
     layer_errors: list = field(default_factory=list)
     grads: dict = field(default_factory=dict)
     events: list | None = None  # the timeline, at a traced step
+    clock: DeviceClock | None = None  # its device times, at a traced step on CUDA
 
-    def add(self, kind: str, start: float, end: float) -> None:
-        """A compute phase of a traced step (backward, the optimizer step)."""
+    def mark(self) -> Any:
+        """Now on the device, on a traced CUDA step (``DeviceClock.mark``); None elsewhere."""
+        return self.clock.mark() if self.clock else None
+
+    def add(self, event: dict, start_mark: Any = None) -> None:
+        """An event of a traced step, ending now; on CUDA on the device from ``start_mark``."""
         if self.events is not None:
-            self.events.append({"kind": kind, "start": start, "end": end})
+            self.events.append(event)
+            if self.clock:
+                self.clock.span(event, start_mark)
+
+    def timeline(self) -> list[dict]:
+        """The traced step's events, once every one has run; on CUDA with their device times."""
+        if self.clock:
+            self.clock.resolve()
+        return self.events
 
     @property
     def hook_s(self) -> float:
@@ -244,8 +349,9 @@ class HookInstrument:
     """Wraps a hook; the worker tells it, step by step, what to measure."""
 
     def __init__(self, hook: Callable, counter: CollectiveCounter, names_by_ptr: dict[int, str],
-                 compressed: set[str], world_size: int):
+                 compressed: set[str], world_size: int, cuda_device=None):
         self.hook = hook
+        self.cuda_device = cuda_device  # the GPU traced steps are timed on too (DeviceClock)
         self.counter = counter
         self.names_by_ptr = names_by_ptr
         self.compressed = compressed
@@ -258,12 +364,23 @@ class HookInstrument:
     def begin_step(self, measure: bool, save_grads: bool, record_layout: bool,
                    trace: bool = False) -> None:
         self.measure, self.save_grads, self.record_layout = measure, save_grads, record_layout
-        self.record = StepRecord(events=[] if trace else None)
-        self.counter.events = self.record.events
+        self.record = StepRecord(events=[] if trace else None,
+                                 clock=DeviceClock.on_cuda(self.cuda_device)
+                                 if trace and self.cuda_device is not None else None)
+        self.counter.events, self.counter.clock = self.record.events, self.record.clock
+
+    @contextlib.contextmanager
+    def phase(self, kind: str):
+        """A compute phase of the step (backward, the optimizer step), in a traced step's timeline."""
+        rec = self.record
+        start, start_mark = time.perf_counter(), rec.mark()
+        yield
+        rec.add({"kind": kind, "start": start, "end": time.perf_counter()}, start_mark)
 
     def __call__(self, state, bucket):  # no annotations: DDP compares them to real types
         t0 = time.perf_counter()
         rec = self.record
+        called = rec.mark()  # on the stream that computed the gradients: when they are ready
         buf = bucket.buffer()
         names = [self.names_by_ptr.get(p.data_ptr(), f"param{i}")
                  for i, p in enumerate(bucket.parameters())]
@@ -283,8 +400,7 @@ class HookInstrument:
                 # pairs collectives across ranks by the order they come in).
                 exact = comm_thread.in_order(self._exact_mean(buf.detach().clone()), index)
             fut = self.hook(state, bucket)
-        if rec.events is not None:
-            rec.events.append({"kind": "hook", "bucket": index, "start": t0, "end": time.perf_counter()})
+        rec.add({"kind": "hook", "bucket": index, "start": t0, "end": time.perf_counter()}, called)
 
         def finish(f):
             result = f.value()
@@ -292,8 +408,7 @@ class HookInstrument:
             if exact is not None:
                 self._compare(rec, index, names, shapes, out, exact.wait())
             now = time.perf_counter()
-            if rec.events is not None:
-                rec.events.append({"kind": "future", "bucket": index, "start": t0, "end": now})
+            rec.add({"kind": "future", "bucket": index, "start": t0, "end": now}, called)
             with self._lock:
                 rec.last_result = max(rec.last_result or 0.0, now)
             return out

@@ -18,15 +18,24 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from commlab.config import RunConfig
 
 
+def state_kwargs(cfg: RunConfig) -> dict:
+    """PostLocalSGDState's keywords from the settings table (the exports spell them too)."""
+    return {"start_localSGD_iter": cfg.start_localSGD_iter,
+            "post_local_gradient_allreduce": cfg.post_local_gradient_allreduce}
+
+
+def averager_kwargs(cfg: RunConfig) -> dict:
+    """PeriodicModelAverager's keywords from the settings table (the exports spell them too)."""
+    return {"period": cfg.averager_period, "warmup_steps": cfg.averager_warmup_steps}
+
+
 def make_state(cfg: RunConfig, process_group=None) -> PostLocalSGDState:
     """The hook's state; every rank must call it, in the same order (it creates process groups)."""
     subgroup, _ = dist.new_subgroups(group_size=cfg.localsgd_subgroup_size)
-    return PostLocalSGDState(process_group, subgroup, start_localSGD_iter=cfg.start_localSGD_iter,
-                             post_local_gradient_allreduce=cfg.post_local_gradient_allreduce)
+    return PostLocalSGDState(process_group, subgroup, **state_kwargs(cfg))
 
 
 def make_averager(cfg: RunConfig, process_group=None) -> PeriodicModelAverager:
     """Averages the parameters over ``process_group`` every ``averager_period`` steps after the
     warm-up; ``average_parameters(params)`` goes after ``optimizer.step()``."""
-    return PeriodicModelAverager(period=cfg.averager_period, warmup_steps=cfg.averager_warmup_steps,
-                                 process_group=process_group)
+    return PeriodicModelAverager(**averager_kwargs(cfg), process_group=process_group)

@@ -60,6 +60,8 @@ _STATE_BUILDERS = {
     "post_localsgd": (f"{__package__}.localsgd", "make_state"),
     **{h: (f"{__package__}.compressors", "make_state") for h in COMPRESSOR_HOOKS},
 }
+# hook -> its arguments after (state, bucket), from the settings table
+_HOOK_ARGS = {"quantize_perchannel": lambda cfg: {"bucket_size": cfg.quantization_bucket_size}}
 _WRAPPERS = {
     "fp16": (f"{_TORCH}.default_hooks", "fp16_compress_wrapper", None),
     "bf16": (f"{_TORCH}.default_hooks", "bf16_compress_wrapper", f"{__package__}.compress"),
@@ -109,6 +111,11 @@ def hook_name(hook: str, wrapper: str = "none") -> str:
     """PyTorch's spelling of a hook, wrapped: ``bf16_compress_wrapper(powerSGD_hook)``."""
     name = _HOOKS[hook][1]
     return name if wrapper == "none" else f"{_WRAPPERS[wrapper][1]}({name})"
+
+
+def hook_args(cfg: RunConfig) -> dict:
+    """The keyword arguments ``cfg``'s hook takes after (state, bucket); pure, for the exports."""
+    return _HOOK_ARGS[cfg.hook](cfg) if cfg.hook in _HOOK_ARGS else {}
 
 
 def _pieces(hook: str, wrapper: str) -> list[tuple[str, str]]:
@@ -272,8 +279,8 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
         state = getattr(importlib.import_module(module), builder)(cfg, process_group)
     else:
         state = process_group
-    if cfg.hook == "quantize_perchannel":  # its third argument; DDP logs the hook by its name
-        hook = functools.update_wrapper(functools.partial(hook, bucket_size=cfg.quantization_bucket_size), hook)
+    if hook_args(cfg):  # bound, under the hook's own name: DDP logs the hook by it
+        hook = functools.update_wrapper(functools.partial(hook, **hook_args(cfg)), hook)
     averager = None
     if cfg.hook in LOCALSGD_HOOKS:
         from commlab.hooks.localsgd import make_averager

@@ -13,10 +13,14 @@ character); floats are written with ``repr``; no file names a path of the export
 Formats: json and toml (load back to the same ``RunConfig``, less the lab's runs folder), ddp
 (plain ``register_comm_hook``), lightning (``DDPStrategy``), accelerate
 (``DistributedDataParallelKwargs``), torchrun (one node and several), slurm (a batch script).
+Every hook is exported with its state built from the run's settings: PowerSGD's, the compressors'
+(commlab's, PyTorch has none), post-local SGD's with its subgroups and its ``PeriodicModelAverager``
+stepped after ``optimizer.step()`` as PyTorch's documentation shows.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import re
 import shlex
@@ -24,7 +28,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 import commlab.hooks as hooks_library
-from commlab.config import POWERSGD_FIELDS, RunConfig
+from commlab.config import COMPRESSOR_HOOKS, LOCALSGD_HOOKS, POWERSGD_FIELDS, RunConfig
 from commlab.hooks import registry
 from commlab.tune.whatif import config_link_label
 
@@ -43,9 +47,15 @@ LAB_ONLY = ("runs_dir",)
 # torchrun's default rendezvous port: any TCP port free on the first node that every node reaches.
 RDZV_PORT = 29500
 COMMLAB_MODULE = "commlab.hooks"
-# Hooks whose state is the process group (None in a snippet); PowerSGD's take PowerSGDState.
-STATELESS_HOOKS = ("allreduce", "fp16", "bf16", "noop")
 COMMLAB_ALIAS = "commlab_hooks"
+# What post-local SGD's snippets add: the subgroups (dist) and PyTorch's averager.
+LOCALSGD_IMPORTS = ("import torch.distributed as dist",
+                    "import torch.distributed.algorithms.model_averaging.averagers as averagers")
+LOCALSGD_SUBGROUPS = ("PostLocalSGDState(subgroup=None) would make one subgroup per machine on the "
+                      "first local step, which raises ValueError without CUDA and would not be the "
+                      "run's localsgd_subgroup_size")
+LIGHTNING_AVERAGER = ("Lightning's DDPStrategy builds the PeriodicModelAverager itself, with "
+                      "warmup_steps=start_localSGD_iter (DDPStrategy._enable_model_averaging)")
 # commlab hook -> Accelerate's DDPCommunicationHookType member
 ACCELERATE_HOOKS = {"allreduce": "NO", "fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD",
                     "batched_powersgd": "BATCHED_POWER_SGD"}
@@ -126,7 +136,8 @@ def export_errors(cfg: RunConfig) -> dict[str, str]:
 # ============================================================================ which hooks
 @dataclass(frozen=True)
 class Choice:
-    """One piece as the export writes it: PyTorch's, or commlab's where PyTorch's fails."""
+    """One piece as the export writes it: PyTorch's, or commlab's where PyTorch's fails or where
+    PyTorch has none."""
 
     piece: registry.Piece
     commlab: bool
@@ -144,6 +155,8 @@ class Choice:
         return f"{self.alias}.{self.piece.attr}"
 
     def why(self, backend: str) -> str:
+        if self.piece.module is None:
+            return f"commlab's {self.piece.attr} (PyTorch has none)"
         if self.commlab:
             return f"commlab's {self.piece.attr} (PyTorch's fails on {backend}: see above)"
         return f"PyTorch's {self.piece.attr} (works on {backend})"
@@ -155,25 +168,22 @@ def _alias(module: str) -> str:
 
 
 def choices(cfg: RunConfig, backend: str) -> list[Choice]:
-    """The hook, then the wrapper if any: commlab's where PyTorch's fails on ``backend``.
+    """The hook, then the wrapper if any: commlab's where PyTorch's fails on ``backend`` and where
+    PyTorch has none.
 
     PyTorch's PowerSGD works on Gloo with one bucket, but how many buckets DDP makes depends on the
     model, which an export never loads: commlab's is used on Gloo whatever the bucket cap."""
-    if cfg.hook not in STATELESS_HOOKS and not cfg.is_powersgd:
-        raise ExportRefused(
-            f"the Python exports cannot build the {cfg.hook} hook's state: they write the states of "
-            f"PyTorch's hooks ({', '.join(STATELESS_HOOKS)}: the process group; PowerSGD's: "
-            "PowerSGDState). Export json or toml, or build it with commlab.hooks.registry.choose.")
     try:
         found = registry.pieces(cfg.hook, cfg.wrapper, backend)
     except LookupError as e:
         raise ExportRefused(f"no snippet can name the {cfg.hook} hook: {e}") from None
-    chosen = [Choice(p, bool(p.fails) and p.has_variant) for p in found]
+    chosen = [Choice(p, p.module is None or (bool(p.fails) and p.has_variant)) for p in found]
     for c in chosen:
         if c.commlab and c.piece.attr not in hooks_library.__all__:
+            why = ("PyTorch has none" if c.piece.module is None
+                   else f"PyTorch's fails on {backend}: {c.piece.fails}")
             raise ExportRefused(f"commlab's {c.piece.attr} is not part of the commlab.hooks library "
-                                f"({', '.join(hooks_library.__all__)}), and PyTorch's fails on "
-                                f"{backend}: {c.piece.fails}")
+                                f"({', '.join(hooks_library.__all__)}), and {why}")
     return chosen
 
 
@@ -189,9 +199,26 @@ def exportable(cfg: RunConfig) -> bool:
 def choice_line(cfg: RunConfig, backend: str) -> str:
     """The one comment line that says which implementation each piece is and why."""
     chosen = choices(cfg, backend)
-    ours = (" commlab's are PyTorch's algorithm and state with every collective issued from the "
-            "hook body, in bucket order." if any(c.commlab for c in chosen) else "")
+    ours = ""
+    if any(c.commlab and c.piece.module for c in chosen):
+        ours = (" commlab's are PyTorch's algorithm and state with every collective issued from the "
+                "hook body, in bucket order.")
+    elif any(c.commlab for c in chosen):
+        ours = " commlab's issues every collective from the hook body, in bucket order."
     return "# Hooks: " + ", ".join(c.why(backend) for c in chosen) + "." + ours + "\n"
+
+
+def world_refusal(cfg: RunConfig, target: Target) -> str | None:
+    """Why ``cfg`` cannot run on ``target``'s ranks, or None: post-local SGD's subgroups must cut
+    the target's world into equal parts, whatever world the lab's run had."""
+    world = target.procs(cfg) * target.nnodes
+    if cfg.hook in LOCALSGD_HOOKS and world % cfg.localsgd_subgroup_size:
+        return (f"localsgd_subgroup_size={cfg.localsgd_subgroup_size} does not divide the target's "
+                f"{world} ranks ({target.nnodes} node(s) × {target.procs(cfg)} process(es)): "
+                "dist.new_subgroups cuts the ranks into subgroups of equal size, and raises "
+                "ValueError otherwise. Choose a subgroup size that divides the ranks, or other "
+                "nodes or processes per node")
+    return None
 
 
 # ============================================================================ shared pieces
@@ -205,7 +232,11 @@ def notes(cfg: RunConfig, target: Target) -> list[str]:
     """What a person must know before using any export of ``cfg`` on ``target``."""
     out = []
     for c in choices(cfg, target.backend) if exportable(cfg) else []:
-        if c.commlab:
+        if c.commlab and c.piece.module is None:
+            out.append(f"PyTorch has no {c.piece.attr}: the Python exports use commlab's "
+                       "(commlab.hooks, which needs only torch: pip install commlab, without the "
+                       "lab extra).")
+        elif c.commlab:
             out.append(f"PyTorch's {c.piece.attr} fails on {target.backend}: {c.piece.fails}. The "
                        f"Python exports use commlab's {c.piece.attr} (commlab.hooks, which needs only "
                        "torch: pip install commlab, without the lab extra), the same algorithm "
@@ -239,25 +270,106 @@ def _imports(chosen: list[Choice], extra: tuple[str, ...] = ()) -> str:
     return "\n".join([f"import {m} as {a}" for m, a in modules] + list(extra)) + "\n"
 
 
-def _hook_expr(chosen: list[Choice]) -> str:
+def _call(func: str, first: list[str], kwargs: dict) -> str:
+    """``func(first..., key=value, ...)``, one argument a line; values as ``repr`` literals."""
+    args = first + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{func}(\n" + "".join(f"    {a},\n" for a in args) + ")"
+
+
+@dataclass
+class HookCode:
+    """What a Python export writes for ``cfg``'s hook, each part empty where the hook needs none."""
+
+    imports: tuple[str, ...]  # beyond the hooks' modules
+    define: str  # a function binding the hook's own arguments (quantization_perchannel_hook's)
+    subgroups: str  # post-local SGD's, made once the process group exists
+    state: str  # the state's expression; "None" for the process group
+    hook: str  # the expression naming the hook (wrapped)
+    averager: str  # post-local SGD's averager, built after the hook is registered
+
+    def setup(self) -> str:
+        """Every line before ``register_comm_hook``, the state named ``state``."""
+        return self.define + self.subgroups + (f"state = {self.state}\n" if self.state != "None" else "")
+
+    def register(self, model: str) -> str:
+        state = "None" if self.state == "None" else "state"
+        return f"{model}.register_comm_hook({state}, {self.hook})\n"
+
+    def after(self, model: str) -> str:
+        """The averager and its step in the training loop, as PyTorch's post-local SGD example."""
+        if not self.averager:
+            return ""
+        return (f"averager = {self.averager}\n"
+                + _comment(["In the training loop, right after every optimizer.step() (PyTorch's "
+                            "post-local SGD example), average the parameters:",
+                            f"  averager.average_parameters({model}.parameters())"]))
+
+
+def hook_code(cfg: RunConfig, chosen: list[Choice], subgroups_here: bool = True) -> HookCode:
+    """The state, built with the run's settings, and the hook.  ``subgroups_here`` False: the
+    snippet runs before the process group exists (Lightning), so the state gets none."""
     hook, *wrapper = chosen
-    return f"{wrapper[0].expr}({hook.expr})" if wrapper else hook.expr
+    expr = f"{wrapper[0].expr}({hook.expr})" if wrapper else hook.expr
+    define, subgroups, averager, imports = "", "", "", ()
+    if registry.hook_args(cfg):
+        args = ", ".join(f"{k}={v!r}" for k, v in registry.hook_args(cfg).items())
+        define = (f"def {hook.piece.attr}(process_group, bucket):  # with the run's {args}\n"
+                  f"    return {hook.expr}(process_group, bucket, {args})\n\n\n")
+        expr = hook.piece.attr
+    if cfg.is_powersgd:
+        state = _call(f"{hook.alias}.PowerSGDState", ["process_group=None"], powersgd_settings(cfg))
+    elif cfg.hook in COMPRESSOR_HOOKS:
+        _, cls, kwargs = importlib.import_module("commlab.hooks.compressors").STATES[cfg.hook]
+        state = _call(f"{hook.alias}.{cls.__name__}", ["process_group=None"],
+                      {**kwargs(cfg), "random_seed": cfg.seed})
+    elif cfg.hook in LOCALSGD_HOOKS:
+        localsgd = importlib.import_module("commlab.hooks.localsgd")
+        if subgroups_here:
+            subgroups = (_comment([f"Subgroups made here, as the run made them: {LOCALSGD_SUBGROUPS}."])
+                         + f"subgroup, _ = dist.new_subgroups(group_size={cfg.localsgd_subgroup_size!r})\n")
+            imports = LOCALSGD_IMPORTS
+        state = _call(f"{hook.alias}.PostLocalSGDState",
+                      ["process_group=None", f"subgroup={'subgroup' if subgroups_here else None}"],
+                      localsgd.state_kwargs(cfg))
+        averager = _call("averagers.PeriodicModelAverager", [], localsgd.averager_kwargs(cfg))
+    else:
+        state = "None"
+    return HookCode(imports, define, subgroups, state, expr, averager)
 
 
-def _state_expr(cfg: RunConfig, chosen: list[Choice], indent: str) -> str:
-    args = [f"{indent}    process_group=None,"]
-    args += [f"{indent}    {k}={v!r}," for k, v in powersgd_settings(cfg).items()]
-    return f"{chosen[0].alias}.PowerSGDState(\n" + "\n".join(args) + f"\n{indent})"
-
-
-def _checkpoint(cfg: RunConfig, save: str, load_when: str) -> str:
-    """The two lines that save and load the hook's state with the model's checkpoint."""
-    if not cfg.is_powersgd:
+def _checkpoint(cfg: RunConfig, model: str, load_when: str, lightning: bool = False) -> str:
+    """The lines that save and load the hook's state with the model's checkpoint: the state
+    itself where it pickles, post-local SGD's step counts where it holds process groups."""
+    if cfg.hook in LOCALSGD_HOOKS:
+        if lightning:
+            return _comment([
+                "Checkpoint the step count with the model's: PostLocalSGDState holds process "
+                "groups, which do not pickle. Lightning's averager is its own and counts again from "
+                "0 on resume (no averaging for start_localSGD_iter steps).",
+                '  in your LightningModule: def on_save_checkpoint(self, checkpoint): '
+                'checkpoint["localsgd_iter"] = state.iter',
+                f'  state.iter = torch.load({CHECKPOINT!r}, weights_only=False)["localsgd_iter"]  '
+                "# on resume, before the strategy is built"])
+        return _comment([
+            "Checkpoint the step counts with the model's: PostLocalSGDState holds process groups, "
+            "which do not pickle; the hook and the averager need only their steps back.",
+            f'  torch.save({{"model": {model}, "localsgd_steps": (state.iter, averager.step)}}, '
+            f"{CHECKPOINT!r})",
+            f'  state.iter, averager.step = torch.load({CHECKPOINT!r}, weights_only=False)'
+            '["localsgd_steps"]  # on resume, before training'])
+    if not cfg.is_powersgd and cfg.hook not in COMPRESSOR_HOOKS:
         return (f"# Checkpoint: {registry.hook_name(cfg.hook)} keeps no state; the model's "
                 "checkpoint is all there is to save.\n")
-    return _comment(["Checkpoint the hook's state with the model's: PowerSGDState pickles without "
-                     "its process group and joins the default group when loaded (PyTorch's "
-                     "\"Checkpointing of Communication Hooks\")."]) + (
+    if cfg.is_powersgd:
+        why = ("PowerSGDState pickles without its process group and joins the default group when "
+               "loaded (PyTorch's \"Checkpointing of Communication Hooks\").")
+    else:
+        why = ("the state, built with process_group=None, pickles whole: each bucket's error "
+               "feedback and momentum, its step and its random generators.")
+    save = ('in your LightningModule: def on_save_checkpoint(self, checkpoint): '
+            'checkpoint["comm_hook_state"] = state' if lightning else
+            f'torch.save({{"model": {model}, "comm_hook_state": state}}, {CHECKPOINT!r})')
+    return _comment([f"Checkpoint the hook's state with the model's: {why}"]) + (
         f"#   {save}\n"
         f"#   state = torch.load({CHECKPOINT!r}, weights_only=False)[\"comm_hook_state\"]  "
         f"# {load_when}\n")
@@ -290,25 +402,21 @@ def to_toml(cfg: RunConfig) -> str:
 
 # ============================================================================ plain DDP
 def ddp_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
-    """Imports, the state, the hook, ``register_comm_hook``: to paste after the model is wrapped."""
+    """Imports, the state, the hook, ``register_comm_hook``: to paste after the model is wrapped;
+    for post-local SGD the subgroups first and the averager with its line for the training loop."""
     chosen = choices(cfg, target.backend)
+    code = hook_code(cfg, chosen)
     ddp_args = ["model"] + (["device_ids=[local_rank]"] if target.backend == "nccl" else [])
     ddp_args += [a for a in [_bucket_cap(cfg)] if a]
     text = _comment(_header(cfg, target, source) + [
         "Paste after the model is wrapped, with `ddp_model` your DistributedDataParallel:",
         f"  dist.init_process_group({target.backend!r})",
         f"  ddp_model = DistributedDataParallel({', '.join(ddp_args)})"])
-    text += _imports(chosen) + choice_line(cfg, target.backend)
-    if cfg.is_powersgd:
-        text += f"state = {_state_expr(cfg, chosen, '')}\n"
-        text += f"ddp_model.register_comm_hook(state, {_hook_expr(chosen)})\n"
-    else:
-        if cfg.hook == "allreduce" and cfg.wrapper == "none":
-            text += "# allreduce_hook is what DDP does with no hook; registering it changes nothing.\n"
-        text += f"ddp_model.register_comm_hook(None, {_hook_expr(chosen)})\n"
-    return text + _checkpoint(
-        cfg, f'torch.save({{"model": ddp_model.state_dict(), "comm_hook_state": state}}, {CHECKPOINT!r})',
-        "on resume, before register_comm_hook")
+    text += _imports(chosen, code.imports) + choice_line(cfg, target.backend)
+    if cfg.hook == "allreduce" and cfg.wrapper == "none":
+        text += "# allreduce_hook is what DDP does with no hook; registering it changes nothing.\n"
+    text += code.setup() + code.register("ddp_model") + code.after("ddp_model")
+    return text + _checkpoint(cfg, "ddp_model.state_dict()", "on resume, before register_comm_hook")
 
 
 # ============================================================================ Lightning
@@ -316,30 +424,45 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
     """A ``DDPStrategy`` with the hook, its state and the wrapper, and the ``Trainer`` using it.
 
     On CPU Lightning's own ``DDPStrategy`` would never register the hook (``LIGHTNING_CUDA_ONLY``),
-    so CPU exports use commlab's ``AnyDeviceDDPStrategy``, which does."""
+    so CPU exports use commlab's ``AnyDeviceDDPStrategy``, which does; post-local SGD uses it on
+    every backend, for its subgroups, with Lightning's own ``model_averaging_period``."""
     chosen = choices(cfg, target.backend)
+    localsgd = cfg.hook in LOCALSGD_HOOKS
+    if localsgd and cfg.averager_warmup_steps != cfg.start_localSGD_iter:
+        raise ExportRefused(
+            f"Lightning cannot express averager_warmup_steps={cfg.averager_warmup_steps} with "
+            f"start_localSGD_iter={cfg.start_localSGD_iter}: {LIGHTNING_AVERAGER}. Set both to the "
+            "same step, as PyTorch advises, or export ddp, which builds the averager itself.")
+    code = hook_code(cfg, chosen, subgroups_here=False)
     cpu = target.backend != "nccl"
-    if cpu:
+    why = []
+    if cpu or localsgd:
         strategy = "AnyDeviceDDPStrategy"
-        why = (f"{LIGHTNING_CUDA_ONLY} AnyDeviceDDPStrategy (commlab.hooks.lightning_ddp) is "
-               "DDPStrategy without that check.")
+        if cpu:
+            why.append(f"{LIGHTNING_CUDA_ONLY} AnyDeviceDDPStrategy (commlab.hooks.lightning_ddp) is "
+                       "DDPStrategy without that check.")
+        if localsgd:
+            why.append("AnyDeviceDDPStrategy makes the state's subgroups once the process group exists "
+                       f"(localsgd_subgroup_size): {LOCALSGD_SUBGROUPS}. {LIGHTNING_AVERAGER}, "
+                       "stepped after every optimizer step, from model_averaging_period.")
         extra = (f"from {LIGHTNING_STRATEGY[0]} import {LIGHTNING_STRATEGY[1]}",)
     else:
         strategy = "DDPStrategy"
-        why = (f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY} "
-               "Export for gloo to get a strategy that registers it on CPU.")
+        why.append(f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY} "
+                   "Export for gloo to get a strategy that registers it on CPU.")
         extra = ("from lightning.pytorch.strategies import DDPStrategy",)
-    text = _comment(_header(cfg, target, source) + [why])
+    text = _comment(_header(cfg, target, source) + why)
     text += _imports(chosen, ("from lightning.pytorch import Trainer", *extra))
     text += choice_line(cfg, target.backend)
-    args = []
-    if cfg.is_powersgd:
-        text += f"state = {_state_expr(cfg, chosen, '')}\n"
-        args.append("    ddp_comm_state=state,")
+    text += code.setup()
+    args = [] if code.state == "None" else ["    ddp_comm_state=state,"]
     hook, *wrapper = chosen
-    args.append(f"    ddp_comm_hook={hook.expr},")
+    args.append(f"    ddp_comm_hook={hook.piece.attr if code.define else hook.expr},")
     if wrapper:
         args.append(f"    ddp_comm_wrapper={wrapper[0].expr},")
+    if localsgd:
+        args.append(f"    model_averaging_period={cfg.averager_period!r},")
+        args.append(f"    localsgd_subgroup_size={cfg.localsgd_subgroup_size!r},")
     if _bucket_cap(cfg):
         args.append(f"    {_bucket_cap(cfg)},  # passed on to DistributedDataParallel")
     text += f"strategy = {strategy}(\n" + "\n".join(args) + "\n)\n"
@@ -347,21 +470,16 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
     text += (f"trainer = Trainer(accelerator={accelerator!r}, devices={target.procs(cfg)}, "
              f"num_nodes={target.nnodes}, strategy=strategy)\n")
     return text + _checkpoint(
-        cfg, 'in your LightningModule: def on_save_checkpoint(self, checkpoint): '
-             'checkpoint["comm_hook_state"] = state',
-        "on resume, before the strategy is built; a Lightning checkpoint path works too")
+        cfg, "", "on resume, before the strategy is built; a Lightning checkpoint path works too",
+        lightning=True)
 
 
 # ============================================================================ Accelerate
-def accelerate_members(cfg: RunConfig) -> tuple[str, str]:
-    """(comm_hook, comm_wrapper) members of DDPCommunicationHookType; raises ExportRefused."""
+def accelerate_members(cfg: RunConfig) -> tuple[str, str] | None:
+    """(comm_hook, comm_wrapper) members of DDPCommunicationHookType naming ``cfg``'s hook, or
+    None where it has none (the snippet then registers the hook on the prepared model)."""
     if cfg.hook not in ACCELERATE_HOOKS:
-        (piece,) = [c.piece for c in choices(dataclasses.replace(cfg, wrapper="none"), "nccl")]
-        raise ExportRefused(
-            f"Accelerate cannot express the {cfg.hook} hook: DDPCommunicationHookType has only "
-            f"{', '.join(dict.fromkeys(ACCELERATE_HOOKS.values()))}, and NO means DDP's own "
-            "allreduce. Register it yourself on the prepared model: model.register_comm_hook(None, "
-            f"{piece.module}.{piece.attr}).")
+        return None
     if cfg.hook == "allreduce" and cfg.wrapper != "none":
         # Accelerate applies a wrapper only to a hook it registers, and NO registers none; PyTorch
         # documents fp16_compress_hook as fp16_compress_wrapper(allreduce_hook) (bf16 alike).
@@ -402,25 +520,33 @@ def accelerate_launch(cfg: RunConfig, target: Target) -> list[str]:
 
 def accelerate_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
     """``DistributedDataParallelKwargs`` and ``Accelerator``, then ``prepare``; the hook by name in
-    the kwargs where Accelerate can register it, else registered on the prepared model.
+    the kwargs where Accelerate can register it, else registered on the prepared model (its
+    DistributedDataParallel) with ``model.register_comm_hook``.
 
-    PowerSGD's state is always built here and registered on the prepared model: Accelerate would
-    build it inside ``prepare`` where no checkpoint can reach it.  commlab's variants are always
-    registered on the prepared model: Accelerate's names mean PyTorch's hooks."""
-    hook_member, wrapper_member = accelerate_members(cfg)
+    Every state is built here and registered on the prepared model: Accelerate would build
+    PowerSGD's inside ``prepare`` where no checkpoint can reach it, and ``DDPCommunicationHookType``
+    names only PyTorch's default and PowerSGD hooks.  commlab's pieces are always registered on the
+    prepared model: Accelerate's names mean PyTorch's hooks."""
     chosen = choices(cfg, target.backend)
-    by_name = not cfg.is_powersgd and not any(c.commlab for c in chosen)
+    members = accelerate_members(cfg)
+    by_name = members is not None and not cfg.is_powersgd and not any(c.commlab for c in chosen)
+    code = hook_code(cfg, chosen)
     extra = []
     if by_name and cfg.hook == "allreduce" and cfg.wrapper != "none":
         extra.append(f"{cfg.wrapper}_compress_wrapper(allreduce_hook) is {cfg.wrapper}_compress_hook, "
-                     f"so comm_hook={hook_member} says it.")
+                     f"so comm_hook={members[0]} says it.")
+    if members is None:
+        extra.append(f"Accelerate's DDPCommunicationHookType cannot name {registry.hook_name(cfg.hook)} "
+                     f"(it has {', '.join(dict.fromkeys(ACCELERATE_HOOKS.values()))}, and NO means "
+                     "DDP's own allreduce): the snippet registers it on the prepared model.")
     text = _comment(_header(cfg, target, source) + extra)
     names = "DDPCommunicationHookType, DistributedDataParallelKwargs" if by_name else "DistributedDataParallelKwargs"
     imports = ("from accelerate import Accelerator", f"from accelerate.utils import {names}")
-    text += _imports([] if by_name else chosen, imports)
+    text += _imports([] if by_name else chosen, imports + (() if by_name else code.imports))
     text += choice_line(cfg, target.backend)
     args = []
     if by_name:
+        hook_member, wrapper_member = members
         args.append(f"    comm_hook=DDPCommunicationHookType.{hook_member},")
         if wrapper_member != "NO":
             args.append(f"    comm_wrapper=DDPCommunicationHookType.{wrapper_member},")
@@ -431,16 +557,10 @@ def accelerate_snippet(cfg: RunConfig, target: Target, source: str | None = None
     text += f"accelerator = Accelerator({cpu}kwargs_handlers=[ddp_kwargs])\n"
     text += "model, optimizer = accelerator.prepare(model, optimizer)  # your model and optimizer\n"
     if not by_name:
-        state = "state"
-        if cfg.is_powersgd:
-            text += f"state = {_state_expr(cfg, chosen, '')}\n"
-        else:
-            state = "None"
-        text += f"model.register_comm_hook({state}, {_hook_expr(chosen)})\n"
+        text += code.setup() + code.register("model") + code.after("model")
     text += _comment(accelerate_launch(cfg, target))
-    return text + _checkpoint(
-        cfg, 'accelerator.save({"model": accelerator.get_state_dict(model), "comm_hook_state": '
-             f'state}}, {CHECKPOINT!r})', "on resume, before register_comm_hook")
+    return text + _checkpoint(cfg, "accelerator.get_state_dict(model)",
+                              "on resume, before register_comm_hook")
 
 
 # ============================================================================ launch lines
@@ -564,6 +684,8 @@ def render(cfg: RunConfig, fmt: str, target: Target | None = None, source: str |
     if errs:
         raise ValueError("; ".join(f"{k}: {v}" for k, v in errs.items()))
     build, filename, language, mime = FORMATS[fmt]
+    if fmt not in ("json", "toml") and (why := world_refusal(cfg, target)):
+        raise ExportRefused(why)
     text = build(cfg, target, source)
     extra = [f"Warning: {LIGHTNING_CUDA_ONLY}"] if fmt == "lightning" and target.backend == "nccl" else []
     return Export(fmt, text, filename, language, mime, notes(cfg, target) + extra)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from commlab.config import settings
+
 MIN_SEEDS = 3  # with 2, the t-interval's factor is 12.7: no real gap can be told from noise
 CONFIDENCE = 0.95
 RULE = ("as good as allreduce: the upper end of the {conf:.0%} t-interval of (its loss - allreduce's "
@@ -33,8 +35,9 @@ RULE = ("as good as allreduce: the upper end of the {conf:.0%} t-interval of (it
 AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED, INCOMPLETE = (
     "as good", "worse", "undecided", "too few seeds", "failed seed", "unfinished seed")
 
-SETTING_KEYS = ["label", "baseline", "hook", "wrapper", "matrix_approximation_rank",
-                "start_powerSGD_iter", "min_compression_rate", "link"]
+# The hooks' own sweep axes, as the settings table marks them (the wrapper has its own column).
+AXIS_KEYS = tuple(s.name for s in settings() if s.sweepable and s.group != "hook")
+SETTING_KEYS = ["label", "baseline", "hook", "wrapper", *AXIS_KEYS, "link"]
 
 
 def _finite(x) -> bool:
@@ -272,4 +275,4 @@ def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
     return Recommendation(rule, base["run_id"], base["label"],
                           f"keep allreduce: no compressed setting is as good within {tolerance_pct:g}% "
                           f"of its loss {base_loss:.4g} ({'; '.join(f'{v.setting}: {v.verdict}' for v in found)}); "
-                          "raise X, the rank or start PowerSGD later", True, base_bytes, base_loss, kept)
+                          "raise X, or try settings that compress less", True, base_bytes, base_loss, kept)

@@ -18,7 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from commlab.config import POWERSGD_HOOKS
+from commlab.analysis import metrics
+from commlab.config import LOCALSGD_HOOKS
 
 HELD_OUT, TRAINING = "held-out", "training"
 WINDOW = 5  # the training-loss basis: mean over this many last steps
@@ -108,11 +109,20 @@ class Cluster:
         return errs
 
 
+def plain_until(cfg: dict) -> int:
+    """The steps a hook takes as plain allreduce: PowerSGD's before ``start_powerSGD_iter``,
+    post-local SGD's before ``start_localSGD_iter`` (gradients allreduced over every rank); none
+    for the others."""
+    if cfg.get("hook") in LOCALSGD_HOOKS:
+        return cfg.get("start_localSGD_iter", 0)
+    return metrics.first_steady_step(cfg, warmup=0)
+
+
 def predicted_step_s(records: Sequence[dict], cfg: dict, profile, plain, cluster: Cluster) -> list[float] | None:
     """Each step's time on ``cluster`` by the what-if model: ``profile`` (the run's own
     ``HookProfile``) for its compressed steps, ``plain`` (the allreduce baseline's) for the plain
-    allreduce steps PowerSGD takes before ``start_powerSGD_iter``; None without the profiles needed."""
-    start = cfg.get("start_powerSGD_iter", 0) if cfg.get("hook") in POWERSGD_HOOKS else 0
+    allreduce steps before ``plain_until``; None without the profiles needed."""
+    start = plain_until(cfg)
     need = ([profile] if any(r["step"] >= start for r in records) else []) + \
         ([plain] if any(r["step"] < start for r in records) else [])
     if not records or any(p is None for p in need):

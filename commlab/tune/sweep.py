@@ -1,5 +1,16 @@
-"""A PowerSGD sweep: a grid of settings beside a plain allreduce baseline, each run with several
-seeds, one run after another.
+"""A sweep: a grid of one hook's own settings beside a plain allreduce baseline, each run with
+several seeds, one run after another.
+
+The hook is the base config's (PowerSGD when the base is plain allreduce, the baseline itself);
+its axes are the settings the table marks sweepable (``sweep=`` in ``commlab.config``) that the
+hook reads, as the registry builds it (``hook_axes``): PowerSGD's rank, start and rate, top-k's,
+random-k's and DGC's compress_ratio, QSGD's levels, threshold's threshold, per-channel
+quantization's bucket size, post-local SGD's period and start, and the compress wrapper for the
+hooks one may wrap.  Values for an axis the hook does not read are refused by name: they would
+run the same setting again under other labels.  One hook per sweep: a "hook" axis, each hook
+combined only with its own axes, would generalize it, and is left out because a sweep's
+recommendation and front answer "which setting of this method", while the comparison view
+(``commlab.tune.compare``) puts the methods side by side.
 
     python -m commlab.tune.sweep SWEEP_DIR      (started detached by ``start``, for the UI)
 
@@ -24,10 +35,11 @@ of a sweep whose process is gone stops its current run directly.  ``resume`` (``
 the others run anew.
 
 No early stopping: a grid suffices.  The grid is small (PyTorch advises ranks 1-4 and a few start
-iterations), the decision needs every setting's final held-out loss on every seed, and an early
-checkpoint misleads here: a later ``start_powerSGD_iter`` is plain allreduce, indistinguishable
-from the baseline, until it starts, and a compressed run's error feedback recovers what it lost
-over later steps, so a median rule at a checkpoint would prune the settings that would have won.
+iterations; a compressor has one or two knobs), the decision needs every setting's final held-out
+loss on every seed, and an early checkpoint misleads here: a later ``start_powerSGD_iter`` (or
+``start_localSGD_iter``) is plain allreduce, indistinguishable from the baseline, until it starts,
+and a compressed run's error feedback recovers what it lost over later steps, so a median rule at
+a checkpoint would prune the settings that would have won.
 
 The analysis is pure: ``summarize`` turns a run's metrics and evaluations into one row;
 ``commlab.tune.pareto`` folds the seeds of each setting, marks the settings nothing beats and
@@ -36,6 +48,7 @@ applies the recommendation's rule.
 from __future__ import annotations
 
 import fcntl
+import functools
 import itertools
 import math
 import os
@@ -47,7 +60,8 @@ from pathlib import Path
 
 from commlab.analysis import metrics
 from commlab.config import (
-    POWERSGD_HOOKS,
+    HOOKS,
+    LOCALSGD_HOOKS,
     ConfigError,
     RunConfig,
     Setting,
@@ -56,6 +70,7 @@ from commlab.config import (
     settings,
 )
 from commlab.engine import procs, store
+from commlab.hooks import registry
 from commlab.tune import pareto, quality, whatif
 from commlab.tune.whatif import config_link_label, run_label
 
@@ -64,27 +79,70 @@ FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
 MAX_REPEATS = 100
 
 
-# The sweep axes: the settings the table marks sweepable.  PowerSGD's own come first, in
-# PowerSGDState's order, then the wrapper: the grid's order.  Only those a PowerSGD run reads
-# (``SWEPT_GROUPS``) take their table values unless told; another hook's axis is in the grid only
-# when values are given for it (by default it would multiply the grid with runs that ignore it).
-SWEPT_GROUPS = ("powersgd", "hook")
-AXES = tuple(sorted((s for s in settings() if s.sweepable),
-                    key=lambda s: (s.group != "powersgd", s.group not in SWEPT_GROUPS)))
-POWERSGD_AXES = tuple(s for s in AXES if s.group in SWEPT_GROUPS)  # the ones the page offers
+# The sweep axes: the settings the table marks sweepable (``sweep=``), in its order, the compress
+# wrapper last.  Which of them a hook varies is read off the registry (``hook_axes``): no list here.
+AXES = tuple(sorted((s for s in settings() if s.sweepable), key=lambda s: s.group == "hook"))
+DEFAULT_HOOK = "powersgd"  # what a sweep of plain allreduce, the baseline itself, varies instead
+SWEPT_HOOKS = tuple(h for h in HOOKS if h != "allreduce")  # the hooks a sweep may name
+
+
+class _Noting(RunConfig):
+    """A RunConfig that notes the name of everything read of it."""
+
+    def __getattribute__(self, name):
+        seen = object.__getattribute__(self, "__dict__").get("_seen")
+        if seen is not None:
+            seen.add(name)
+        return object.__getattribute__(self, name)
+
+
+@functools.cache
+def reads(hook: str) -> frozenset[str]:
+    """The settings ``hook`` reads: what building it reads of its config, as the registry builds it
+    (``registry.choose`` on a config that notes what is read, with no process group: the states
+    keep theirs for later).  Post-local SGD's state makes its subgroups at once, which needs a
+    process group: it and its averager take the table's localsgd group, beside the hook group that
+    choosing any hook reads."""
+    if hook in LOCALSGD_HOOKS:
+        return frozenset(s.name for s in settings() if s.group in ("localsgd", "hook"))
+    cfg = _Noting(hook=hook)
+    cfg._seen = seen = set()
+    registry.choose(cfg, registry.BACKENDS[0])
+    return frozenset(seen)
+
+
+def _wrappable(hook: str) -> bool:
+    return hook not in registry.UNWRAPPED
+
+
+@functools.cache
+def hook_axes(hook: str) -> tuple[Setting, ...]:
+    """The axes a sweep of ``hook`` varies: those it reads (the wrapper only where one may wrap it);
+    () for a name that is no hook."""
+    if hook not in HOOKS:
+        return ()
+    return tuple(s for s in AXES if s.name in reads(hook) and (s.name != "wrapper" or _wrappable(hook)))
+
+
+def axis_hooks(name: str) -> list[str]:
+    """The hooks a sweep varies this axis of (plain allreduce is the baseline, not swept)."""
+    return [h for h in SWEPT_HOOKS if any(s.name == name for s in hook_axes(h))]
 
 
 @dataclass(init=False)
 class SweepSpec:
-    """The grid: every combination of the values listed per axis, each on top of ``base``.
+    """The grid: every combination of the values listed per axis of the hook swept, each on top of
+    ``base``.
 
-    An axis the table gives default values (the rank: 1, 2, 4) takes those unless told; the other
-    axes take base's value.  ``SweepSpec(matrix_approximation_rank=[1, 2], wrapper=["none",
-    "fp16"])`` names the axes as RunConfig names the settings.
+    The hook swept is base's (``hook``); plain allreduce, the baseline itself and RunConfig's
+    default, sweeps PowerSGD.  Its axes (``hook_axes``) take the table's values unless told (the
+    rank: 1, 2, 4; top-k's compress_ratio: 0.001, 0.01, 0.1), else base's value.  Values given
+    for another hook's axis are kept, and refused by the grid.  ``SweepSpec(base=RunConfig(
+    hook="topk"), compress_ratio=[0.01, 0.05])`` names the axes as RunConfig names the settings.
     """
 
     base: RunConfig
-    values: dict[str, list]  # axis -> the values listed, by AXES
+    values: dict[str, list]  # axis -> the values listed, by AXES: the hook's, and any others given
     baseline: bool  # run plain allreduce first, with the same job and link
     tolerance_pct: float  # the recommendation's X
     repeats: int  # seeds per setting: base.seed, base.seed + 1, ...
@@ -96,15 +154,21 @@ class SweepSpec:
             raise TypeError(f"not a sweep axis: {', '.join(unknown)}; the axes are: "
                             f"{', '.join(s.name for s in AXES)}")
         self.base = RunConfig() if base is None else base
-        self.values = {s.name: list(values.get(s.name, s.sweep if s.group in SWEPT_GROUPS else ()))
-                       for s in AXES}
+        own = {s.name for s in hook_axes(self.hook)}
+        self.values = {s.name: list(values.get(s.name, s.sweep)) for s in AXES
+                       if s.name in own or values.get(s.name)}
         self.baseline, self.tolerance_pct, self.repeats = baseline, tolerance_pct, repeats
 
+    @property
+    def hook(self) -> str:
+        """The hook swept."""
+        return DEFAULT_HOOK if self.base.hook == "allreduce" else self.base.hook
+
     def axes(self) -> dict[str, list]:
-        """Each axis' values, repeats dropped; an axis with no default values falls back to base's;
-        another hook's axis is left out unless values were given for it."""
+        """The hook's axes with their values, repeats dropped; an axis with no table values falls
+        back to base's."""
         return {s.name: _unique(self.values[s.name]) or ([] if s.sweep else [getattr(self.base, s.name)])
-                for s in AXES if s.group in SWEPT_GROUPS or self.values[s.name]}
+                for s in hook_axes(self.hook)}
 
     def to_dict(self) -> dict:
         return {"base": self.base.to_dict(), **self.values, "baseline": self.baseline,
@@ -146,10 +210,14 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     """Every run of the sweep in order, seed by seed, the baseline first in each; raises
     ConfigError before anything starts."""
     errs: dict[str, str] = {}
-    axes = spec.axes()
+    hook, axes = spec.hook, spec.axes()
+    if hook not in HOOKS:
+        errs["hook"] = f"unknown hook {hook!r}; valid hooks are: {', '.join(HOOKS)}"
     for name, values in axes.items():
         if not values:
             errs[name] = "give at least one value"
+    for name in spec.values.keys() - axes.keys():
+        errs[name] = _not_an_axis(name, hook)
     for s in AXES:
         bad = [v for v in axes.get(s.name, []) if s.choices and v not in s.choices]
         if bad:
@@ -163,12 +231,12 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     # The job's own problems are named beside the grid's, all at once, each once: as the
     # field's, not as the first setting's; a setting's, for that setting.
     errs = {**spec.base.with_overrides(hook="allreduce", wrapper="none").errors(), **errs}
-    if errs:
-        raise ConfigError(errs)
-    hook = spec.base.hook if spec.base.hook in POWERSGD_HOOKS else "powersgd"
     one_seed = [spec.base.with_overrides(hook="allreduce", wrapper="none")] if spec.baseline else []
     for combination in itertools.product(*axes.values()):
-        one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
+        try:
+            one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
+        except ConfigError as e:  # a value of the wrong type, given through the API
+            errs = {**e.errors, **errs}
     for cfg in one_seed:
         for key, msg in cfg.errors().items():
             errs.setdefault(key, f"{run_label(cfg.to_dict())}: {msg}")
@@ -181,6 +249,14 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     if errs:
         raise ConfigError(errs)
     return configs
+
+
+def _not_an_axis(name: str, hook: str) -> str:
+    own = ", ".join(s.name for s in hook_axes(hook)) or "none"
+    why = ("no compress wrapper may wrap it" if name == "wrapper"
+           else f"{hook} does not read {name}, so every value would run alike")
+    return (f"is not an axis of {hook}: {why}; it is an axis of {', '.join(axis_hooks(name))} "
+            f"(sweep one of those as the hook); {hook}'s axes are: {own}")
 
 
 def plan_label(cfg: RunConfig, spec: SweepSpec) -> str:
@@ -517,8 +593,7 @@ def start(spec: SweepSpec) -> Sweep:
 # ============================================================================ analysis (pure)
 REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
 ROW_COLUMNS = ["label", "seed", "run_id", "run_dir", "status", "diverged", "baseline",
-               "hook", "wrapper", "matrix_approximation_rank", "start_powerSGD_iter",
-               "min_compression_rate", "steps", "quality", "quality_basis", "accuracy",
+               "hook", "wrapper", *pareto.AXIS_KEYS, "steps", "quality", "quality_basis", "accuracy",
                "bits_per_char", "final_loss", "bytes_per_step", "time_s", "median_step_s",
                "predicted_s", "link", "curve", *REACH_COLUMNS]
 
@@ -532,23 +607,23 @@ def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run
     quality: the final held-out loss, else the training loss's mean over the last
     ``final_window`` steps (``quality_basis`` says which; ``commlab.tune.quality``); curve: the
     same by step, for time to quality.  final_loss: that training-loss mean, always.
+    The hook's own axes carry its values, the others None.
     bytes_per_step: all the bytes the hook handed over, divided by the steps, not the steady
-    median: ``start_powerSGD_iter`` is an axis, and its allreduce steps are part of what a setting
-    costs.  time_s: training time to the last step, start-up excluded.  median_step_s: over the
+    median: ``start_powerSGD_iter`` (and ``start_localSGD_iter``) is an axis, and its allreduce
+    steps are part of what a setting costs.  time_s: training time to the last step, start-up excluded.  median_step_s: over the
     steady steps, as in the run's headline.  predicted_s: the sum of ``predicted_step_s``, the
     what-if model's step times on the chosen cluster.  The reach columns are filled by the sweep
     (they need every seed's baseline first).
     """
     figures = metrics.headline(records, cfg, final_window, bytes_over_run=True)
     c = quality.curve(evals, records, final_window)
+    own = {s.name for s in hook_axes(cfg.get("hook"))}  # the other axes' values are not this run's
     return {
         "label": run_label(cfg), "seed": cfg.get("seed"), "run_id": run_id, "run_dir": run_dir, "status": status,
         "diverged": status == "diverged" or quality.diverged(c, records),
         "baseline": is_plain_allreduce(cfg),
         "hook": cfg.get("hook"), "wrapper": cfg.get("wrapper"),
-        "matrix_approximation_rank": cfg.get("matrix_approximation_rank"),
-        "start_powerSGD_iter": cfg.get("start_powerSGD_iter"),
-        "min_compression_rate": cfg.get("min_compression_rate"), "steps": len(records),
+        **{k: cfg.get(k) if k in own else None for k in pareto.AXIS_KEYS}, "steps": len(records),
         "quality": c.final, "quality_basis": c.basis, "accuracy": c.accuracy,
         "bits_per_char": c.bits_per_char,
         "final_loss": figures["final_loss"], "bytes_per_step": figures["bytes_per_step"],

@@ -9,7 +9,9 @@ For one hook on N workers joined by links of bandwidth beta and per-hop latency 
   run as the median over its steady steps of ``step_s - hook_s``;
 * ``arithmetic``: what the hook costs besides moving bytes (PowerSGD's products, orthogonalization
   and error feedback; fp16's casts): the hook's measured time less the time its collectives took
-  on the link the run used;
+  on the link the run used, as the run recorded it (``collective_s``: from issue to completion,
+  which holds the wait for slower ranks; counted as arithmetic it would be paid again on top of
+  an emulated link's hold, inside which it passes);
 * ``S_i``: the bytes the hook handed to ``all_reduce``, from the run's own count.  PowerSGD's P and
   Q do not grow with N, nor does the plain gradient, so the count carries over to any scale.
 
@@ -19,9 +21,10 @@ instead, for s bytes from each of N ranks, (N-1) alpha + (N-1) s / beta (``ring.
 is read back from the run's count (``ring.message_bytes``) and does not grow with N, but what each
 rank receives does.  Post-local SGD pays its gradient allreduce within a subgroup of fixed size
 (``localsgd_subgroup_size``), which does not grow with N, and its model averaging, one allreduce
-of the parameters over all ranks every ``averager_period`` steps, averaged over the period; its
-bytes per step are means, not medians, over the steps since both local SGD and averaging began.
-The formulas are those the
+of the parameters over all ranks every ``averager_period`` steps, averaged over the period: one
+step in a period averages, so its per-step figures (bytes, times, measured or predicted) are the
+median over whole periods of each period's mean (``per_step``), from the first period that local
+SGD and averaging both cover.  The formulas are those the
 emulated link (``Link.seconds`` in ``commlab.hooks.instrument``) enforces: a run over an emulated
 link is a measurement of this model.  Summed over collectives it stays linear, so a hook is
 summarized by its bytes and its collective count per step, medians over the run's steady steps
@@ -68,10 +71,18 @@ def config_link_label(cfg: dict) -> str | None:
 
 
 def run_label(cfg: dict) -> str:
-    """A run's settings (``config.label_of``) and, when it ran over one, its emulated link: what
+    """A run's settings (``config.label_of``), the values of its hook's own sweep axes besides
+    PowerSGD's, which label_of names (``commlab.tune.sweep.hook_axes``: top-k's compress_ratio,
+    QSGD's levels, post-local SGD's period...), and, when it ran over one, its emulated link: what
     tells apart the runs of a sweep or the profiles of a what-if."""
-    link = config_link_label(cfg)
-    return label_of(cfg) + (f" [{link}]" if link else "")
+    from commlab.config import POWERSGD_HOOKS
+    from commlab.tune.sweep import hook_axes  # which imports this module
+
+    hook, link = cfg.get("hook"), config_link_label(cfg)
+    own = "" if hook in POWERSGD_HOOKS else "".join(
+        f" {s.name}={format(cfg[s.name], 'g') if isinstance(cfg[s.name], float) else cfg[s.name]}"
+        for s in hook_axes(hook) if s.group != "hook" and s.name in cfg)
+    return label_of(cfg) + own + (f" [{link}]" if link else "")
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,7 @@ class HookProfile:
     group_size: int = 0  # ranks each of the hook's collectives spans; 0: all of them, at any N
     averaged_bytes: float = 0.0  # model averaging: parameter bytes allreduced over all ranks ...
     period: int = 1  # ... every ``period`` steps (counted in payload_bytes and collectives)
+    comm_here_s: float | None = None  # per step, on the link it ran over, as recorded (None: not)
 
     @property
     def averages(self) -> float:
@@ -189,35 +201,42 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     """A hook's profile from a run's metrics (pure).
 
     The time the hook's collectives took is subtracted from its measured time to leave its
-    arithmetic: on loopback, ``loopback_s_per_byte`` times the wire bytes (read from a plain
+    arithmetic: on loopback, what the run recorded they took (``collective_s``, from issue to
+    completion, so waiting for the other ranks to arrive is not arithmetic either: under an
+    emulated link that wait passes inside the link's hold), or for runs that did not record it and
+    for post-local SGD's averaging, ``loopback_s_per_byte`` times the wire bytes (read from a plain
     allreduce run, whose hook does no arithmetic to speak of); over an emulated link, the longer of
     the link's time and loopback's (the emulation holds completion back, it cannot make loopback
-    faster).  Without a loopback rate, loopback counts as arithmetic, which overstates it.
+    faster).  Without either, loopback counts as arithmetic, which overstates it.
     ``compute_s`` overrides the run's own (to share one baseline's across hooks).
     """
     if records and "payload_bytes" not in records[0]:
         raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
     collective, group_size, period = traffic(cfg)
-    first = max(metrics.first_steady_step(cfg, skip), _local_sgd_from(cfg))
-    steady = [r for r in metrics.steady_rows(records, cfg, skip) if r["step"] >= first]
+    steady = steady_rows(records, cfg, skip)
     if not steady:
         raise ValueError(f"run {run_id} has no steady steps: it recorded {len(records)} step(s) and "
-                         f"the model needs steps from {first} on")
+                         f"the model needs steps from {_first_step(cfg, skip)} on"
+                         + (f", in whole periods of {period}" if period > 1 else ""))
     world = cfg.get("world_size", 2)
-    per_step = metrics.median if period == 1 else _mean  # averaging: one step in `period`
     profile = HookProfile(
         label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
-        compute_s=0.0, arithmetic_s=0.0, payload_bytes=per_step(steady, "payload_bytes"),
-        collectives=per_step(steady, "collectives"), world_size=world, run_id=run_id,
+        compute_s=0.0, arithmetic_s=0.0, payload_bytes=per_step(steady, cfg, "payload_bytes"),
+        collectives=per_step(steady, cfg, "collectives"), world_size=world, run_id=run_id,
         measured_over=config_link_label(cfg) or "loopback", steady_steps=len(steady),
         collective=collective, group_size=group_size, period=period,
         averaged_bytes=metrics.median(steady, "plain_bytes") if cfg.get("hook") in LOCALSGD_HOOKS else 0.0)
 
+    recorded = "collective_s" in steady[0]
+
     def on_this_link(averaging: bool) -> float:
         """What the hook's collectives (or its averaging) took on the run's own link."""
-        loop = (loopback_s_per_byte or 0.0) * (
-            profile.averages * ring.wire_bytes(profile.averaged_bytes, world) if averaging
-            else profile.wire_bytes(world) - profile.averages * ring.wire_bytes(profile.averaged_bytes, world))
+        if recorded and not averaging:
+            loop = per_step(steady, cfg, "collective_s")
+        else:
+            loop = (loopback_s_per_byte or 0.0) * (
+                profile.averages * ring.wire_bytes(profile.averaged_bytes, world) if averaging
+                else profile.wire_bytes(world) - profile.averages * ring.wire_bytes(profile.averaged_bytes, world))
         if not config_link_label(cfg):
             return loop
         bw, lat = cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0)
@@ -226,10 +245,11 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
 
     # The averaging runs after the optimizer step, outside the hook's window: the run's own
     # compute time holds it, so it is taken out there.
-    own_compute = _compute_s(steady) - on_this_link(averaging=True)
+    own_compute = _compute_s(steady, cfg) - on_this_link(averaging=True)
     return dataclasses.replace(
         profile, compute_s=max(0.0, own_compute) if compute_s is None else compute_s,
-        arithmetic_s=max(0.0, metrics.median(steady, "hook_s") - on_this_link(averaging=False)))
+        arithmetic_s=max(0.0, per_step(steady, cfg, "hook_s") - on_this_link(averaging=False)),
+        comm_here_s=on_this_link(False) + on_this_link(True) if recorded else None)
 
 
 def traffic(cfg: dict) -> tuple[str, int, int]:
@@ -253,13 +273,44 @@ def _local_sgd_from(cfg: dict) -> int:
     return max(cfg.get("start_localSGD_iter", 0), cfg.get("averager_warmup_steps", 0))
 
 
-def _mean(rows: Sequence[dict], key: str) -> float:
-    return statistics.fmean(r[key] for r in rows)
+def _first_step(cfg: dict, skip: int) -> int:
+    return max(metrics.first_steady_step(cfg, skip), _local_sgd_from(cfg))
 
 
-def _compute_s(steady: Sequence[dict]) -> float:
-    """What a step costs outside the hook: the median of step_s - hook_s over steady steps."""
-    return statistics.median(r["step_s"] - r["hook_s"] for r in steady)
+def steady_rows(records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_STEPS) -> list[dict]:
+    """The steps a profile or a check describes: steady (``metrics.steady_rows``), past post-local
+    SGD's start and, with model averaging, in whole periods only (each holds one averaging)."""
+    first = _first_step(cfg, skip)
+    rows = [r for r in metrics.steady_rows(records, cfg, skip) if r["step"] >= first]
+    return [r for period in _periods(rows, cfg) for r in period]
+
+
+def _periods(rows: Sequence[dict], cfg: dict) -> list[list[dict]]:
+    """Rows cut into the averager's periods (its averaging steps are warmup + k * period, the
+    first of each), whole ones only; one period of one row each without averaging."""
+    _, _, period = traffic(cfg)
+    if period == 1:
+        return [[r] for r in rows]
+    warmup = cfg.get("averager_warmup_steps", 0)
+    cut: dict[int, list[dict]] = {}
+    for r in rows:
+        if r["step"] >= warmup:
+            cut.setdefault((r["step"] - warmup) // period, []).append(r)
+    return [p for _, p in sorted(cut.items()) if len(p) == period]
+
+
+def per_step(rows: Sequence[dict], cfg: dict, key) -> float:
+    """A per-step figure of ``key`` (a field, or a function of a row) over ``_steady`` rows: their
+    median, or with model averaging the median over whole periods of each period's mean (a median
+    of steps would leave out the one step in ``period`` that averages; the median of periods keeps
+    a load spike in one from counting, as the median of steps does elsewhere)."""
+    value = key if callable(key) else (lambda r: r[key])
+    return statistics.median(statistics.fmean(value(r) for r in p) for p in _periods(rows, cfg))
+
+
+def _compute_s(steady: Sequence[dict], cfg: dict) -> float:
+    """What a step costs outside the hook: step_s - hook_s per step (``per_step``)."""
+    return per_step(steady, cfg, lambda r: r["step_s"] - r["hook_s"])
 
 
 def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_STEPS) -> float | None:
@@ -316,7 +367,7 @@ def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
         compute = None
         if same and share_compute:
             base_cfg, base_recs = same[0]
-            compute = _compute_s(metrics.steady_rows(base_recs, base_cfg, skip))
+            compute = _compute_s(metrics.steady_rows(base_recs, base_cfg, skip), base_cfg)
         label = run_label(cfg)
         seen[label] = seen.get(label, 0) + 1
         if seen[label] > 1:
@@ -335,19 +386,25 @@ def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = 
 
     On this machine a collective over an emulated link takes the longer of the link's time and
     loopback's own (the emulation holds completion back; it cannot make loopback faster), so the
-    prediction here takes the longer of the two; at cluster scale only the link counts.
+    prediction here takes the longer of the two (loopback's: what the calibration run recorded,
+    ``comm_here_s``, else ``loopback_s_per_byte`` times its wire bytes); at cluster scale only the
+    link counts.
     """
     bw, lat = cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0)
     world = cfg.get("world_size", 2)
     link = profile.comm_s(world, bw, lat)
-    loopback = (loopback_s_per_byte or 0.0) * ring.wire_bytes(profile.payload_bytes, world)
+    loopback = profile.comm_here_s if profile.comm_here_s is not None else (
+        (loopback_s_per_byte or 0.0) * ring.wire_bytes(profile.payload_bytes, world))
     predicted = profile.compute_s + profile.arithmetic_s + max(link, loopback)
-    measured = metrics.median(metrics.steady_rows(records, cfg, skip), "step_s")
-    if measured is None:
+    steady = steady_rows(records, cfg, skip)
+    if not steady:
         raise ValueError("no steady steps to measure")
+    measured = per_step(steady, cfg, "step_s")
     return {"label": profile.label, "world_size": world, "bandwidth_gbps": bw, "latency_us": lat,
             "predicted_s": predicted, "measured_s": measured, "ratio": predicted / measured,
             "link_s": link, "loopback_s": loopback, "compute_s": profile.compute_s,
+            # what the emulated link charged per step, counted by the run (None before it did)
+            "emulated_s": per_step(steady, cfg, "link_s") if "link_s" in steady[0] else None,
             "arithmetic_s": profile.arithmetic_s}
 
 

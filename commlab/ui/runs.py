@@ -10,9 +10,10 @@ import threading
 from pathlib import Path
 
 from commlab.analysis import metrics
-from commlab.config import POWERSGD_HOOKS, default_runs_dir, label_of
+from commlab.config import POWERSGD_HOOKS, default_runs_dir
 from commlab.engine import store
 from commlab.engine.launch import open_run, workers_alive
+from commlab.tune.whatif import run_label
 
 
 class LiveView:
@@ -98,10 +99,10 @@ def listed_status(run: store.RunFolder) -> str:
 
 def picker_label(run: store.RunFolder) -> str:
     """A run folder as the run picker, the run table and the overlays name it: the name a person
-    gave it, its settings (``config.label_of``) and the run id's random tail, which tells twins
-    apart."""
+    gave it, its settings and link (``whatif.run_label``: a top-k run's k, QSGD's levels...) and
+    the run id's random tail, which tells twins apart."""
     name = run.notes()["name"]
-    return f"{name + ': ' if name else ''}{label_of(run.config_dict())} · {run.id[-4:]}"
+    return f"{name + ': ' if name else ''}{run_label(run.config_dict())} · {run.id[-4:]}"
 
 
 # The run table's PowerSGD columns: empty for a run of another hook, which never read them.
