@@ -7,7 +7,8 @@ while the gradients (and so PowerSGD's bytes) stay what they are (``WORKLOADS``)
 run (overlapping PowerSGD, no emulated link) measures backward's compute time B (from its start
 to the last hook call, less the hook calls: ``timeline.backward_compute_s``) and the bytes
 PowerSGD hands over per compressed step S, from its traced steps; the balanced bandwidth is
-the one at which the emulated link carries S in B (a ring allreduce of S, ``commlab.analysis.ring.allreduce_s``).
+the one at which the emulated link carries S in B (a ring allreduce of S,
+``commlab.analysis.ring.allreduce_s``).
 Then at a quarter of it, at it and at four times it, side by side in alternation (blocking,
 overlapping; ``--rounds`` times): the median step time over the compressed steps (commlab's
 ``t`` column: from the end of one step to the end of the next), the overlap share of the traced
@@ -19,10 +20,11 @@ own B, near 1 at the balanced bandwidth however loaded the machine was during ca
 is what the collectives wait for.
 
 What can overlap: on 2 cores with 2 ranks, each rank has about one core, so the communication
-thread's compute (PowerSGD's matrix products and orthogonalization) competes with backward's
-and hides nothing; only waits (the link, a peer) can overlap.  The blocking variant already
-hides each bucket's Q allreduce (its hook returns that future), but stops backward for the
-uncompressed and P allreduces.
+thread's compute (PowerSGD's matrix products and orthogonalization) takes that core from
+backward and hides nothing; only waits (the link, a peer) can overlap.  The blocking variant
+already hides each bucket's Q allreduce (its hook returns that future), but stops backward for
+the uncompressed and P allreduces.  How much can hide depends on when DDP calls the hooks: on
+``wide`` the last two of its four buckets are ready at the very end of backward.
 
 Allreduce is measured once on the real link (its step time and overlap share); over these links
 it is not run: it hands over hundreds of times PowerSGD's bytes, which at them take tens of
@@ -31,7 +33,8 @@ are capped small enough that each workload has several: with one bucket, DDP cal
 the end of backward and nothing can overlap.  Prints a table and, with --json, one JSON object
 last: ``ratio_overlap_vs_blocking``, ``overlap_share``, ``link_share`` and ``link_over_backward``
 per workload and bandwidth (the target is a ratio of at most 0.85 at the balanced bandwidth).
-Timings on a shared machine: the rounds alternate, so load changes hit both variants alike.
+On a shared machine the load changes between runs as well: ``ratio_per_round`` and each run's
+``link_over_backward`` show by how much.
 """
 from __future__ import annotations
 

@@ -23,6 +23,13 @@ and post-local SGD (no gradient traffic between averagings, every rank alone, th
 of the parameters from the worker every ``--period`` steps).  The "emulated" column is what the
 link charged the hook's collectives per step (the ``link_s`` the counter records), next to the
 model's "link" for the same bytes: the two must agree exactly, whatever the load.
+
+What the check cannot see, named: this machine's "longer of link and loopback" holds per
+collective, while the prediction takes it over the step's sum.  The quantization hook issues a
+tiny allgather (scales) and waits for it in the body before its large one; the wait for the
+slower rank, several ms under load, falls on the tiny one, whose hold hides none of it, so that
+hook measures above its prediction here (on a real cluster ranks wait too, and the model, whose
+ranks are identical, leaves that out everywhere).
 """
 from __future__ import annotations
 

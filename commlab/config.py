@@ -272,7 +272,7 @@ class RunConfig:
         "collectives, futures, the optimizer step) into timeline.json and trace.json (Chrome "
         "trace); the default, 1, is the first step after DDP rebuilt its buckets. Needs "
         "instrument on; steps past the end are not traced."))
-    torch_profiler: bool = setting(False, group="instrument", label="torch_profiler (trace_steps)",
+    torch_profiler: bool = setting(False, group="instrument", label="torch.profiler on the traced steps",
                                    help=(
         "Also profile the trace_steps with torch.profiler on every rank (CPU, and CUDA on a GPU: "
         "every operator and kernel, which the lab's own timeline leaves out) and write each "

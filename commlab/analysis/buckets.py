@@ -2,6 +2,8 @@
 beside them, and why iteration 0 and the rebuilt layout differ."""
 from __future__ import annotations
 
+from commlab.analysis.units import human_bytes
+
 MIB = 1024 * 1024  # DDP's bucket_cap_mb counts MiB
 LAYOUTS = {"iter0": "iteration 0", "rebuilt": "after the rebuild"}
 
@@ -64,7 +66,7 @@ def bucket_story(buckets: dict) -> str:
     if len(first) == 1:
         before = (f"At iteration 0 DDP had not yet seen the order in which backward produces the "
                   f"gradients, so it did not split them: all {n_params} parameters went into one "
-                  f"bucket of {first[0]['bytes']:,} bytes.")
+                  f"bucket of {human_bytes(first[0]['bytes'])}.")
     else:
         before = (f"At iteration 0 DDP cut {n_params} parameters into {len(first)} buckets in "
                   f"the reverse order of model.parameters(), its guess at the order backward "
@@ -73,7 +75,7 @@ def bucket_story(buckets: dict) -> str:
            [[p["name"] for p in b["params"]] for b in by_index]
     after = (f"After that iteration it rebuilt them in the order the gradients actually became "
              f"ready ({first_ready} first), starting a new bucket whenever the current one reached "
-             f"the cap ({cap_bytes(buckets):,} bytes), so a bucket can exceed the cap by its last "
+             f"the cap ({human_bytes(cap_bytes(buckets))}), so a bucket can exceed the cap by its last "
              f"tensor: {len(rebuilt)} bucket{'s' if len(rebuilt) != 1 else ''}.")
     if same:
         after += " That happens to give the same layout."

@@ -30,6 +30,8 @@ from commlab.config import (
     RESOLVED_BACKENDS,
     WRAPPERS,
     RunConfig,
+    Setting,
+    settings,
 )
 
 BACKENDS = RESOLVED_BACKENDS  # a plan is made for the backend a run resolved "auto" to
@@ -287,3 +289,39 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
 
         averager = make_averager(cfg, process_group)
     return HookChoice(state, hook, impl, hook_name(cfg.hook, cfg.wrapper), reason, averager)
+
+
+class _Noting(RunConfig):
+    """A RunConfig that notes the name of everything read of it."""
+
+    def __getattribute__(self, name):
+        seen = object.__getattribute__(self, "__dict__").get("_seen")
+        if seen is not None:
+            seen.add(name)
+        return object.__getattribute__(self, name)
+
+
+@functools.cache
+def reads(hook: str) -> frozenset[str]:
+    """The settings ``hook`` reads: what building it reads of its config, as ``choose`` builds it
+    (on a config that notes what is read, with no process group: the states keep theirs for
+    later).  Post-local SGD's state makes its subgroups at once, which needs a process group: it
+    and its averager take the table's localsgd group, beside the hook group that choosing any hook
+    reads."""
+    if hook in LOCALSGD_HOOKS:
+        return frozenset(s.name for s in settings() if s.group in ("localsgd", "hook"))
+    cfg = _Noting(hook=hook)
+    cfg._seen = seen = set()
+    choose(cfg, BACKENDS[0])
+    return frozenset(seen)
+
+
+@functools.cache
+def own_settings(hook: str) -> tuple[Setting, ...]:
+    """The sweepable settings ``hook`` reads, in the table's order (the wrapper only where one may
+    wrap it): what tells apart two runs of it, so a sweep's axes and a run's label.  () for a name
+    that is no hook."""
+    if hook not in HOOKS:
+        return ()
+    return tuple(s for s in settings() if s.sweepable and s.name in reads(hook)
+                 and (s.name != "wrapper" or hook not in UNWRAPPED))

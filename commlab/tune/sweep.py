@@ -61,7 +61,6 @@ from pathlib import Path
 from commlab.analysis import metrics
 from commlab.config import (
     HOOKS,
-    LOCALSGD_HOOKS,
     ConfigError,
     RunConfig,
     Setting,
@@ -86,42 +85,12 @@ DEFAULT_HOOK = "powersgd"  # what a sweep of plain allreduce, the baseline itsel
 SWEPT_HOOKS = tuple(h for h in HOOKS if h != "allreduce")  # the hooks a sweep may name
 
 
-class _Noting(RunConfig):
-    """A RunConfig that notes the name of everything read of it."""
-
-    def __getattribute__(self, name):
-        seen = object.__getattribute__(self, "__dict__").get("_seen")
-        if seen is not None:
-            seen.add(name)
-        return object.__getattribute__(self, name)
-
-
-@functools.cache
-def reads(hook: str) -> frozenset[str]:
-    """The settings ``hook`` reads: what building it reads of its config, as the registry builds it
-    (``registry.choose`` on a config that notes what is read, with no process group: the states
-    keep theirs for later).  Post-local SGD's state makes its subgroups at once, which needs a
-    process group: it and its averager take the table's localsgd group, beside the hook group that
-    choosing any hook reads."""
-    if hook in LOCALSGD_HOOKS:
-        return frozenset(s.name for s in settings() if s.group in ("localsgd", "hook"))
-    cfg = _Noting(hook=hook)
-    cfg._seen = seen = set()
-    registry.choose(cfg, registry.BACKENDS[0])
-    return frozenset(seen)
-
-
-def _wrappable(hook: str) -> bool:
-    return hook not in registry.UNWRAPPED
-
-
 @functools.cache
 def hook_axes(hook: str) -> tuple[Setting, ...]:
-    """The axes a sweep of ``hook`` varies: those it reads (the wrapper only where one may wrap it);
-    () for a name that is no hook."""
-    if hook not in HOOKS:
-        return ()
-    return tuple(s for s in AXES if s.name in reads(hook) and (s.name != "wrapper" or _wrappable(hook)))
+    """The axes a sweep of ``hook`` varies, in the grid's order: the sweepable settings it reads
+    (``registry.own_settings``); () for a name that is no hook."""
+    own = {s.name for s in registry.own_settings(hook)}
+    return tuple(s for s in AXES if s.name in own)
 
 
 def axis_hooks(name: str) -> list[str]:
@@ -380,10 +349,12 @@ class Sweep(store.Folder):
         entries = state.get("runs", [])
         index = min(state.get("index", 0), max(len(labels) - 1, 0))
         entry = entries[index] if index < len(entries) else {}
-        run_dir = entry.get("run_dir")
+        run_dir, status = entry.get("run_dir"), entry.get("status", "starting")
         step = len(store.read_jsonl(Path(run_dir) / "metrics.jsonl")) if run_dir else 0
+        if run_dir and status == "starting":  # the sweep records only a run's launch and its end
+            status = store.RunFolder(run_dir).status()
         p = Progress(index, len(labels), labels[index] if labels else "",
-                     entry.get("status", "starting"), step, self.spec().base.steps, self.status())
+                     status, step, self.spec().base.steps, self.status())
         p.eta_s = eta(p.fraction, state.get("since")) if p.sweep_status == "running" else None
         return p
 

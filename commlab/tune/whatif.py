@@ -49,8 +49,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from commlab.analysis import metrics, ring, timeline
-from commlab.config import LOCALSGD_HOOKS, QUANTIZATION_HOOKS, is_plain_allreduce, label_of
-from commlab.hooks import compressors
+from commlab.config import LOCALSGD_HOOKS, POWERSGD_HOOKS, QUANTIZATION_HOOKS, is_plain_allreduce, label_of
+from commlab.hooks import compressors, registry
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
@@ -71,17 +71,14 @@ def config_link_label(cfg: dict) -> str | None:
 
 
 def run_label(cfg: dict) -> str:
-    """A run's settings (``config.label_of``), the values of its hook's own sweep axes besides
-    PowerSGD's, which label_of names (``commlab.tune.sweep.hook_axes``: top-k's compress_ratio,
-    QSGD's levels, post-local SGD's period...), and, when it ran over one, its emulated link: what
-    tells apart the runs of a sweep or the profiles of a what-if."""
-    from commlab.config import POWERSGD_HOOKS
-    from commlab.tune.sweep import hook_axes  # which imports this module
-
+    """A run's settings (``config.label_of``), the values of its hook's own settings besides
+    PowerSGD's, which label_of names (``registry.own_settings``: top-k's compress_ratio, QSGD's
+    levels, post-local SGD's period...), and, when it ran over one, its emulated link: what tells
+    apart the runs of a sweep or the profiles of a what-if."""
     hook, link = cfg.get("hook"), config_link_label(cfg)
     own = "" if hook in POWERSGD_HOOKS else "".join(
         f" {s.name}={format(cfg[s.name], 'g') if isinstance(cfg[s.name], float) else cfg[s.name]}"
-        for s in hook_axes(hook) if s.group != "hook" and s.name in cfg)
+        for s in registry.own_settings(hook) if s.group != "hook" and s.name in cfg)
     return label_of(cfg) + own + (f" [{link}]" if link else "")
 
 
