@@ -2,10 +2,10 @@
 
     python benchmarks/overhead.py [--steps 100] [--rounds 5] [--only bare,off] [--json]
 
-Per round, in alternation: a bare torchrun DDP script (benchmarks/bare_ddp.py), ``commlab run``
-with instrumentation off, and ``commlab run`` at its defaults, all on the same workload, hook
-(allreduce), seed and ranks; then commlab's PowerSGD and PyTorch's powerSGD_hook on one bucket
-(where PyTorch's works on Gloo).  A step's time is the time from the end of one step to the end
+Per round, in alternation (in reverse order every other round): a bare torchrun DDP script
+(benchmarks/bare_ddp.py), ``commlab run`` with instrumentation off, and ``commlab run`` at its
+defaults, all on the same workload, hook (allreduce), seed and ranks; then commlab's PowerSGD
+and PyTorch's powerSGD_hook on one bucket (where PyTorch's works on Gloo).  A step's time is the time from the end of one step to the end
 of the next (commlab's ``t`` column), so whatever the lab does between steps counts; steps 0
 and 1 are left out (DDP builds its buckets in the first and rebuilds them after it).  Prints the
 medians and, with --json, one JSON object last: ratio_off, ratio_default,
@@ -81,7 +81,8 @@ def main() -> int:
                "powersgd_stock": lambda i: lab(base.with_overrides(impl="stock", **one_bucket))}
     t: dict[str, list[float]] = {k: [] for k in SIDES if k in sides}
     for i in range(a.rounds):
-        for k in t:
+        # ABBA: a load that grows (or falls) through a round weighs on every side alike.
+        for k in list(t) if i % 2 == 0 else reversed(list(t)):
             t[k].append(measure[k](i))
         print(f"round {i + 1}/{a.rounds}: " + ", ".join(f"{k} {v[-1] * 1e3:.1f} ms" for k, v in t.items())
               + f", load {os.getloadavg()[0]:.1f}", file=sys.stderr)
