@@ -62,13 +62,14 @@ def _run_hooks(args: argparse.Namespace) -> list:
 def _text(rows: list[dict], cluster: Cluster, basis: str) -> str:
     from commlab.analysis.units import human_bytes, number, seconds
 
-    head = (f"{'algorithm':<50} {'quality':>8} {'bytes/step':>11} {'ratio':>7} "
+    w = max([len("algorithm"), *(len(r["label"]) for r in rows)])  # labels are never cut
+    head = (f"{'algorithm':<{w}} {'quality':>8} {'bytes/step':>11} {'ratio':>7} "
             f"{'wire@N':>11} {'step here':>10} {'predicted':>10} {'overlap':>7}")
     lines = [f"quality: {basis}; wire@N and predicted: on {cluster.text()} (what-if model)", head]
     for r in rows:
         ratio = f"{r['compression_ratio']:.1f}x" if r["compression_ratio"] else "–"
         quality = "diverged" if r["diverged"] else number(r["quality"])
-        lines.append(f"{r['label'][:50]:<50} {quality:>8} {human_bytes(r['bytes_per_step']):>11} "
+        lines.append(f"{r['label']:<{w}} {quality:>8} {human_bytes(r['bytes_per_step']):>11} "
                      f"{ratio:>7} {human_bytes(r['wire_bytes']):>11} {seconds(r['median_step_s']):>10} "
                      f"{seconds(r['predicted_step_s']):>10} {number(r['overlap_share'], 2):>7}")
     return "\n".join(lines)

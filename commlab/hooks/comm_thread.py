@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 JOIN_TIMEOUT_S = 5.0  # a thread stuck in a collective whose peer is gone is left to die with us
-PRIORITY_BOOST = 5  # nice levels above the process's: about 3x the CPU share when both want it
+PRIORITY_BOOST = 0  # nice levels above the process's: about 3x the CPU share when both want it
 
 Job = Callable[[], Any]  # returns a value, or a Future whose value completes the hook's future
 
