@@ -1,9 +1,6 @@
 """commlab's PowerSGD on its communication thread: the blocking variant's numbers bit for bit, the
 same collective order on every rank, no deadlock with one bucket or many, a failed body failing
-its future, the thread's priority above training's where the system allows it, and no thread
-left once it is closed."""
-import os
-import sys
+its future, and no thread left once it is closed."""
 import threading
 import time
 
@@ -178,36 +175,6 @@ def test_a_body_that_returns_a_future_completes_the_hook_future_with_its_value()
             outer.wait()
     finally:
         comm.close()
-
-
-def _nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-def test_the_thread_runs_above_the_training_thread_where_the_system_allows_it():
-    def may_raise() -> bool:  # asked on a thread of its own, which ends with its priority
-        allowed = []
-
-        def probe():
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                               _nice() - comm_thread.PRIORITY_BOOST)
-                allowed.append(True)
-            except OSError:
-                allowed.append(False)
-
-        t = threading.Thread(target=probe)
-        t.start()
-        t.join()
-        return allowed[0]
-
-    comm = comm_thread.CommThread()
-    try:
-        its = comm.submit(_nice).wait()
-    finally:
-        comm.close()
-    raised = sys.platform.startswith("linux") and may_raise()
-    assert its == _nice() - (comm_thread.PRIORITY_BOOST if raised else 0)
 
 
 def test_in_order_runs_in_place_when_the_thread_is_idle_and_behind_it_otherwise():

@@ -9,14 +9,6 @@ process and returns a future at once: the thread takes the bodies in the order D
 hooks (bucket order, the same on every rank), so every rank issues the same collectives in the
 same order, and it completes the hook's future with what the body's last future yields.
 
-Where the system lets it (Linux, with the right to raise a priority), the thread runs a few nice
-levels above the training thread.  On a CPU each rank has about one core: at equal priority the
-thread's compute (PowerSGD's products and orthogonalization) shares it with backward's, so every
-collective is issued late and the link idles meanwhile, exactly when communication is the
-longer of the two; first served, the thread issues each collective as soon as its inputs are
-ready and then only waits, and backward has the core for those waits.  The work is the same
-either way, and so are the numbers.
-
 A body that fails fails its hook's future (DDP raises it in backward); every body queued after
 it is failed unrun, because the ranks' collective order is lost by then.  ``close()`` ends the
 thread; ``configure(overlap=False)`` makes hooks run their bodies in place (the blocking variant,
@@ -27,7 +19,6 @@ from __future__ import annotations
 import atexit
 import os
 import queue
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +26,6 @@ from typing import Any
 import torch
 
 JOIN_TIMEOUT_S = 5.0  # a thread stuck in a collective whose peer is gone is left to die with us
-PRIORITY_BOOST = 0  # nice levels above the process's: about 3x the CPU share when both want it
 
 Job = Callable[[], Any]  # returns a value, or a Future whose value completes the hook's future
 
@@ -79,7 +69,6 @@ class CommThread:
         return self._thread.is_alive()
 
     def _serve(self) -> None:
-        _raise_priority()
         while (item := self._queue.get()) is not None:
             job, fut, _running.tag = item
             try:
@@ -104,18 +93,6 @@ class CommThread:
         """Stop after the queued bodies; a body still queued past the join timeout dies with us."""
         self._queue.put(None)
         self._thread.join(JOIN_TIMEOUT_S)
-
-
-def _raise_priority() -> None:
-    """Give the calling thread a higher priority than the process's, where allowed (Linux's
-    ``setpriority`` on a thread's id sets that thread's alone); elsewhere leave it as it is."""
-    if not sys.platform.startswith("linux"):
-        return
-    me = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) - PRIORITY_BOOST)
-    except OSError:  # no right to raise a priority (CAP_SYS_NICE, RLIMIT_NICE): run as we are
-        pass
 
 
 _overlap = True
