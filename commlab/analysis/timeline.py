@@ -43,6 +43,11 @@ def _length(intervals: list[tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)
 
 
+def covered_s(intervals: list[tuple[float, float]]) -> float:
+    """The time at least one of ``intervals`` is open (overlaps counted once)."""
+    return _length(_union(intervals))
+
+
 def backward_compute(events: list[dict]) -> tuple[float, float] | None:
     """From backward's start to the last hook call: after it, autograd has nothing left to compute
     and backward only waits for the buckets' futures."""

@@ -110,7 +110,7 @@ class CollectiveCounter:
         with self._lock:
             spans = [(a, b) for a, b in self._spans if b is not None]
             out = dict(self.bytes), dict(self.calls), {
-                "link_s": self.link_s, "collective_s": timeline._length(timeline._union(spans))}
+                "link_s": self.link_s, "collective_s": timeline.covered_s(spans)}
         self.reset()
         return out
 
