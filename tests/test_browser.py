@@ -245,6 +245,7 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 screenshot(page, "1_Launch_and_watch_stopped")
                 # After Stop, so that page loads do not share the two cores with the training run.
                 screenshot_every_page(page, {
+                    "buckets": lambda page: drive_buckets(page, run),
                     "classroom": drive_classroom,
                     "sweep": lambda page: drive_sweep(page, runs_dir),
                     "export": lambda page: drive_export(page, run)})
@@ -463,6 +464,16 @@ def drive_sweep(page, runs_dir: Path) -> None:
     state = sweep.state()
     wait_until(lambda: not procs.alive(state.get("pid"), state.get("create_time")), 120,
                "the sweep's process to exit")
+
+
+def drive_buckets(page, run) -> None:
+    """The timeline's download is the run's trace.json, as the run folder holds it."""
+    with page.expect_download() as download:
+        page.get_by_role("button", name=re.compile("^Download trace.json")).click()
+    assert download.value.suggested_filename == f"{run.id}-trace.json"
+    data = Path(download.value.path()).read_bytes()
+    assert data == run.trace() and json.loads(data)["traceEvents"]
+    idle(page)
 
 
 def drive_export(page, run) -> None:

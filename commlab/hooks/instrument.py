@@ -190,19 +190,20 @@ class CollectiveCounter:
                     clock.span(event, issued)
 
             work = call(*args, **kwargs)
-            if span:
-                def done(_=None):
-                    span[1] = time.perf_counter()
-                if work is None:
-                    done()
-                else:
-                    work.get_future().add_done_callback(done)
+
+            def real_end(_=None):  # done on the real link (the emulated hold comes after)
+                span[1] = time.perf_counter()
+
             if work is None:  # a blocking call: the caller waits for the link too
+                if span:
+                    real_end()
                 if event is not None:
                     ended()  # NCCL made the current stream wait for the collective
                 if deadline is not None:
                     _sleep_until(deadline)
                 return None
+            if span:
+                work.get_future().add_done_callback(real_end)
             if event is not None:
                 # A CUDA future runs its callbacks on streams that wait for its kernels.
                 work.get_future().add_done_callback(lambda _: ended())

@@ -305,14 +305,17 @@ class _Noting(RunConfig):
 def reads(hook: str) -> frozenset[str]:
     """The settings ``hook`` reads: what building it reads of its config, as ``choose`` builds it
     (on a config that notes what is read, with no process group: the states keep theirs for
-    later).  Post-local SGD's state makes its subgroups at once, which needs a process group: it
-    and its averager take the table's localsgd group, beside the hook group that choosing any hook
-    reads."""
-    if hook in LOCALSGD_HOOKS:
-        return frozenset(s.name for s in settings() if s.group in ("localsgd", "hook"))
+    later).  Post-local SGD's state makes its subgroups at once, which needs a process group: for
+    it, what the plan, its subgroups, its state and its averager read, without building them."""
     cfg = _Noting(hook=hook)
     cfg._seen = seen = set()
-    choose(cfg, BACKENDS[0])
+    if hook in LOCALSGD_HOOKS:
+        from commlab.hooks import localsgd
+
+        plan(cfg, BACKENDS[0])
+        localsgd.state_kwargs(cfg), localsgd.averager_kwargs(cfg), cfg.localsgd_subgroup_size
+    else:
+        choose(cfg, BACKENDS[0])
     return frozenset(seen)
 
 

@@ -20,7 +20,6 @@ stepped after ``optimizer.step()`` as PyTorch's documentation shows.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import re
 import shlex
@@ -319,11 +318,14 @@ def hook_code(cfg: RunConfig, chosen: list[Choice], subgroups_here: bool = True)
     if cfg.is_powersgd:
         state = _call(f"{hook.alias}.PowerSGDState", ["process_group=None"], powersgd_settings(cfg))
     elif cfg.hook in COMPRESSOR_HOOKS:
-        _, cls, kwargs = importlib.import_module("commlab.hooks.compressors").STATES[cfg.hook]
+        from commlab.hooks import compressors  # torch: imported only for the hook that needs it
+
+        _, cls, kwargs = compressors.STATES[cfg.hook]
         state = _call(f"{hook.alias}.{cls.__name__}", ["process_group=None"],
                       {**kwargs(cfg), "random_seed": cfg.seed})
     elif cfg.hook in LOCALSGD_HOOKS:
-        localsgd = importlib.import_module("commlab.hooks.localsgd")
+        from commlab.hooks import localsgd  # torch: imported only for the hook that needs it
+
         if subgroups_here:
             subgroups = (_comment([f"Subgroups made here, as the run made them: {LOCALSGD_SUBGROUPS}."])
                          + f"subgroup, _ = dist.new_subgroups(group_size={cfg.localsgd_subgroup_size!r})\n")
