@@ -71,23 +71,26 @@ class CommThread:
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
             job, fut, _running.tag = item
+            result, error = None, None
             try:
                 if self._failed is not None:
                     raise RuntimeError("not issued: an earlier collective on this rank's "
                                        f"communication thread failed ({self._failed!r})")
                 result = job()
             except BaseException as e:
-                self._failed = self._failed or e
-                fut.set_exception(e)
-            else:
-                if isinstance(result, torch._C.Future):  # what Work.get_future() returns too
+                self._failed, error = self._failed or e, e
+            # Counted as issued before its future completes: whoever that wakes sees it so.
+            with self._lock:
+                self._unissued -= 1
+            try:
+                if error is not None:
+                    fut.set_exception(error)
+                elif isinstance(result, torch._C.Future):  # what Work.get_future() returns too
                     result.add_done_callback(lambda inner, outer=fut: _complete(outer, inner))
                 else:
                     fut.set_result(result)
             finally:
                 _running.tag = None
-                with self._lock:
-                    self._unissued -= 1
 
     def close(self) -> None:
         """Stop after the queued bodies; a body still queued past the join timeout dies with us."""
