@@ -17,6 +17,7 @@ them is timed on the device too (``DeviceClock``).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 import threading
 import time
@@ -40,11 +41,46 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(delay)
 
 
+class _LinkClock:
+    """Runs callbacks at their deadlines, on a thread of its own: the emulated link holds a
+    collective's completion back there, not on the Gloo thread that completed it (Gloo has two,
+    and a thread asleep for the link could not carry the next collective meanwhile)."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Callable[[], None]]] = []
+        self._wake = threading.Condition()
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def at(self, deadline: float, callback: Callable[[], None]) -> None:
+        if deadline <= time.perf_counter():
+            callback()
+            return
+        with self._wake:
+            if self._thread is None or not self._thread.is_alive():  # a forked child has none
+                self._thread = threading.Thread(target=self._serve, name="commlab-link", daemon=True)
+                self._thread.start()
+            self._count += 1
+            heapq.heappush(self._due, (deadline, self._count, callback))
+            self._wake.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.perf_counter():
+                    self._wake.wait(self._due[0][0] - time.perf_counter() if self._due else None)
+                _, _, callback = heapq.heappop(self._due)
+            callback()
+
+
+_LINK_CLOCK = _LinkClock()
+
+
 class _EmulatedWork:
     """A collective's Work whose completion is held back until the emulated link would finish."""
 
-    def __init__(self, work, deadline: float):
-        self._work, self._deadline = work, deadline
+    def __init__(self, work, deadline: float, cuda: bool):
+        self._work, self._deadline, self._cuda = work, deadline, cuda
 
     def wait(self, *args, **kwargs):
         out = self._work.wait(*args, **kwargs)
@@ -53,12 +89,24 @@ class _EmulatedWork:
 
     def get_future(self):
         deadline = self._deadline
+        if self._cuda:  # a CUDA future's child keeps its stream semantics: hold it in place
+            def held(fut):
+                _sleep_until(deadline)
+                return fut.value()
 
-        def held(fut):
-            _sleep_until(deadline)
-            return fut.value()
+            return self._work.get_future().then(held)
+        out: torch.futures.Future = torch.futures.Future()
 
-        return self._work.get_future().then(held)
+        def release(fut):
+            try:
+                value = fut.value()
+            except Exception as e:  # the collective failed: no link to wait for
+                out.set_exception(e)
+                return
+            _LINK_CLOCK.at(deadline, lambda: out.set_result(value))
+
+        self._work.get_future().add_done_callback(release)
+        return out
 
     def __getattr__(self, name):
         return getattr(self._work, name)
@@ -157,15 +205,16 @@ class CollectiveCounter:
         def all_reduce(tensor, *args, **kwargs):
             group = _group_arg(args, kwargs, 1)
             nbytes = counter.payload_of("all_reduce", tensor, group)
-            return counted(original, nbytes, counter.hops("all_reduce", group), tensor, *args, **kwargs)
+            return counted(original, nbytes, counter.hops("all_reduce", group), tensor.is_cuda,
+                           tensor, *args, **kwargs)
 
         def all_gather(tensor_list, tensor, *args, **kwargs):
             group = _group_arg(args, kwargs, 0)
             nbytes = counter.payload_of("all_gather", tensor, group)
             return counted(counter._original_gather, nbytes, counter.hops("all_gather", group),
-                           tensor_list, tensor, *args, **kwargs)
+                           tensor.is_cuda, tensor_list, tensor, *args, **kwargs)
 
-        def counted(call, nbytes, hops, *args, **kwargs):
+        def counted(call, nbytes, hops, cuda, *args, **kwargs):
             cat = getattr(counter._local, "category", HOOK)
             deadline = None
             with counter._lock:
@@ -207,7 +256,7 @@ class CollectiveCounter:
             if event is not None:
                 # A CUDA future runs its callbacks on streams that wait for its kernels.
                 work.get_future().add_done_callback(lambda _: ended())
-            return work if deadline is None else _EmulatedWork(work, deadline)
+            return work if deadline is None else _EmulatedWork(work, deadline, cuda)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
         return self

