@@ -10,7 +10,9 @@ of the next (commlab's ``t`` column), so whatever the lab does between steps cou
 and 1 are left out (DDP builds its buckets in the first and rebuilds them after it).  Prints the
 medians and, with --json, one JSON object last: ratio_off, ratio_default,
 ratio_powersgd_vs_stock (those whose sides ``--only`` kept: on a busy machine, more rounds of
-the two that matter most in the same time).
+the two that matter most in the same time), each with its rounds' ratios and a 95% bootstrap
+interval (``_interval_95``): single rounds on a shared machine spread by ±5%, so a ratio is
+read with its interval.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from commlab.api import RunConfig, run  # noqa: E402
 from commlab.engine.launch import worker_env  # noqa: E402
+from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
 
 SIDES = ("bare", "off", "default", "powersgd_commlab", "powersgd_stock")
 RATIOS = (("ratio_off", ("off", "bare"), 1.03), ("ratio_default", ("default", "bare"), 1.10),
@@ -93,8 +96,10 @@ def main() -> int:
         if num in med and den in med:
             result[key] = med[num] / med[den]
             result[key + "_per_round"] = [x / y for x, y in zip(t[num], t[den])]
+            result[key + "_interval_95"] = median_ratio_interval(t[num], t[den], paired=True)
             if not a.json:
-                print(f"{num} / {den}: {result[key]:.3f}  (target <= {target})")
+                lo, hi = result[key + "_interval_95"]
+                print(f"{num} / {den}: {result[key]:.3f} [{lo:.3f}, {hi:.3f}]  (target <= {target})")
     if not a.json:
         print(f"median step (ms): {result['median_step_ms']}")
     print(json.dumps(result))

@@ -1,6 +1,6 @@
 """commlab's PowerSGD overlapping backward against its blocking variant, and against allreduce.
 
-    python benchmarks/overlap.py [--workloads wide,charlm] [--steps 20] [--rounds 2] [--json]
+    python benchmarks/overlap.py [--workloads wide,charlm] [--steps 20] [--ab-steps 60] [--rounds 2] [--json]
 
 Per workload, 2 ranks, at a batch large enough that backward computes for tens of milliseconds
 while the gradients (and so PowerSGD's bytes) stay what they are (``WORKLOADS``): a calibration
@@ -8,33 +8,36 @@ run (overlapping PowerSGD, no emulated link) measures backward's compute time B 
 to the last hook call, less the hook calls: ``timeline.backward_compute_s``) and the bytes
 PowerSGD hands over per compressed step S, from its traced steps; the balanced bandwidth is
 the one at which the emulated link carries S in B (a ring allreduce of S,
-``commlab.analysis.ring.allreduce_s``).
-Then at a quarter of it, at it and at four times it, side by side in alternation (blocking,
-overlapping; ``--rounds`` times): the median step time over the compressed steps (commlab's
-``t`` column: from the end of one step to the end of the next), the overlap share of the traced
-steps (``timeline.run_overlap_share``), and two checks that the configuration is what it says:
-``link_over_backward``, what the link charged a step (the metrics' ``link_s``) over that run's
-own B, near 1 at the balanced bandwidth however loaded the machine was during calibration; and
-``link_share``, the part of the hook collectives' time that only the emulated link held
-(``timeline.run_link_share``): well above a half, the link, not loopback Gloo or a late peer,
-is what the collectives wait for.
+``commlab.analysis.ring.allreduce_s``).  Then at a quarter of it, at it and at four times it:
+
+- the ratio, from ``--rounds`` A/B runs (``benchmarks/overlap_ab.py``) that switch between the
+  two variants step by step (ABBA), so that the machine's load, which on a shared machine moves
+  whole runs by ±10%, weighs on both alike: the median step time of each variant over the
+  compressed steps (from the end of one step to the end of the next), their ratio with a 95%
+  bootstrap interval over the steps (``ratio_interval_95``) and each run's own ratio;
+- from one lab run of each variant (``commlab run``, traced): its median step time, the overlap
+  share of its traced steps (``timeline.run_overlap_share``), and two checks that the
+  configuration is what it says: ``link_over_backward``, what the link charged a step (the
+  metrics' ``link_s``) over that run's own B, near 1 at the balanced bandwidth however loaded the
+  machine was during calibration; and ``link_share``, the part of the hook collectives' time
+  that only the emulated link held (``timeline.run_link_share``).
 
 What can overlap: on 2 cores with 2 ranks, each rank has about one core, so the communication
-thread's compute (PowerSGD's matrix products and orthogonalization) takes that core from
-backward and hides nothing; only waits (the link, a peer) can overlap.  The blocking variant
-already hides each bucket's Q allreduce (its hook returns that future), but stops backward for
-the uncompressed and P allreduces.  How much can hide depends on when DDP calls the hooks: on
-``wide`` the last two of its four buckets are ready at the very end of backward.
+thread's compute (PowerSGD's matrix products, orthogonalization and error feedback) takes that
+core from backward and hides nothing; only waits (the link, a peer) can overlap.  The blocking
+variant already hides each bucket's Q allreduce (its hook returns that future), but stops
+backward for the uncompressed and P allreduces.  The overlapping one cannot start before DDP
+calls the first hook, so at the balanced link its last collective ends at least that long after
+backward's compute (on ``wide``, one of four equal buckets: about a fifth of B).
 
 Allreduce is measured once on the real link (its step time and overlap share); over these links
 it is not run: it hands over hundreds of times PowerSGD's bytes, which at them take tens of
 seconds a step (the ring time of its bytes is printed instead, ``allreduce_link_ms``).  Buckets
 are capped small enough that each workload has several: with one bucket, DDP calls the hook at
 the end of backward and nothing can overlap.  Prints a table and, with --json, one JSON object
-last: ``ratio_overlap_vs_blocking``, ``overlap_share``, ``link_share`` and ``link_over_backward``
-per workload and bandwidth (the target is a ratio of at most 0.85 at the balanced bandwidth).
-On a shared machine the load changes between runs as well: ``ratio_per_round`` and each run's
-``link_over_backward`` show by how much.
+last: ``ratio_overlap_vs_blocking``, ``ratio_interval_95``, ``overlap_share``, ``link_share`` and
+``link_over_backward`` per workload and bandwidth (the target is a ratio of at most 0.85 at the
+balanced bandwidth).
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -51,6 +55,8 @@ sys.path.insert(0, str(ROOT))
 
 from commlab.analysis import ring, timeline  # noqa: E402
 from commlab.api import RunConfig, run  # noqa: E402
+from commlab.engine.launch import torchrun_argv, worker_env  # noqa: E402
+from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
 
 # Buckets: several each (DDP's default cap makes one).  Batch: backward computes for tens of ms.
 WORKLOADS = {"wide": dict(bucket_cap_mb=4.0, batch_size=128),
@@ -102,11 +108,30 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values and None not in values else None
 
 
+def ab(cfg: RunConfig, out: Path) -> dict[str, list[float]]:
+    """Step times of a run that alternates the variants step by step (``overlap_ab.py``), by
+    variant, over its compressed steps."""
+    out.with_suffix(".config.json").write_text(cfg.to_json())
+    proc = subprocess.run(
+        torchrun_argv(cfg.world_size, [str(ROOT / "benchmarks" / "overlap_ab.py"),
+                                       str(out.with_suffix(".config.json")), str(out)]),
+        cwd=ROOT, capture_output=True, text=True, env=worker_env(cfg))
+    if proc.returncode != 0:
+        raise RuntimeError(f"the A/B run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = json.loads(out.read_text())
+    got: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    for prev, row in zip(rows, rows[1:]):
+        if row["step"] > START:  # the first compressed step draws P and Q afresh
+            got["overlapping" if row["overlap"] else "blocking"].append(row["t"] - prev["t"])
+    return got
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default="wide,charlm")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20, help="of each run of one variant (traced)")
+    p.add_argument("--ab-steps", type=int, default=60, help="of each A/B run")
+    p.add_argument("--rounds", type=int, default=2, help="A/B runs per bandwidth")
     p.add_argument("--batch-size", type=int, default=None, help="instead of WORKLOADS' batch")
     p.add_argument("--rank", type=int, default=16, help=(
         "matrix_approximation_rank: at rank 1 PowerSGD sends so little that the balanced "
@@ -114,8 +139,8 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="commlab-overlap-"))
-    result: dict = {"steps": a.steps, "rounds": a.rounds, "load_before": os.getloadavg(),
-                    "workloads": {}}
+    result: dict = {"steps": a.steps, "ab_steps": a.ab_steps, "rounds": a.rounds,
+                    "load_before": os.getloadavg(), "workloads": {}}
     for workload in a.workloads.split(","):
         traced = list(range(a.steps - 4, a.steps - 1))  # three compressed steps near the end
         setup = {**WORKLOADS.get(workload, dict(bucket_cap_mb=1.0, batch_size=16))}
@@ -135,24 +160,33 @@ def main() -> int:
         lowest = RunConfig.__dataclass_fields__["emulate_bandwidth_gbps"].metadata["bounds"].lo
         for name, factor in (("quarter", 0.25), ("balanced", 1.0), ("fourfold", 4.0)):
             gbps = max(balanced * factor, lowest)
-            got: dict[str, list[dict]] = {k: [] for k in VARIANTS}
+            linked = base.with_overrides(emulate_bandwidth_gbps=gbps)
+            steps: dict[str, list[float]] = {k: [] for k in VARIANTS}
+            per_round = []
             for i in range(a.rounds):
-                for variant, overrides in VARIANTS.items():
-                    m = measure(base.with_overrides(emulate_bandwidth_gbps=gbps, **overrides))
-                    got[variant].append(m)
-                    print(f"{workload} {name} ({gbps:.4g} Gb/s) round {i + 1}: {variant} "
-                          f"{m['step_s'] * 1e3:.1f} ms, overlap share {m['overlap_share']:.2f}, "
-                          f"link share {m['link_share']:.2f}, link/backward "
-                          f"{m['link_over_backward']:.2f}, load {os.getloadavg()[0]:.1f}",
-                          file=sys.stderr)
-            med = {k: {key: _median([m[key] for m in ms]) for key in ms[0]} for k, ms in got.items()}
+                got = ab(linked.with_overrides(hook="powersgd", impl="commlab", steps=a.ab_steps,
+                                               trace_steps=[]), tmp / f"ab-{workload}-{name}-{i}.json")
+                per_round.append(statistics.median(got["overlapping"]) / statistics.median(got["blocking"]))
+                for k, v in got.items():
+                    steps[k] += v
+                print(f"{workload} {name} ({gbps:.4g} Gb/s) A/B run {i + 1}: "
+                      + ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms" for k, v in got.items())
+                      + f", ratio {per_round[-1]:.3f}, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+            lab = {k: measure(linked.with_overrides(**v)) for k, v in VARIANTS.items()}
+            print(f"{workload} {name}: lab runs " + ", ".join(
+                f"{k} {m['step_s'] * 1e3:.1f} ms (overlap share {m['overlap_share']:.2f}, link share "
+                f"{m['link_share']:.2f}, link/backward {m['link_over_backward']:.2f})"
+                for k, m in lab.items()), file=sys.stderr)
             out["bandwidths"][name] = {
                 "gbps": gbps,
-                "median_step_ms": {k: round(v["step_s"] * 1e3, 2) for k, v in med.items()},
-                "ratio_overlap_vs_blocking": med["overlapping"]["step_s"] / med["blocking"]["step_s"],
-                "ratio_per_round": [o["step_s"] / b["step_s"]
-                                    for b, o in zip(got["blocking"], got["overlapping"])],
-                **{key: {k: v[key] for k, v in med.items()}
+                "median_step_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in steps.items()},
+                "ratio_overlap_vs_blocking": (statistics.median(steps["overlapping"])
+                                              / statistics.median(steps["blocking"])),
+                "ratio_interval_95": median_ratio_interval(steps["overlapping"], steps["blocking"], paired=False),
+                "ratio_per_round": per_round,
+                "steps_per_variant": len(steps["blocking"]),
+                "lab_runs_median_step_ms": {k: round(m["step_s"] * 1e3, 2) for k, m in lab.items()},
+                **{key: {k: m[key] for k, m in lab.items()}
                    for key in ("overlap_share", "link_share", "link_over_backward")},
                 "allreduce_link_ms": ring.allreduce_s(plain_bytes, 2, gbps, 0.0) * 1e3}
         result["workloads"][workload] = out
@@ -163,8 +197,9 @@ def main() -> int:
                   f"PowerSGD {out['powersgd_bytes_per_step']:,} B/step, "
                   f"balanced {out['balanced_gbps']:.4g} Gb/s")
             for name, b in out["bandwidths"].items():
-                print(f"  {name:9s} {b['gbps']:.4g} Gb/s  step ms {b['median_step_ms']}  "
-                      f"overlap/blocking {b['ratio_overlap_vs_blocking']:.3f}  "
+                lo, hi = b["ratio_interval_95"]
+                print(f"  {name:9s} {b['gbps']:.4g} Gb/s  A/B step ms {b['median_step_ms']}  "
+                      f"overlap/blocking {b['ratio_overlap_vs_blocking']:.3f} [{lo:.3f}, {hi:.3f}]  "
                       f"overlap shares {b['overlap_share']}  link shares {b['link_share']}  "
                       f"link/backward {b['link_over_backward']}")
     print(json.dumps(result))

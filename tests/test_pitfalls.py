@@ -155,3 +155,17 @@ def test_a_real_run_names_the_zero_gradient_layer_and_the_fix(tmp_path):
     assert shown == lowrank_view.pitfalls(str(r.path)) and len(shown) == len(found)
     assert shown[0].startswith("Step 2, layer side.weight: zero gradient.")
     assert shown[0].endswith("Fix: set orthogonalization_epsilon=1e-08.")
+
+
+@pytest.mark.parametrize("tensors, expected", [
+    ([], True),
+    ([torch.ones(3), torch.zeros(0)], True),
+    # Finite elements whose sum overflows: the exact test, not the sum, decides.
+    ([torch.full((4,), 3e38), torch.ones(2)], True),
+    ([torch.full((4,), 6e4, dtype=torch.float16)], True),
+    ([torch.ones(3), torch.tensor([1.0, float("nan")])], False),
+    ([torch.tensor([float("inf"), -float("inf")])], False),
+    ([torch.tensor([1.0, float("-inf")], dtype=torch.bfloat16)], False),
+])
+def test_finite_is_exact_whatever_the_sum_does(tensors, expected):
+    assert pitfalls.finite(tensors) is expected

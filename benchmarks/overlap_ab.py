@@ -1,0 +1,74 @@
+"""The overlapping and the blocking variant of one hook, step by step in one DDP run: the A/B
+half of ``benchmarks/overlap.py``.
+
+    python -m commlab.engine.torchrun --nproc-per-node 2 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 benchmarks/overlap_ab.py CONFIG.json OUT.json
+
+CONFIG.json holds a RunConfig (the lab's settings table).  The model, data, hook
+(``registry.choose``), emulated link (``CollectiveCounter`` with ``Link``), optimizer and the
+mean-loss allreduce are the lab worker's; its bookkeeping (metrics rows, traces, the pitfall
+watch: the same for both variants, under a millisecond a step) is left out.  The variant changes
+step by step, ABBA (overlap on at steps 0 and 3 mod 4, off at 1 and 2), so that a load that
+drifts, which on a shared machine moves whole runs by ±10%, weighs on both alike; the two give
+the same numbers bit for bit (``tests/test_overlap.py``), so the training does not depend on the
+schedule.  Rank 0 writes, per step, the time it ended (seconds from the start) and whether it
+overlapped.
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from commlab import workloads
+from commlab.config import RunConfig
+from commlab.engine.teardown import end_process_group
+from commlab.engine.worker import make_optimizer
+from commlab.hooks import comm_thread, registry
+from commlab.hooks.instrument import OTHER, CollectiveCounter, Link
+
+
+def overlapped(step: int) -> bool:
+    return step % 4 in (0, 3)
+
+
+def main() -> None:
+    cfg = RunConfig.from_dict(json.loads(Path(sys.argv[1]).read_text()))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    torch.manual_seed(cfg.seed * 1000 + rank)
+    ddp = DDP(work.model, bucket_cap_mb=cfg.bucket_cap_mb)
+    choice = registry.choose(cfg, "gloo")
+    counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us), world).install()
+    ddp.register_comm_hook(choice.state, choice.hook)
+    optimizer = make_optimizer(cfg, ddp.parameters())
+    batches = work.batches()
+    rows, t_start = [], time.perf_counter()
+    for step in range(cfg.steps):
+        comm_thread.configure(overlapped(step))
+        x, y = next(batches)
+        loss = workloads.loss_fn(ddp(x), y)
+        mean_loss = loss.detach().clone()
+        with counter.category(OTHER):
+            loss_work = dist.all_reduce(mean_loss, async_op=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_work.wait()
+        mean_loss.item()
+        rows.append({"step": step, "overlap": overlapped(step), "t": time.perf_counter() - t_start})
+    if rank == 0:
+        Path(sys.argv[2]).write_text(json.dumps(rows))
+    comm_thread.close()
+    counter.uninstall()
+    del ddp
+    end_process_group()
+
+
+if __name__ == "__main__":
+    main()
