@@ -34,3 +34,22 @@ def test_each_rank_writes_a_chrome_trace_of_its_traced_step(tmp_path, monkeypatc
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels == ["Download trace.json (Perfetto, chrome://tracing)",
                       *(f"Download torch.profiler trace {p.name}" for p in traces)]
+
+
+@pytest.mark.slow
+def test_the_buckets_page_offers_the_profiler_traces_of_a_run_without_instrumentation(tmp_path,
+                                                                                      monkeypatch):
+    r = run(RunConfig(workload="mlp", steps=2, world_size=2, trace_steps=[1], torch_profiler=True,
+                      instrument=False, eval_every=0, save_checkpoint=False, runs_dir=str(tmp_path),
+                      stall_timeout_s=600), timeout=600)
+    assert r.status() == "finished", r.status_record()
+    traces = r.profiler_traces()
+    assert [p.name for p in traces] == ["step1.rank0.json", "step1.rank1.json"]
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=300)
+    at.run()
+    at.switch_page("pages/buckets.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("No step of this run was traced" in c.value for c in at.caption)
+    assert [b.proto.label for b in at.get("download_button")] == [
+        f"Download torch.profiler trace {p.name}" for p in traces]
