@@ -19,6 +19,17 @@ from commlab import workloads
 from commlab.engine.teardown import end_process_group
 
 
+def ddp_on_gloo(workload: str, batch_size: int, seed: int, bucket_cap_mb: float):
+    """(rank, workload, DDP model) in a new Gloo process group, seeded as ``commlab run`` seeds
+    its workers: the same initial weights on every rank, each rank its own randomness after."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    work = workloads.load(workload, rank, world, batch_size, seed)
+    torch.manual_seed(seed * 1000 + rank)
+    return rank, work, DDP(work.model, bucket_cap_mb=bucket_cap_mb)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", default="charlm")
@@ -29,12 +40,7 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(a.seed)
-    work = workloads.load(a.workload, rank, world, a.batch_size, a.seed)
-    torch.manual_seed(a.seed * 1000 + rank)
-    model = DDP(work.model, bucket_cap_mb=a.bucket_cap_mb)
+    rank, work, model = ddp_on_gloo(a.workload, a.batch_size, a.seed, a.bucket_cap_mb)
     model.register_comm_hook(None, default_hooks.allreduce_hook)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     batches = work.batches()

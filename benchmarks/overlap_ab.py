@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+from bare_ddp import ddp_on_gloo  # benchmarks/
 
 from commlab import workloads
 from commlab.config import RunConfig
@@ -37,12 +36,8 @@ def overlapped(step: int) -> bool:
 
 def main() -> None:
     cfg = RunConfig.from_dict(json.loads(Path(sys.argv[1]).read_text()))
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(cfg.seed)
-    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
-    torch.manual_seed(cfg.seed * 1000 + rank)
-    ddp = DDP(work.model, bucket_cap_mb=cfg.bucket_cap_mb)
+    rank, work, ddp = ddp_on_gloo(cfg.workload, cfg.batch_size, cfg.seed, cfg.bucket_cap_mb)
+    world = dist.get_world_size()
     choice = registry.choose(cfg, "gloo")
     counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us), world).install()
     ddp.register_comm_hook(choice.state, choice.hook)
