@@ -4,7 +4,8 @@
         --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 benchmarks/bare_ddp.py --workload charlm --steps 100 --out t.json
 
 Same model, data, optimizer, seed and hook as ``commlab run``; PyTorch's own allreduce_hook.
-Rank 0 writes, per step, the time at which it ended (seconds from the start) to --out.
+Rank 0 writes, per step, the time at which it ended (seconds from the start) to --out, and
+whether the step did what commlab's worker adds (``--lab-steps alternate``).
 """
 import argparse
 import json
@@ -39,24 +40,41 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--lab-steps", choices=("never", "alternate"), default="never", help=(
+        "alternate: at steps 0 and 3 mod 4 (ABBA) also do what commlab's worker adds to a step "
+        "with its instrumentation off: the mean-loss allreduce, issued before backward and "
+        "awaited after the optimizer step, and rank 0's metrics line"))
     a = p.parse_args()
     rank, work, model = ddp_on_gloo(a.workload, a.batch_size, a.seed, a.bucket_cap_mb)
     model.register_comm_hook(None, default_hooks.allreduce_hook)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     batches = work.batches()
-    ends = []
+    ends, lab_steps = [], []
+    metrics = (open(a.out + ".metrics.jsonl", "ab", buffering=0)
+               if rank == 0 and a.lab_steps != "never" else None)
     t_start = time.perf_counter()
-    for _ in range(a.steps):
+    for step in range(a.steps):
+        lab = a.lab_steps == "alternate" and step % 4 in (0, 3)
         x, y = next(batches)
         loss = workloads.loss_fn(model(x), y)
+        if lab:
+            mean_loss = loss.detach().clone()
+            loss_work = dist.all_reduce(mean_loss, async_op=True)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        loss.item()
+        value = loss.item()
+        if lab:
+            loss_work.wait()
+            value = mean_loss.item() / dist.get_world_size()
+            if metrics:
+                metrics.write((json.dumps({"step": step, "loss": value,
+                                           "t": time.perf_counter() - t_start}) + "\n").encode())
         ends.append(time.perf_counter() - t_start)
+        lab_steps.append(lab)
     if rank == 0:
         with open(a.out, "w") as f:
-            json.dump(ends, f)
+            json.dump({"ends": ends, "lab_steps": lab_steps}, f)
     del model
     end_process_group()
 
