@@ -31,9 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
+
 from commlab.api import RunConfig, run  # noqa: E402
 from commlab.engine.launch import torchrun_argv, worker_env  # noqa: E402
-from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
 
 SIDES = ("bare", "off", "default", "powersgd_commlab", "powersgd_stock")
 AB = "lab_steps"  # not a run of its own: one bare run that alternates the worker's additions

@@ -53,10 +53,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
+
 from commlab.analysis import ring, timeline  # noqa: E402
 from commlab.api import RunConfig, run  # noqa: E402
 from commlab.engine.launch import torchrun_argv, worker_env  # noqa: E402
-from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
 
 # Buckets: several each (DDP's default cap makes one).  Batch: backward computes for tens of ms.
 WORKLOADS = {"wide": dict(bucket_cap_mb=4.0, batch_size=128),
