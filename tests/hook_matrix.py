@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab.config import PAGE_HOOKS, WRAPPERS, RunConfig
 from commlab.engine.teardown import end_process_group
-from commlab.hooks import registry
+from commlab.hooks import comm_thread, registry
 from commlab.hooks.instrument import CollectiveCounter
 
 STEPS = 5  # compression starts at step 2, so three compressed steps
@@ -70,6 +70,7 @@ def main(out: str) -> None:
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)
+    comm_thread.close()  # as the worker does: the thread ends before the process group
     end_process_group()
 
 

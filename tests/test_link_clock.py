@@ -59,3 +59,15 @@ def test_a_failed_collective_fails_its_held_future_at_once():
     assert held.done()
     with pytest.raises(RuntimeError, match="peer gone"):
         held.wait()
+
+
+def test_a_callback_that_raises_does_not_stop_the_clock():
+    done = threading.Event()
+
+    def fails():
+        raise RuntimeError("a broken callback")
+
+    now = time.perf_counter()
+    instrument._LINK_CLOCK.at(now + 0.01, fails)
+    instrument._LINK_CLOCK.at(now + 0.02, done.set)
+    assert done.wait(5)

@@ -91,6 +91,9 @@ class CommThread:
                     fut.set_result(result)
             finally:
                 _running.tag = None
+                # Nothing of a finished job stays referenced while the thread waits: its Future
+                # holds Gloo's work, which must not outlive the process group it belongs to.
+                item = job = fut = result = error = None
 
     def close(self) -> None:
         """Stop after the queued bodies; a body still queued past the join timeout dies with us."""

@@ -21,6 +21,7 @@ import heapq
 import math
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +71,10 @@ class _LinkClock:
                 while not self._due or self._due[0][0] > time.perf_counter():
                     self._wake.wait(self._due[0][0] - time.perf_counter() if self._due else None)
                 _, _, callback = heapq.heappop(self._due)
-            callback()
+            try:
+                callback()
+            except Exception:  # the thread serves every later deadline too: say it, go on
+                traceback.print_exc()
 
 
 _LINK_CLOCK = _LinkClock()

@@ -5,8 +5,9 @@ and blocks there with ``.wait()``.  Gloo runs callbacks on its two worker thread
 both threads block (deadlock); otherwise the callbacks of different buckets issue collectives in a
 different order on each rank (collective mismatch).  Here every collective is issued from the hook
 body: launch the uncompressed and the P allreduce, ``wait()`` for both in the body, launch the Q
-allreduce and return its future ``.then(finish)``, where ``finish`` communicates nothing.  DDP calls hooks in bucket order on every
-rank, so every rank issues the same collectives in the same order.
+allreduce and return its future ``.then(finish)``, where ``finish`` communicates nothing.  DDP
+calls hooks in bucket order on every rank, so every rank issues the same collectives in the same
+order.
 
 Waiting in the body stops backward.  So, unless overlap is off (``comm_thread.configure``), the hook
 hands its body to the process's communication thread (``commlab.hooks.comm_thread``), which runs
