@@ -208,6 +208,9 @@ def test_launch_watch_stop_in_a_browser(tmp_path):
                 set_number(page, "steps", 100_000)  # runs until Stop
                 set_number(page, "bucket cap (MiB)", 0.05)
                 set_number(page, "stall timeout (s)", 900)
+                # Its traced step (1) is profiled too: the Buckets page then offers both traces.
+                page.get_by_text("torch.profiler on the traced steps", exact=True).click()
+                idle(page)
                 expect(page.get_by_text("Hook implementation: commlab")).to_be_visible()
                 screenshot(page, "1_Launch_and_watch_form")
                 log("form filled")
@@ -467,13 +470,22 @@ def drive_sweep(page, runs_dir: Path) -> None:
 
 
 def drive_buckets(page, run) -> None:
-    """The timeline's download is the run's trace.json, as the run folder holds it."""
+    """The timeline's download is the run's trace.json, and each torch.profiler download that
+    rank's profile, as the run folder holds them."""
     with page.expect_download() as download:
         page.get_by_role("button", name=re.compile("^Download trace.json")).click()
     assert download.value.suggested_filename == f"{run.id}-trace.json"
     data = Path(download.value.path()).read_bytes()
     assert data == run.trace() and json.loads(data)["traceEvents"]
     idle(page)
+    profiles = run.profiler_traces()
+    assert [p.name for p in profiles] == ["step1.rank0.json", "step1.rank1.json"]
+    for path in profiles:
+        with page.expect_download() as download:
+            page.get_by_role("button", name=f"Download torch.profiler trace {path.name}").click()
+        assert download.value.suggested_filename == f"{run.id}-{path.name}"
+        assert Path(download.value.path()).read_bytes() == path.read_bytes()
+        idle(page)
 
 
 def drive_export(page, run) -> None:
