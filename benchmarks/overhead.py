@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
+from ratios import median_ratio_interval, step_times_by_side  # noqa: E402  (benchmarks/)
 
 from commlab.api import RunConfig, run  # noqa: E402
 from commlab.engine.launch import torchrun_argv, worker_env  # noqa: E402
@@ -70,10 +70,7 @@ def lab_steps_ab(cfg: RunConfig, out: Path) -> dict[bool, list[float]]:
     """Step times of one bare run whose every other pair of steps does the worker's additions
     (``--lab-steps alternate``), by whether the step did; steps 0 and 1 left out."""
     rec = bare_run(cfg, out, "alternate")
-    ends, got = rec["ends"], {True: [], False: []}
-    for step in range(2, len(ends)):
-        got[rec["lab_steps"][step]].append(ends[step] - ends[step - 1])
-    return got
+    return step_times_by_side(rec["ends"], rec["lab_steps"], 2)
 
 
 def lab(cfg: RunConfig) -> float:

@@ -53,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ratios import median_ratio_interval  # noqa: E402  (benchmarks/)
+from ratios import median_ratio_interval, step_times_by_side  # noqa: E402  (benchmarks/)
 
 from commlab.analysis import ring, timeline  # noqa: E402
 from commlab.api import RunConfig, run  # noqa: E402
@@ -119,12 +119,10 @@ def ab(cfg: RunConfig, out: Path) -> dict[str, list[float]]:
         cwd=ROOT, capture_output=True, text=True, env=worker_env(cfg))
     if proc.returncode != 0:
         raise RuntimeError(f"the A/B run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    rows = json.loads(out.read_text())
-    got: dict[str, list[float]] = {k: [] for k in VARIANTS}
-    for prev, row in zip(rows, rows[1:]):
-        if row["step"] > START:  # the first compressed step draws P and Q afresh
-            got["overlapping" if row["overlap"] else "blocking"].append(row["t"] - prev["t"])
-    return got
+    rec = json.loads(out.read_text())
+    # From the step after the first compressed one, which draws P and Q afresh.
+    got = step_times_by_side(rec["ends"], rec["overlap"], START + 1)
+    return {"overlapping": got[True], "blocking": got[False]}
 
 
 def main() -> int:

@@ -1,4 +1,5 @@
-"""The one way the benchmarks tell a ratio of medians from noise: a 95% bootstrap interval."""
+"""The one way the benchmarks compare two sides: side by side step by step (ABBA) where they can
+share a run, and a ratio of medians with a 95% bootstrap interval."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,3 +16,18 @@ def median_ratio_interval(num: list[float], den: list[float], paired: bool,
     pick_b = pick_a if paired else rng.integers(0, b.size, (draws, b.size))
     ratios = np.median(a[pick_a], axis=1) / np.median(b[pick_b], axis=1)
     return [float(x) for x in np.percentile(ratios, [2.5, 97.5])]
+
+
+def abba(step: int) -> bool:
+    """Whether ``step`` is on side A of a run that alternates two sides step by step, ABBA (A at
+    steps 0 and 3 mod 4): a load that drifts weighs on both alike."""
+    return step % 4 in (0, 3)
+
+
+def step_times_by_side(ends: list[float], on_a: list[bool], first: int) -> dict[bool, list[float]]:
+    """Each step's time (from the end of the one before to its own end) from step ``first`` on,
+    by whether it was on side A."""
+    got: dict[bool, list[float]] = {True: [], False: []}
+    for step in range(max(first, 1), len(ends)):
+        got[on_a[step]].append(ends[step] - ends[step - 1])
+    return got
