@@ -13,7 +13,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from ratios import abba  # benchmarks/
+from ratios import side  # benchmarks/
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -55,7 +55,7 @@ def main() -> None:
                if rank == 0 and a.lab_steps != "never" else None)
     t_start = time.perf_counter()
     for step in range(a.steps):
-        lab = a.lab_steps == "alternate" and abba(step)
+        lab = a.lab_steps == "alternate" and side(step) == 0
         x, y = next(batches)
         loss = workloads.loss_fn(model(x), y)
         if lab:

@@ -1,6 +1,7 @@
 """commlab's PowerSGD overlapping backward against its blocking variant, and against allreduce.
 
-    python benchmarks/overlap.py [--workloads wide,charlm] [--steps 20] [--ab-steps 60] [--rounds 2] [--json]
+    python benchmarks/overlap.py [--workloads wide,charlm] [--links quarter,balanced,fourfold]
+        [--steps 20] [--ab-steps 90] [--rounds 2] [--json]
 
 Per workload, 2 ranks, at a batch large enough that backward computes for tens of milliseconds
 while the gradients (and so PowerSGD's bytes) stay what they are (``WORKLOADS``): a calibration
@@ -11,10 +12,15 @@ the one at which the emulated link carries S in B (a ring allreduce of S,
 ``commlab.analysis.ring.allreduce_s``).  Then at a quarter of it, at it and at four times it:
 
 - the ratio, from ``--rounds`` A/B runs (``benchmarks/overlap_ab.py``) that switch between the
-  two variants step by step (ABBA), so that the machine's load, which on a shared machine moves
-  whole runs by ±10%, weighs on both alike: the median step time of each variant over the
-  compressed steps (from the end of one step to the end of the next), their ratio with a 95%
-  bootstrap interval over the steps (``ratio_interval_95``) and each run's own ratio;
+  two variants step by step (ABCCBA, with the third side below), so that the machine's load,
+  which on a shared machine moves whole runs by ±10%, weighs on each alike: the median step time
+  of each variant over the compressed steps (from the end of one step to the end of the next),
+  their ratio with a 95% bootstrap interval over the steps (``ratio_interval_95``) and each
+  run's own ratio;
+- the floor of that ratio, ``ratio_unlinked_vs_blocking``: the third side of the same A/B runs
+  is the overlapping variant with the link off, the step of a variant that hid all of the
+  link's time; and ``hidden_share``, of the time the link added to the blocking variant's step,
+  the part the overlapping one hid;
 - from one lab run of each variant (``commlab run``, traced): its median step time, the overlap
   share of its traced steps (``timeline.run_overlap_share``), and two checks that the
   configuration is what it says: ``link_over_backward``, what the link charged a step (the
@@ -35,9 +41,10 @@ it is not run: it hands over hundreds of times PowerSGD's bytes, which at them t
 seconds a step (the ring time of its bytes is printed instead, ``allreduce_link_ms``).  Buckets
 are capped small enough that each workload has several: with one bucket, DDP calls the hook at
 the end of backward and nothing can overlap.  Prints a table and, with --json, one JSON object
-last: ``ratio_overlap_vs_blocking``, ``ratio_interval_95``, ``overlap_share``, ``link_share`` and
-``link_over_backward`` per workload and bandwidth (the target is a ratio of at most 0.85 at the
-balanced bandwidth).
+last: ``ratio_overlap_vs_blocking``, ``ratio_interval_95``, ``ratio_unlinked_vs_blocking``,
+``hidden_share``, ``overlap_share``, ``link_share`` and ``link_over_backward`` per workload and
+bandwidth (the target is a ratio of at most 0.85 at the balanced bandwidth; below its floor no
+overlapping variant can go).
 """
 from __future__ import annotations
 
@@ -63,6 +70,7 @@ from commlab.engine.launch import torchrun_argv, worker_env  # noqa: E402
 WORKLOADS = {"wide": dict(bucket_cap_mb=4.0, batch_size=128),
              "charlm": dict(bucket_cap_mb=0.25, batch_size=16)}
 START = 4  # PowerSGD compresses from this step; steps before are left out of the medians
+LINKS = {"quarter": 0.25, "balanced": 1.0, "fourfold": 4.0}  # bandwidth over the balanced one
 VARIANTS = {"blocking": dict(hook="powersgd", impl="commlab", overlap=False),
             "overlapping": dict(hook="powersgd", impl="commlab", overlap=True)}
 
@@ -110,8 +118,8 @@ def _median(values: list) -> float | None:
 
 
 def ab(cfg: RunConfig, out: Path) -> dict[str, list[float]]:
-    """Step times of a run that alternates the variants step by step (``overlap_ab.py``), by
-    variant, over its compressed steps."""
+    """Step times of a run that alternates the variants and the unlinked floor step by step
+    (``overlap_ab.py``), by side, over its compressed steps."""
     out.with_suffix(".config.json").write_text(cfg.to_json())
     proc = subprocess.run(
         torchrun_argv(cfg.world_size, [str(ROOT / "benchmarks" / "overlap_ab.py"),
@@ -121,20 +129,20 @@ def ab(cfg: RunConfig, out: Path) -> dict[str, list[float]]:
         raise RuntimeError(f"the A/B run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     rec = json.loads(out.read_text())
     # From the step after the first compressed one, which draws P and Q afresh.
-    got = step_times_by_side(rec["ends"], rec["overlap"], START + 1)
-    return {"overlapping": got[True], "blocking": got[False]}
+    return step_times_by_side(rec["ends"], rec["sides"], START + 1)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default="wide,charlm")
     p.add_argument("--steps", type=int, default=20, help="of each run of one variant (traced)")
-    p.add_argument("--ab-steps", type=int, default=60, help="of each A/B run")
+    p.add_argument("--ab-steps", type=int, default=90, help="of each A/B run (a third per side)")
     p.add_argument("--rounds", type=int, default=2, help="A/B runs per bandwidth")
     p.add_argument("--batch-size", type=int, default=None, help="instead of WORKLOADS' batch")
     p.add_argument("--rank", type=int, default=16, help=(
         "matrix_approximation_rank: at rank 1 PowerSGD sends so little that the balanced "
         "bandwidth falls below the emulated link's lowest"))
+    p.add_argument("--links", default=",".join(LINKS), help="of " + ", ".join(LINKS))
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="commlab-overlap-"))
@@ -157,17 +165,17 @@ def main() -> int:
                "allreduce_real_link": {"median_step_ms": median_step(plain) * 1e3,
                                        "overlap_share": plain.timeline().get("overlap_share")}}
         lowest = RunConfig.__dataclass_fields__["emulate_bandwidth_gbps"].metadata["bounds"].lo
-        for name, factor in (("quarter", 0.25), ("balanced", 1.0), ("fourfold", 4.0)):
-            gbps = max(balanced * factor, lowest)
+        for name in a.links.split(","):
+            gbps = max(balanced * LINKS[name], lowest)
             linked = base.with_overrides(emulate_bandwidth_gbps=gbps)
-            steps: dict[str, list[float]] = {k: [] for k in VARIANTS}
+            steps: dict[str, list[float]] = {}
             per_round = []
             for i in range(a.rounds):
                 got = ab(linked.with_overrides(hook="powersgd", impl="commlab", steps=a.ab_steps,
                                                trace_steps=[]), tmp / f"ab-{workload}-{name}-{i}.json")
                 per_round.append(statistics.median(got["overlapping"]) / statistics.median(got["blocking"]))
                 for k, v in got.items():
-                    steps[k] += v
+                    steps.setdefault(k, []).extend(v)
                 print(f"{workload} {name} ({gbps:.4g} Gb/s) A/B run {i + 1}: "
                       + ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms" for k, v in got.items())
                       + f", ratio {per_round[-1]:.3f}, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
@@ -176,14 +184,19 @@ def main() -> int:
                 f"{k} {m['step_s'] * 1e3:.1f} ms (overlap share {m['overlap_share']:.2f}, link share "
                 f"{m['link_share']:.2f}, link/backward {m['link_over_backward']:.2f})"
                 for k, m in lab.items()), file=sys.stderr)
+            med = {k: statistics.median(v) for k, v in steps.items()}
             out["bandwidths"][name] = {
                 "gbps": gbps,
-                "median_step_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in steps.items()},
-                "ratio_overlap_vs_blocking": (statistics.median(steps["overlapping"])
-                                              / statistics.median(steps["blocking"])),
+                "median_step_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
+                "ratio_overlap_vs_blocking": med["overlapping"] / med["blocking"],
                 "ratio_interval_95": median_ratio_interval(steps["overlapping"], steps["blocking"], paired=False),
+                # The floor: the ratio of a variant that hid all of the link's time.
+                "ratio_unlinked_vs_blocking": med["unlinked"] / med["blocking"],
+                # Of what the link added to the blocking step, the part the overlapping one hid.
+                "hidden_share": ((med["blocking"] - med["overlapping"]) / (med["blocking"] - med["unlinked"])
+                                 if med["blocking"] > med["unlinked"] else None),
                 "ratio_per_round": per_round,
-                "steps_per_variant": len(steps["blocking"]),
+                "steps_per_side": len(steps["blocking"]),
                 "lab_runs_median_step_ms": {k: round(m["step_s"] * 1e3, 2) for k, m in lab.items()},
                 **{key: {k: m[key] for k, m in lab.items()}
                    for key in ("overlap_share", "link_share", "link_over_backward")},
@@ -199,6 +212,7 @@ def main() -> int:
                 lo, hi = b["ratio_interval_95"]
                 print(f"  {name:9s} {b['gbps']:.4g} Gb/s  A/B step ms {b['median_step_ms']}  "
                       f"overlap/blocking {b['ratio_overlap_vs_blocking']:.3f} [{lo:.3f}, {hi:.3f}]  "
+                      f"floor {b['ratio_unlinked_vs_blocking']:.3f}  hidden {b['hidden_share']}  "
                       f"overlap shares {b['overlap_share']}  link shares {b['link_share']}  "
                       f"link/backward {b['link_over_backward']}")
     print(json.dumps(result))

@@ -1,5 +1,5 @@
-"""The overlapping and the blocking variant of one hook, step by step in one DDP run: the A/B
-half of ``benchmarks/overlap.py``.
+"""The overlapping and the blocking variant of one hook, and the overlapping one without the
+emulated link, step by step in one DDP run: the A/B half of ``benchmarks/overlap.py``.
 
     python -m commlab.engine.torchrun --nproc-per-node 2 --rdzv-backend c10d \
         --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 benchmarks/overlap_ab.py CONFIG.json OUT.json
@@ -7,12 +7,13 @@ half of ``benchmarks/overlap.py``.
 CONFIG.json holds a RunConfig (the lab's settings table).  The model, data, hook
 (``registry.choose``), emulated link (``CollectiveCounter`` with ``Link``), optimizer and the
 mean-loss allreduce are the lab worker's; its bookkeeping (metrics rows, traces, the pitfall
-watch: the same for both variants, under a millisecond a step) is left out.  The variant changes
-step by step, ABBA (overlap on at steps 0 and 3 mod 4, off at 1 and 2), so that a load that
-drifts, which on a shared machine moves whole runs by ±10%, weighs on both alike; the two give
-the same numbers bit for bit (``tests/test_overlap.py``), so the training does not depend on the
-schedule.  Rank 0 writes, per step, the time it ended (seconds from the start) and whether it
-overlapped.
+watch: the same for every side, under a millisecond a step) is left out.  The side changes step
+by step, there and back (``SIDES`` in the order ABCCBA), so that a load that drifts, which on a
+shared machine moves whole runs by ±10%, weighs on each alike; the variants give the same numbers
+bit for bit (``tests/test_overlap.py``) and the link only holds completions back, so the
+training does not depend on the schedule.  The unlinked side is the floor of any overlapping
+variant at that link: it is the step with all of the link's time hidden.  Rank 0 writes, per
+step, the time it ended (seconds from the start) and its side.
 """
 import json
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from bare_ddp import ddp_on_gloo  # benchmarks/
-from ratios import abba
+from ratios import side
 
 from commlab import workloads
 from commlab.config import RunConfig
@@ -30,19 +31,25 @@ from commlab.engine.worker import make_optimizer
 from commlab.hooks import comm_thread, registry
 from commlab.hooks.instrument import OTHER, CollectiveCounter, Link
 
+SIDES = ("overlapping", "blocking", "unlinked")  # unlinked: overlapping, without the emulated link
+
 
 def main() -> None:
     cfg = RunConfig.from_dict(json.loads(Path(sys.argv[1]).read_text()))
     rank, work, ddp = ddp_on_gloo(cfg.workload, cfg.batch_size, cfg.seed, cfg.bucket_cap_mb)
     world = dist.get_world_size()
     choice = registry.choose(cfg, "gloo")
-    counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us), world).install()
+    link = Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us)
+    counter = CollectiveCounter(link, world).install()
     ddp.register_comm_hook(choice.state, choice.hook)
     optimizer = make_optimizer(cfg, ddp.parameters())
     batches = work.batches()
+    schedule = [SIDES[side(step, len(SIDES))] for step in range(cfg.steps)]
     ends, t_start = [], time.perf_counter()
     for step in range(cfg.steps):
-        comm_thread.configure(abba(step))
+        # Between steps nothing is in flight: DDP waited for every future in backward.
+        comm_thread.configure(schedule[step] != "blocking")
+        counter.link = Link() if schedule[step] == "unlinked" else link
         x, y = next(batches)
         loss = workloads.loss_fn(ddp(x), y)
         mean_loss = loss.detach().clone()
@@ -55,7 +62,7 @@ def main() -> None:
         mean_loss.item()
         ends.append(time.perf_counter() - t_start)
     if rank == 0:
-        Path(sys.argv[2]).write_text(json.dumps({"ends": ends, "overlap": [abba(s) for s in range(cfg.steps)]}))
+        Path(sys.argv[2]).write_text(json.dumps({"ends": ends, "sides": schedule}))
     comm_thread.close()
     counter.uninstall()
     del ddp

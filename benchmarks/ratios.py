@@ -18,16 +18,17 @@ def median_ratio_interval(num: list[float], den: list[float], paired: bool,
     return [float(x) for x in np.percentile(ratios, [2.5, 97.5])]
 
 
-def abba(step: int) -> bool:
-    """Whether ``step`` is on side A of a run that alternates two sides step by step, ABBA (A at
-    steps 0 and 3 mod 4): a load that drifts weighs on both alike."""
-    return step % 4 in (0, 3)
+def side(step: int, sides: int = 2) -> int:
+    """Which of ``sides`` sides ``step`` is on in a run that alternates them step by step, there
+    and back (ABBA for two, ABCCBA for three): a load that drifts weighs on each alike."""
+    i = step % (2 * sides)
+    return i if i < sides else 2 * sides - 1 - i
 
 
-def step_times_by_side(ends: list[float], on_a: list[bool], first: int) -> dict[bool, list[float]]:
+def step_times_by_side(ends: list[float], sides: list, first: int) -> dict:
     """Each step's time (from the end of the one before to its own end) from step ``first`` on,
-    by whether it was on side A."""
-    got: dict[bool, list[float]] = {True: [], False: []}
+    by its side (``sides[step]``)."""
+    got: dict = {s: [] for s in dict.fromkeys(sides)}
     for step in range(max(first, 1), len(ends)):
-        got[on_a[step]].append(ends[step] - ends[step - 1])
+        got[sides[step]].append(ends[step] - ends[step - 1])
     return got
