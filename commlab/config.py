@@ -130,7 +130,8 @@ class RunConfig:
         "commlab's variant wherever one exists."))
     overlap: bool = setting(True, group="hook", label="overlap (commlab's PowerSGD)", help=(
         "commlab's PowerSGD and batched PowerSGD hand each bucket to one communication thread "
-        "per rank, so backward goes on while they wait for their allreduces; off, they wait in "
+        "per rank, so backward goes on while they wait for their allreduces (and the next "
+        "bucket's P allreduce goes out while a bucket waits for its own); off, they wait in "
         "the hook and backward stops (the blocking variant, for comparison)."))
     # -- PowerSGDState's arguments (read only by the PowerSGD hooks) in its order and spelling;
     #    the help carries the tuning advice of its docstring; lab defaults suit a 200-step run

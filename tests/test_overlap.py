@@ -118,8 +118,11 @@ def test_overlap_matches_blocking_bit_for_bit_in_the_same_order_on_every_rank(ra
             assert r["buckets_on"] == r["buckets_off"], r["config"]
             assert r["buckets_on"] == 1 if r["cap"] > 1 else r["buckets_on"] >= 3, r["config"]
             assert r["bitwise_equal"], (r["config"], r["cap"])
-            # The same collectives, and in the overlapping run every hook collective from the thread.
-            assert [n for _, n in r["issued_on"]] == [n for _, n in r["issued_off"]]
+            # The same collectives (the thread sends the next bucket's first ones before this
+            # one's rest: the order differs, test_deferred_rests_...), and in the overlapping run
+            # every hook collective from the thread.
+            assert sorted(n for _, n in r["issued_on"]) == sorted(n for _, n in r["issued_off"])
+            assert [n for _, n in r["issued_on"]] != [n for _, n in r["issued_off"]] or r["cap"] > 1
             # (but the exact means the instrument issued in place, finding the thread idle).
             in_place = sum(t == "MainThread" for t, _ in r["issued_on"])
             assert in_place <= r["buckets_on"] * (STEPS - MEASURED_FROM), r["config"]
@@ -140,6 +143,31 @@ def test_overlapping_hook_returns_before_its_collectives_end(ranks):
             # allreduces are done; the overlapping one hands the bucket over and returns at once.
             assert r["returns_off"] and all(n >= 2 for n in r["returns_off"]), r["cap"]
             assert r["returns_on"] and all(n == 0 for n in r["returns_on"]), r["cap"]
+
+
+def test_deferred_rests_run_after_the_next_jobs_first_part_and_at_once_for_the_last():
+    comm, done = comm_thread.CommThread(), []
+
+    def job(i: int, last: bool):
+        def first():
+            done.append(f"first {i}")
+            return comm_thread.Deferred(lambda: done.append(f"rest {i}") or i, last)
+        return first
+
+    try:
+        gate = threading.Event()
+        comm.submit(gate.wait)  # holds the queue until every job is in it
+        futures = [comm.submit(job(i, last=i == 2)) for i in range(3)]
+        futures.append(comm.submit(job(3, last=False)))  # a step left unfinished: no job follows
+        gate.set()
+        assert [f.wait() for f in futures[:3]] == [0, 1, 2]
+        time.sleep(0.05)
+        assert not futures[3].done() and not comm.idle()  # its rest waits for a next job
+    finally:
+        comm.close()  # ... which closing stands in for
+    assert futures[3].wait() == 3 and comm.idle()
+    assert done == ["first 0", "first 1", "rest 0", "first 2", "rest 1", "rest 2", "first 3", "rest 3"]
+    assert comm_thread.run_in_place(job(4, last=False)) == 4 and done[-2:] == ["first 4", "rest 4"]
 
 
 def test_a_failed_body_fails_its_future_and_every_body_queued_after_it():

@@ -9,10 +9,16 @@ process and returns a future at once: the thread takes the bodies in the order D
 hooks (bucket order, the same on every rank), so every rank issues the same collectives in the
 same order, and it completes the hook's future with what the body's last future yields.
 
+A body may end its first part by returning ``Deferred(rest, last)``: the thread then runs the next
+body's first part before ``rest`` (at once when ``last``, the step's last bucket: no body follows),
+so that the next bucket's first collectives are in flight while this one waits for its own.  The
+order stays the program's, ``first(i), first(i+1), rest(i), first(i+2), rest(i+1), …``, the same
+on every rank, since DDP hands every rank the same buckets in the same order.
+
 A body that fails fails its hook's future (DDP raises it in backward); every body queued after
 it is failed unrun, because the ranks' collective order is lost by then.  ``close()`` ends the
 thread; ``configure(overlap=False)`` makes hooks run their bodies in place (the blocking variant,
-kept for comparison).
+kept for comparison; ``run_in_place`` runs a deferred rest at once).
 """
 from __future__ import annotations
 
@@ -27,7 +33,21 @@ import torch
 
 JOIN_TIMEOUT_S = 5.0  # a thread stuck in a collective whose peer is gone is left to die with us
 
-Job = Callable[[], Any]  # returns a value, or a Future whose value completes the hook's future
+Job = Callable[[], Any]  # returns a value, a Future whose value completes the hook's future, or Deferred
+
+
+class Deferred:
+    """What a job returns after issuing its first collectives: ``rest`` (a Job) finishes it once
+    the next job has issued its own, or at once when ``last``."""
+
+    def __init__(self, rest: Job, last: bool):
+        self.rest, self.last = rest, last
+
+
+def run_in_place(job: Job) -> Any:
+    """``job`` run whole, here: the blocking variant's way."""
+    result = job()
+    return result.rest() if isinstance(result, Deferred) else result
 
 
 def _complete(outer: torch.futures.Future, inner: torch.futures.Future) -> None:
@@ -38,7 +58,8 @@ def _complete(outer: torch.futures.Future, inner: torch.futures.Future) -> None:
 
 
 class CommThread:
-    """A FIFO of hook bodies, run one at a time on a thread of their own."""
+    """A FIFO of hook bodies, run in turn on a thread of their own (a deferred rest after the
+    next body's first part)."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -69,31 +90,50 @@ class CommThread:
         return self._thread.is_alive()
 
     def _serve(self) -> None:
+        held = None  # (rest, future, tag) of the job before: run after this job's first part
         while (item := self._queue.get()) is not None:
-            job, fut, _running.tag = item
-            result, error = None, None
-            try:
-                if self._failed is not None:
-                    raise RuntimeError("not issued: an earlier collective on this rank's "
-                                       f"communication thread failed ({self._failed!r})")
-                result = job()
-            except BaseException as e:
-                self._failed, error = self._failed or e, e
-            # Counted as issued before its future completes: whoever that wakes sees it so.
-            with self._lock:
-                self._unissued -= 1
-            try:
-                if error is not None:
-                    fut.set_exception(error)
-                elif isinstance(result, torch._C.Future):  # what Work.get_future() returns too
-                    result.add_done_callback(lambda inner, outer=fut: _complete(outer, inner))
+            job, fut, tag = item
+            deferred = self._run(job, fut, tag)
+            if held is not None:
+                self._run(*held)
+                held = None
+            if deferred is not None:
+                if deferred.last:
+                    self._run(deferred.rest, fut, tag)
                 else:
-                    fut.set_result(result)
-            finally:
-                _running.tag = None
-                # Nothing of a finished job stays referenced while the thread waits: its Future
-                # holds Gloo's work, which must not outlive the process group it belongs to.
-                item = job = fut = result = error = None
+                    held = (deferred.rest, fut, tag)
+            # Nothing of a finished job stays referenced while the thread waits: its Future
+            # holds Gloo's work, which must not outlive the process group it belongs to.
+            item = job = fut = deferred = None
+        if held is not None:  # closed with a rest still held: a step left unfinished
+            self._run(*held)
+
+    def _run(self, job: Job, fut: torch.futures.Future, tag: Any) -> Deferred | None:
+        """Run ``job`` (or a job's rest) under ``tag``; complete ``fut`` with its outcome, unless
+        it returns a Deferred, which is returned."""
+        _running.tag = tag
+        result, error = None, None
+        try:
+            if self._failed is not None:
+                raise RuntimeError("not issued: an earlier collective on this rank's "
+                                   f"communication thread failed ({self._failed!r})")
+            result = job()
+        except BaseException as e:
+            self._failed, error = self._failed or e, e
+        finally:
+            _running.tag = None
+        if isinstance(result, Deferred):
+            return result
+        # Counted as issued before its future completes: whoever that wakes sees it so.
+        with self._lock:
+            self._unissued -= 1
+        if error is not None:
+            fut.set_exception(error)
+        elif isinstance(result, torch._C.Future):  # what Work.get_future() returns too
+            result.add_done_callback(lambda inner, outer=fut: _complete(outer, inner))
+        else:
+            fut.set_result(result)
+        return None
 
     def close(self) -> None:
         """Stop after the queued bodies; a body still queued past the join timeout dies with us."""

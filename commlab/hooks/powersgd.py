@@ -11,8 +11,10 @@ order.
 
 Waiting in the body stops backward.  So, unless overlap is off (``comm_thread.configure``), the hook
 hands its body to the process's communication thread (``commlab.hooks.comm_thread``), which runs
-the bodies one at a time in the order DDP called the hooks, and returns at once: backward goes on
-while the thread waits.  The body is the same either way, so are its numbers.
+the bodies in the order DDP called the hooks, and returns at once: backward goes on while the
+thread waits.  The body stops after launching the uncompressed and P allreduces and leaves the
+rest (``comm_thread.Deferred``) for the thread to run once the next bucket's have gone out, so
+that two buckets' round trips overlap.  The body is the same either way, so are its numbers.
 
 PyTorch's ``batched_powerSGD_hook`` hands a 2-D matrix to ``_orthogonalize``, which asserts a 3-D
 batch since batching by shape was added; here the matrix is orthogonalized as a batch of one.
@@ -101,7 +103,7 @@ def _overlapped(body, name: str):
     def hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         comm = comm_thread.current()
         if comm is None:
-            return body(state, bucket)
+            return comm_thread.run_in_place(lambda: body(state, bucket))
         return comm.submit(lambda: body(state, bucket), tag=bucket.index())
 
     hook.__name__ = hook.__qualname__ = name
@@ -191,18 +193,21 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
     # The Ps are orthogonalized next, so their sum needs no division by the world size.  Both
     # allreduces are in flight together: the P one need not wait for the other's round trip.
     p_work = _launch(p_memory, group)
-    uncompressed_work.wait()
-    uncompressed_memory.div_(world_size)
-    idx = 0
-    for tensor in uncompressed:
-        tensor.copy_(uncompressed_memory[idx:idx + tensor.numel()].view_as(tensor))
-        idx += tensor.numel()
 
-    p_work.wait()
-    for p in ps:
-        _orthogonalize(p, state.orthogonalization_epsilon)
-    for batch, p, q in zip(batches, ps, qs):
-        torch.bmm(batch.transpose(1, 2), p, out=q)
+    def rest() -> torch.futures.Future[torch.Tensor]:
+        uncompressed_work.wait()
+        uncompressed_memory.div_(world_size)
+        idx = 0
+        for tensor in uncompressed:
+            tensor.copy_(uncompressed_memory[idx:idx + tensor.numel()].view_as(tensor))
+            idx += tensor.numel()
+
+        p_work.wait()
+        for p in ps:
+            _orthogonalize(p, state.orthogonalization_epsilon)
+        for batch, p, q in zip(batches, ps, qs):
+            torch.bmm(batch.transpose(1, 2), p, out=q)
+        return _launch(q_memory, group).get_future().then(finish)
 
     def finish(_: torch.futures.Future) -> torch.Tensor:
         q_memory.div_(world_size)
@@ -215,7 +220,9 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
         _finish_state(state, bucket, bucket_index, original, input_tensor)
         return input_tensor
 
-    return _launch(q_memory, group).get_future().then(finish)
+    # On the communication thread the next bucket's uncompressed and P allreduces go out before
+    # this one waits for its own.
+    return comm_thread.Deferred(rest, last=bucket.is_last())
 
 
 def _batched_powersgd(state: PowerSGDState,
@@ -263,9 +270,13 @@ def _batched_powersgd(state: PowerSGDState,
     _orthogonalize(q.unsqueeze(0), epsilon)
     torch.matmul(matrix, q, out=p)
 
-    _launch(p, group).wait()
-    _orthogonalize(p.unsqueeze(0), epsilon)
-    torch.matmul(matrix.t(), p, out=q)
+    p_work = _launch(p, group)
+
+    def rest() -> torch.futures.Future[torch.Tensor]:
+        p_work.wait()
+        _orthogonalize(p.unsqueeze(0), epsilon)
+        torch.matmul(matrix.t(), p, out=q)
+        return _launch(q, group).get_future().then(finish)
 
     def finish(_: torch.futures.Future) -> torch.Tensor:
         q.div_(world_size)
@@ -274,7 +285,7 @@ def _batched_powersgd(state: PowerSGDState,
         input_tensor.copy_(padded[:total_length])
         return input_tensor
 
-    return _launch(q, group).get_future().then(finish)
+    return comm_thread.Deferred(rest, last=bucket.is_last())
 
 
 powerSGD_hook = _overlapped(_powersgd, "powerSGD_hook")
