@@ -37,8 +37,9 @@ Job = Callable[[], Any]  # returns a value, a Future whose value completes the h
 
 
 class Deferred:
-    """What a job returns after issuing its first collectives: ``rest`` (a Job) finishes it once
-    the next job has issued its own, or at once when ``last``."""
+    """What a job returns after issuing its first collectives: ``rest``, which returns a value or
+    a Future (not another Deferred), finishes it once the next job has issued its own, or at once
+    when ``last``."""
 
     def __init__(self, rest: Job, last: bool):
         self.rest, self.last = rest, last
