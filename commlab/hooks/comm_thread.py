@@ -65,6 +65,7 @@ class CommThread:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._issued = threading.Condition(self._lock)  # notified as each job ends issuing
         self._unissued = 0  # bodies submitted whose collectives are not all issued yet
         self._failed: BaseException | None = None
         self.pid = os.getpid()
@@ -86,6 +87,12 @@ class CommThread:
         with self._lock:
             return self._unissued == 0
 
+    def wait_idle(self) -> None:
+        """Block until ``idle()`` (or the thread is gone)."""
+        with self._issued:
+            while self._unissued and self._thread.is_alive():
+                self._issued.wait(0.1)
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -96,22 +103,22 @@ class CommThread:
             job, fut, tag = item
             deferred = self._run(job, fut, tag)
             if held is not None:
-                self._run(*held)
+                self._run(*held, rest=True)
                 held = None
             if deferred is not None:
                 if deferred.last:
-                    self._run(deferred.rest, fut, tag)
+                    self._run(deferred.rest, fut, tag, rest=True)
                 else:
                     held = (deferred.rest, fut, tag)
             # Nothing of a finished job stays referenced while the thread waits: its Future
             # holds Gloo's work, which must not outlive the process group it belongs to.
             item = job = fut = deferred = None
         if held is not None:  # closed with a rest still held: a step left unfinished
-            self._run(*held)
+            self._run(*held, rest=True)
 
-    def _run(self, job: Job, fut: torch.futures.Future, tag: Any) -> Deferred | None:
-        """Run ``job`` (or a job's rest) under ``tag``; complete ``fut`` with its outcome, unless
-        it returns a Deferred, which is returned."""
+    def _run(self, job: Job, fut: torch.futures.Future, tag: Any, rest: bool = False) -> Deferred | None:
+        """Run ``job`` (or, ``rest``, a job's rest) under ``tag``; complete ``fut`` with its
+        outcome, unless a job (not a rest) returns a Deferred, which is returned."""
         _running.tag = tag
         result, error = None, None
         try:
@@ -119,15 +126,20 @@ class CommThread:
                 raise RuntimeError("not issued: an earlier collective on this rank's "
                                    f"communication thread failed ({self._failed!r})")
             result = job()
+            if rest and isinstance(result, Deferred):
+                raise TypeError("a deferred rest returned another Deferred")
         except BaseException as e:
-            self._failed, error = self._failed or e, e
+            # A Future carries only an Exception; the thread must outlive any of them.
+            error = e if isinstance(e, Exception) else RuntimeError(f"the hook body raised {e!r}")
+            self._failed = self._failed or error
         finally:
             _running.tag = None
-        if isinstance(result, Deferred):
+        if error is None and isinstance(result, Deferred):
             return result
         # Counted as issued before its future completes: whoever that wakes sees it so.
-        with self._lock:
+        with self._issued:
             self._unissued -= 1
+            self._issued.notify_all()
         if error is not None:
             fut.set_exception(error)
         elif isinstance(result, torch._C.Future):  # what Work.get_future() returns too
@@ -172,9 +184,10 @@ def current() -> CommThread | None:
 
 
 def in_order(job: Job, tag: Any = None) -> torch.futures.Future:
-    """Run ``job`` (which issues collectives) where it keeps this process's collective order:
-    behind the thread's unissued bodies when there are any, else here and now.  For collectives
-    issued from a hook that may or may not use the thread (the instrument's exact mean)."""
+    """Run ``job`` (which issues collectives) where it keeps this process's collective order: on
+    the thread when it has collectives yet to issue (as the next job, so ahead of a deferred
+    rest), else here and now; either way in the same place on every rank.  For collectives issued
+    from a hook that may or may not use the thread (the instrument's exact mean)."""
     comm = _current if _current is not None and _current.pid == os.getpid() else None
     if comm is not None and comm.alive and not comm.idle():
         return comm.submit(job, tag)

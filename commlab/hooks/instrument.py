@@ -449,9 +449,9 @@ class HookInstrument:
         index = bucket.index()
         with self.counter.in_bucket(index):
             if self.measure or self.save_grads:
-                # Issued before the hook's own collectives, and behind those the communication
-                # thread has yet to issue: the same order on every rank, which Gloo needs (it
-                # pairs collectives across ranks by the order they come in).
+                # Issued before the hook's own collectives, on the communication thread when it
+                # has some yet to issue (``in_order``): the same order on every rank, which Gloo
+                # needs (it pairs collectives across ranks by the order they come in).
                 exact = comm_thread.in_order(self._exact_mean(buf.detach().clone()), index)
             fut = self.hook(state, bucket)
         rec.add({"kind": "hook", "bucket": index, "start": t0, "end": time.perf_counter()}, called)

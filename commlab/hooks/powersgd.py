@@ -104,7 +104,13 @@ def _overlapped(body, name: str):
         comm = comm_thread.current()
         if comm is None:
             return comm_thread.run_in_place(lambda: body(state, bucket))
-        return comm.submit(lambda: body(state, bucket), tag=bucket.index())
+        fut = comm.submit(lambda: body(state, bucket), tag=bucket.index())
+        if bucket.is_last():
+            # DDP may issue a collective of its own once the last hook returns (the map of used
+            # parameters, with find_unused_parameters): this step's must all be out before it.
+            # Backward has nothing left to compute by now; it would wait for them anyway.
+            comm.wait_idle()
+        return fut
 
     hook.__name__ = hook.__qualname__ = name
     hook.__doc__ = body.__doc__
