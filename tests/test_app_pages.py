@@ -287,6 +287,18 @@ def test_buckets_page_draws_the_run_folders_layouts(runs_dir, powersgd_run, monk
     assert "rebuilt_bucket_sizes" in texts(at) and "differs" not in texts(at)
 
 
+def test_buckets_page_draws_each_traced_step_it_offers(runs_dir, powersgd_run, monkeypatch):
+    at = open_app(monkeypatch, runs_dir, page=BUCKETS, watch=powersgd_run.path)
+    steps = list(powersgd_run.timeline()["steps"])
+    assert selectbox(at, "traced step").options == steps
+    for step in steps:
+        selectbox(at, "traced step").set_value(step).run()
+        assert not at.exception, [e.value for e in at.exception]
+        names = {t.get("name") for t in charts(at)[-1]["data"]}
+        assert names >= {"backward", "hook call (gradients ready)", "hook's allreduce"}, (step, names)
+    assert [b.proto.label for b in at.get("download_button")][0].startswith("Download trace.json")
+
+
 def test_runs_page_table_and_overlays_equal_the_run_folders(runs_dir, monkeypatch):
     at = open_app(monkeypatch, runs_dir, page=RUNS)
     table = at.dataframe[0].value
