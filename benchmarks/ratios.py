@@ -1,4 +1,4 @@
-"""The one way the benchmarks compare two sides: side by side step by step (ABBA) where they can
+"""The one way the benchmarks compare two sides: side by side step by step, there and back (ABBA, ABCCBA), where they can
 share a run, and a ratio of medians with a 95% bootstrap interval."""
 from __future__ import annotations
 

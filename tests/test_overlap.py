@@ -183,17 +183,17 @@ def test_the_last_hook_returns_once_the_steps_collectives_are_out_so_ddps_own_co
 def test_deferred_rests_run_after_the_next_jobs_first_part_and_at_once_for_the_last():
     comm, done = comm_thread.CommThread(), []
 
-    def job(i: int, last: bool):
+    def job(i: int):
         def first():
             done.append(f"first {i}")
-            return comm_thread.Deferred(lambda: done.append(f"rest {i}") or i, last)
+            return comm_thread.Deferred(lambda: done.append(f"rest {i}") or i)
         return first
 
     try:
         gate = threading.Event()
         comm.submit(gate.wait)  # holds the queue until every job is in it
-        futures = [comm.submit(job(i, last=i == 2)) for i in range(3)]
-        futures.append(comm.submit(job(3, last=False)))  # a step left unfinished: no job follows
+        futures = [comm.submit(job(i), last=i == 2) for i in range(3)]
+        futures.append(comm.submit(job(3)))  # a step left unfinished: no job follows
         gate.set()
         assert [f.wait() for f in futures[:3]] == [0, 1, 2]
         time.sleep(0.05)
@@ -202,13 +202,13 @@ def test_deferred_rests_run_after_the_next_jobs_first_part_and_at_once_for_the_l
         comm.close()  # ... which closing stands in for
     assert futures[3].wait() == 3 and comm.idle()
     assert done == ["first 0", "first 1", "rest 0", "first 2", "rest 1", "rest 2", "first 3", "rest 3"]
-    assert comm_thread.run_in_place(job(4, last=False)) == 4 and done[-2:] == ["first 4", "rest 4"]
+    assert comm_thread.run_in_place(job(4)) == 4 and done[-2:] == ["first 4", "rest 4"]
 
 
 def test_a_rest_that_defers_again_or_a_body_that_raises_a_base_exception_fails_its_future():
     comm = comm_thread.CommThread()
     try:
-        again = comm.submit(lambda: comm_thread.Deferred(lambda: comm_thread.Deferred(lambda: 1, True), True))
+        again = comm.submit(lambda: comm_thread.Deferred(lambda: comm_thread.Deferred(lambda: 1)), last=True)
         with pytest.raises(TypeError, match="another Deferred"):
             again.wait()
         comm.wait_idle()

@@ -9,8 +9,9 @@ process and returns a future at once: the thread takes the bodies in the order D
 hooks (bucket order, the same on every rank), so every rank issues the same collectives in the
 same order, and it completes the hook's future with what the body's last future yields.
 
-A body may end its first part by returning ``Deferred(rest, last)``: the thread then runs the next
-body's first part before ``rest`` (at once when ``last``, the step's last bucket: no body follows),
+A body may end its first part by returning ``Deferred(rest)``: the thread then runs the next
+body's first part before ``rest`` (at once for a body submitted as ``last``, the step's last
+bucket: no body follows),
 so that the next bucket's first collectives are in flight while this one waits for its own.  The
 order stays the program's, ``first(i), first(i+1), rest(i), first(i+2), rest(i+1), …``, the same
 on every rank, since DDP hands every rank the same buckets in the same order.
@@ -39,10 +40,10 @@ Job = Callable[[], Any]  # returns a value, a Future whose value completes the h
 class Deferred:
     """What a job returns after issuing its first collectives: ``rest``, which returns a value or
     a Future (not another Deferred), finishes it once the next job has issued its own, or at once
-    when ``last``."""
+    for a job submitted as the last."""
 
-    def __init__(self, rest: Job, last: bool):
-        self.rest, self.last = rest, last
+    def __init__(self, rest: Job):
+        self.rest = rest
 
 
 def run_in_place(job: Job) -> Any:
@@ -72,13 +73,14 @@ class CommThread:
         self._thread = threading.Thread(target=self._serve, name="commlab-comm", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, tag: Any = None) -> torch.futures.Future:
+    def submit(self, job: Job, tag: Any = None, last: bool = False) -> torch.futures.Future:
         """Queue ``job``; the returned future completes with its result.  ``tag`` (a bucket's
-        index) is what ``job_tag()`` returns while the job runs."""
+        index) is what ``job_tag()`` returns while the job runs; ``last``: no job follows it this
+        step, so a rest it defers runs at once."""
         fut: torch.futures.Future = torch.futures.Future()
         with self._lock:
             self._unissued += 1
-        self._queue.put((job, fut, tag))
+        self._queue.put((job, fut, tag, last))
         return fut
 
     def idle(self) -> bool:
@@ -100,13 +102,13 @@ class CommThread:
     def _serve(self) -> None:
         held = None  # (rest, future, tag) of the job before: run after this job's first part
         while (item := self._queue.get()) is not None:
-            job, fut, tag = item
+            job, fut, tag, last = item
             deferred = self._run(job, fut, tag)
             if held is not None:
                 self._run(*held, rest=True)
                 held = None
             if deferred is not None:
-                if deferred.last:
+                if last:
                     self._run(deferred.rest, fut, tag, rest=True)
                 else:
                     held = (deferred.rest, fut, tag)

@@ -104,8 +104,9 @@ def _overlapped(body, name: str):
         comm = comm_thread.current()
         if comm is None:
             return comm_thread.run_in_place(lambda: body(state, bucket))
-        fut = comm.submit(lambda: body(state, bucket), tag=bucket.index())
-        if bucket.is_last():
+        last = bucket.is_last()
+        fut = comm.submit(lambda: body(state, bucket), tag=bucket.index(), last=last)
+        if last:
             # DDP may issue a collective of its own once the last hook returns (the map of used
             # parameters, with find_unused_parameters): this step's must all be out before it.
             # Backward has nothing left to compute by now; it would wait for them anyway.
@@ -228,7 +229,7 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
 
     # On the communication thread the next bucket's uncompressed and P allreduces go out before
     # this one waits for its own.
-    return comm_thread.Deferred(rest, last=bucket.is_last())
+    return comm_thread.Deferred(rest)
 
 
 def _batched_powersgd(state: PowerSGDState,
@@ -291,7 +292,7 @@ def _batched_powersgd(state: PowerSGDState,
         input_tensor.copy_(padded[:total_length])
         return input_tensor
 
-    return comm_thread.Deferred(rest, last=bucket.is_last())
+    return comm_thread.Deferred(rest)
 
 
 powerSGD_hook = _overlapped(_powersgd, "powerSGD_hook")
