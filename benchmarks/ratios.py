@@ -1,5 +1,5 @@
-"""The one way the benchmarks compare two sides: side by side step by step, there and back (ABBA, ABCCBA), where they can
-share a run, and a ratio of medians with a 95% bootstrap interval."""
+"""The one way the benchmarks compare sides: step by step in one run, there and back (ABBA,
+ABCCBA), where they can share a run, and a ratio of medians with a 95% bootstrap interval."""
 from __future__ import annotations
 
 import numpy as np
