@@ -12,7 +12,6 @@ from commlab.ui import form
 
 # What the form shows first: a short job, PowerSGD from step 10, held out every 10 steps, three seeds.
 PRESET = RunConfig(workload="mlp", steps=60, start_powerSGD_iter=10, eval_every=10)
-PRESET_REPEATS = 3
 # The job every run of the sweep shares (the rest keeps its defaults); the axes come from the table.
 JOB = ("workload", "steps", "world_size", "eval_every", "emulate_bandwidth_gbps", "emulate_latency_us")
 # The sweep shown, kept across reruns; no widget has this key (Streamlit refuses to set one that has).
@@ -50,12 +49,12 @@ def spec_form(hook: str) -> sw.SweepSpec | None:
             axes[s.name] = form.axis_widget(s, PRESET).draw(col)
             slots[s.name] = col.empty()
         c1, c2, c3 = st.columns(3)
-        repeats = c1.number_input("Seeds per setting", value=PRESET_REPEATS, step=1, key="sweep_repeats",
+        repeats = c1.number_input("Seeds per setting", value=sw.DEFAULT_REPEATS, step=1, key="sweep_repeats",
                                   help="Every setting, the baseline included, runs with this many "
                                        "seeds (initial weights and data order); 3 or more let the "
                                        "recommendation tell a difference from seed noise.")
         slots["repeats"] = c1.empty()
-        tolerance = c2.number_input("X: tolerance, % of allreduce's loss", value=5.0, step=0.5,
+        tolerance = c2.number_input("X: tolerance, % of allreduce's loss", value=sw.DEFAULT_TOLERANCE_PCT, step=0.5,
                                     key="sweep_tolerance", format="%g")
         slots["tolerance_pct"] = c2.empty()
         baseline = c3.checkbox("Plain allreduce baseline first", True)

@@ -1,12 +1,13 @@
-"""The layers of docs/architecture.md hold: the import-linter contracts in pyproject.toml (also run
-by .ci/run as `lint-imports`), checked here so that the README's one test command checks them too."""
+"""The layers of docs/architecture.md hold (the import-linter contracts in pyproject.toml), no module
+closes an import cycle, and ruff's agreed rules pass: checked here, so that the README's one test
+command checks them."""
 from __future__ import annotations
 
 import os
 
+import grimp
 import pytest
-
-importlinter_cli = pytest.importorskip("importlinter.cli")
+from importlinter import cli as importlinter_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,8 +36,18 @@ def test_a_broken_layer_is_caught(tmp_path, monkeypatch):
 
 def test_no_module_imports_itself_round_a_cycle():
     """No cycles at all, inside a layer too (imports inside functions count)."""
-    grimp = pytest.importorskip("grimp")
     graph = grimp.build_graph("commlab")
     cycles = [(a, b) for a in sorted(graph.modules) for b in sorted(graph.find_modules_directly_imported_by(a))
               if graph.chain_exists(importer=b, imported=a)]
     assert not cycles, f"imports that close a cycle: {cycles}"
+
+
+@pytest.mark.slow  # ruff runs as its own process
+def test_ruff_finds_nothing():
+    """The agreed rule set (ruff.toml) over the whole tree, notebooks included."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

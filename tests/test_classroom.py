@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from commlab import cli
 from commlab.analysis import ring
@@ -421,8 +422,7 @@ def _figures(at) -> list[dict]:
 
 
 def test_classroom_page_walks_the_ring_and_names_bad_input():
-    app_test = pytest.importorskip("streamlit.testing.v1").AppTest
-    at = app_test.from_file(str(PAGES / "classroom.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(PAGES / "classroom.py"), default_timeout=120).run()
     assert not at.exception and at.title[0].value == "Classroom: allreduce"
     assert at.text_area[0].value == "0, 10, 20\n1, 11, 21\n2, 12, 22"
     assert next(n for n in at.number_input if n.label == "Broadcast from rank").value == 2
@@ -447,8 +447,7 @@ def test_classroom_page_walks_the_ring_and_names_bad_input():
 
 
 def test_bandwidth_page_renders_and_names_bad_input():
-    app_test = pytest.importorskip("streamlit.testing.v1").AppTest
-    at = app_test.from_file(str(PAGES / "bandwidth.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(PAGES / "bandwidth.py"), default_timeout=120).run()
     assert not at.exception and at.title[0].value == "Bandwidth"
     at.multiselect[0].set_value([]).run()
     assert any("sizes" in e.value for e in at.error)
@@ -461,8 +460,7 @@ def test_bandwidth_page_renders_and_names_bad_input():
 @pytest.mark.slow
 def test_pages_show_real_collectives_and_a_real_benchmark():
     """The buttons that start real processes, and the figures drawn from what they return."""
-    app_test = pytest.importorskip("streamlit.testing.v1").AppTest
-    at = app_test.from_file(str(PAGES / "classroom.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(PAGES / "classroom.py"), default_timeout=300).run()
     next(b for b in at.button if b.label == "Run on real processes").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert [h.value for h in at.subheader][:5] == [
@@ -481,7 +479,7 @@ def test_pages_show_real_collectives_and_a_real_benchmark():
     assert any("The ring simulation equals dist.all_reduce on 3 real rank(s)" in m.value
                for m in at.success)
 
-    at = app_test.from_file(str(PAGES / "bandwidth.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(PAGES / "bandwidth.py"), default_timeout=300).run()
     at.multiselect[0].set_value(["1KB", "4KB"]).run()
     at.number_input[0].set_value(2).run()
     next(b for b in at.button if b.label == "Measure").click().run()

@@ -107,7 +107,6 @@ def _snippet_names(text: str) -> None:
 # --------------------------------------------------------------------------- Lightning
 @pytest.mark.timeout(900)  # importing Lightning takes minutes on a loaded machine
 def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_only():
-    pytest.importorskip("lightning")
     import torch
     from lightning.pytorch import Trainer
     from lightning.pytorch.strategies import DDPStrategy
@@ -179,7 +178,6 @@ def test_lightning_snippet_builds_a_strategy_that_registers_the_hook_on_cuda_onl
 @pytest.mark.parametrize("name,hook_name", [
     ("powersgd_fp16", "fp16_compress_wrapper_hook"), ("fp16", "fp16_compress_hook")])
 def test_accelerate_snippet_registers_the_hook_wrapper_and_state(name, hook_name):
-    pytest.importorskip("accelerate")
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 

@@ -484,7 +484,6 @@ def test_accelerate_launch_lines_start_n_processes_and_name_every_multi_node_arg
 
 
 def test_accelerate_parses_the_exported_gpu_launch_line():
-    pytest.importorskip("accelerate")
     from accelerate.commands.launch import launch_command_parser
 
     text = export.render(RunConfig(hook="fp16"), "accelerate", Target(backend="nccl", nnodes=2)).text

@@ -6,13 +6,12 @@ simulation against the real all_reduce, DDP against hand-averaged gradients); th
 import time
 from pathlib import Path
 
+import nbclient
+import nbformat
 import psutil
 import pytest
 
 from commlab.engine import procs
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_allreduce.ipynb"

@@ -187,3 +187,16 @@ def test_eta_is_the_pace_so_far_times_what_is_left():
     assert sw.eta(0.5, None) is None and sw.eta(0.5, {"time": time.time(), "fraction": 0.5}) is None
     p = sw.Progress(1, 4, "r=1", "running", 5, 10, "running", eta_s=125)
     assert p.line() == "[2/4] r=1: running, step 5/10, about 2 min 05 s left"
+
+
+def test_a_sweep_runs_three_seeds_unless_told(capsys):
+    """One default, the fewest seeds the rule decides with, for the spec, the command and the page."""
+    from commlab import cli
+
+    assert sw.DEFAULT_REPEATS == pareto.MIN_SEEDS == 3 and sw.SweepSpec().repeats == 3
+    assert cli.main(["sweep", "--dry-run", "--json"]) == 0
+    import json
+
+    runs = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"]
+    # The baseline and PowerSGD's ranks 1, 2 and 4, each with seeds 0, 1 and 2, seed by seed.
+    assert len(runs) == 4 * 3 and runs[0] == "allreduce seed 0" and runs[-1].endswith("seed 2")

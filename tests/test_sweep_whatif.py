@@ -34,7 +34,7 @@ BANDWIDTH_GBPS, LATENCY_US = 0.05, 20.0
 def test_grid_puts_the_baseline_first_then_every_combination():
     base = RunConfig(workload="mlp", steps=30, emulate_bandwidth_gbps=1.0)
     spec = sw.SweepSpec(base=base, matrix_approximation_rank=[1, 2], start_powerSGD_iter=[5, 10],
-                        wrapper=["none", "fp16"])
+                        wrapper=["none", "fp16"], repeats=1)
     configs = sw.grid(spec)
     assert len(configs) == 1 + 2 * 2 * 2
     assert (configs[0].hook, configs[0].wrapper) == ("allreduce", "none")
@@ -43,7 +43,7 @@ def test_grid_puts_the_baseline_first_then_every_combination():
     assert all(c.hook == "powersgd" and c.emulate_bandwidth_gbps == 1.0 and c.steps == 30
                for c in configs[1:])
     no_base = sw.grid(sw.SweepSpec(base=base.with_overrides(hook="batched_powersgd"),
-                                   matrix_approximation_rank=[1, 1], baseline=False))
+                                   matrix_approximation_rank=[1, 1], baseline=False, repeats=1))
     assert [(c.hook, c.matrix_approximation_rank) for c in no_base] == [("batched_powersgd", 1)]
 
 
@@ -79,7 +79,7 @@ OWN_AXES = {"powersgd": ["matrix_approximation_rank", "start_powerSGD_iter", "mi
 @pytest.mark.parametrize("hook", OWN_AXES)
 def test_each_hook_sweeps_its_own_axes(hook):
     assert [s.name for s in sw.hook_axes(hook)] == OWN_AXES[hook]
-    spec = sw.SweepSpec(base=RunConfig(hook=hook, workload="mlp", steps=30))
+    spec = sw.SweepSpec(base=RunConfig(hook=hook, workload="mlp", steps=30), repeats=1)
     configs = sw.grid(spec)
     # The table's values unless told (top-k's k: 0.001, 0.01, 0.1), else base's: every combination.
     expected = math.prod(len(s.sweep) or 1 for s in sw.hook_axes(hook))
@@ -96,7 +96,7 @@ def test_every_axis_of_the_table_belongs_to_some_hook():
 
 def test_a_compressor_sweep_is_labelled_by_its_values():
     base = RunConfig(workload="mlp", steps=30, emulate_bandwidth_gbps=1.0)
-    spec = sw.SweepSpec(base=base.with_overrides(hook="topk"), compress_ratio=[0.01, 0.05, 0.01])
+    spec = sw.SweepSpec(base=base.with_overrides(hook="topk"), compress_ratio=[0.01, 0.05, 0.01], repeats=1)
     assert spec.hook == "topk" and spec.axes() == {"compress_ratio": [0.01, 0.05]}
     assert [sw.plan_label(c, spec) for c in sw.grid(spec)] == [
         "allreduce [emulated 1 Gb/s, 0 µs]", "topk compress_ratio=0.01 [emulated 1 Gb/s, 0 µs]",
@@ -105,7 +105,7 @@ def test_a_compressor_sweep_is_labelled_by_its_values():
     qsgd = sw.SweepSpec(base=base.with_overrides(hook="qsgd"), qsgd_levels=[1, 127], repeats=2)
     assert sw.plan_label(sw.grid(qsgd)[-1], qsgd) == "qsgd qsgd_levels=127 [emulated 1 Gb/s, 0 µs] seed 1"
     local = sw.SweepSpec(base=base.with_overrides(hook="post_localsgd"), averager_period=[2, 8],
-                         start_localSGD_iter=[5], baseline=False)
+                         start_localSGD_iter=[5], baseline=False, repeats=1)
     assert [whatif.run_label(c.to_dict()) for c in sw.grid(local)] == [
         f"post_localsgd start_localSGD_iter=5 averager_period={p} [emulated 1 Gb/s, 0 µs]" for p in (2, 8)]
     # The default, plain allreduce as the base, still sweeps PowerSGD, labelled as before.
@@ -131,7 +131,7 @@ def test_an_axis_the_hook_does_not_read_is_refused_by_name_with_why():
 
 def test_cli_sweeps_a_compressor_over_its_own_axis(capsys):
     rc = cli.main(["sweep", "--workload", "mlp", "--hook", "topk", "--compress-ratio", "0.01,0.05",
-                   "--dry-run", "--json"])
+                   "--repeats", "1", "--dry-run", "--json"])
     runs = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"]
     assert rc == 0 and runs == ["allreduce", "topk compress_ratio=0.01", "topk compress_ratio=0.05"]
 
@@ -150,7 +150,7 @@ def test_a_second_sweep_waits_for_the_first(tmp_path):
 def test_cli_dry_run_prints_the_plan(capsys):
     rc = cli.main(["sweep", "--workload", "mlp", "--matrix-approximation-rank", "1,4",
                    "--start-powersgd-iter", "10", "--wrapper", "none,fp16", "--emulate-bandwidth-gbps",
-                   "10", "--dry-run", "--json"])
+                   "10", "--repeats", "1", "--dry-run", "--json"])
     runs = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"]
     assert rc == 0 and len(runs) == 5 and runs[0].startswith("allreduce [emulated 10 Gb/s")
     assert "fp16_wrapper(powersgd) r=4 start=10 [emulated 10 Gb/s, 0 µs]" in runs
@@ -426,6 +426,9 @@ def test_a_stopped_sweep_keeps_its_finished_runs(stopped_sweep):
     assert "sweep " in stopped_sweep["out"] and "recommendation:" in stopped_sweep["out"]
     p = sweep.progress()
     assert (p.index, p.total, p.sweep_status) == (2, 4, "stopped")
+    saved = sweep.saved_report()  # written as it stopped: the table the command printed
+    assert saved["status"] == "stopped" and [r["status"] for r in saved["runs"]] == ["finished"] * 2 + ["stopped"]
+    assert f"recommendation: {saved['recommendation']['text']}" in stopped_sweep["out"]
 
 
 @pytest.mark.slow
@@ -533,15 +536,23 @@ def test_a_resumed_sweep_runs_only_what_is_left(stopped_sweep):
     payload = json.loads(out.stdout.splitlines()[-1])
     assert [s["seeds"] for s in payload["settings"]] == [[0, 1], [0, 1]]
     assert "2 seeds cannot separate these: run 3 or more" in payload["recommendation"]["text"]
-    with pytest.raises(ConfigError, match="only a stopped or lost sweep resumes"):
+    assert json.loads(json.dumps(sweep.saved_report())) == payload  # result.json, as printed
+    with pytest.raises(ConfigError, match="only a stopped or lost sweep resumes.*--show"):
         sw.resume(sweep)
+    # A finished sweep shown again: the same table and recommendation, from its runs.
+    shown = subprocess.run([sys.executable, "-m", "commlab", "sweep", "--show", sweep.id,
+                            "--runs-dir", str(runs_dir)], capture_output=True, text=True, cwd=ROOT,
+                           timeout=RUN_TIMEOUT_S)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert f"sweep {sweep.id}: finished" in shown.stdout
+    assert f"recommendation: {payload['recommendation']['text']}" in shown.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ctrl_c_stops_the_sweep_and_its_run(tmp_path):
     log = tmp_path / "stderr.txt"
-    proc = _sweep_cli(tmp_path, log, "--matrix-approximation-rank", "1", "--no-baseline")
+    proc = _sweep_cli(tmp_path, log, "--matrix-approximation-rank", "1", "--no-baseline", "--repeats", "1")
     try:
         _wait_for_text(log, "[1/1]", proc, 300)
         proc.send_signal(signal.SIGINT)
@@ -561,7 +572,7 @@ def test_sweep_page_shows_progress_and_stops_a_running_sweep(tmp_path, monkeypat
     from streamlit.testing.v1 import AppTest
 
     sweep = sw.create(sw.SweepSpec(base=RunConfig(workload="mlp", steps=10, runs_dir=str(tmp_path)),
-                                   matrix_approximation_rank=[1, 2]))
+                                   matrix_approximation_rank=[1, 2], repeats=1))
     me = psutil.Process()
     sw._write_state(sweep, pid=me.pid, create_time=me.create_time())
     monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))

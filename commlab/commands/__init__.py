@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
-from typing import Any
 
 EXIT_BAD_INPUT = 2  # nothing was started
 
@@ -19,20 +17,12 @@ EXIT_BAD_INPUT = 2  # nothing was started
 def emit(args: argparse.Namespace, payload: dict, text: str) -> None:
     """Print ``text`` for people, or the payload as one line of strict JSON with ``--json``: a
     number that is not finite (a diverged run's loss) is null, as JSON has no NaN."""
+    from commlab.engine.store import finite
+
     if getattr(args, "json", False):
-        print(json.dumps(_finite(payload), default=str, allow_nan=False))
+        print(json.dumps(finite(payload), default=str, allow_nan=False))
     else:
         print(text)
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -6,6 +6,7 @@ setting with N seeds, one run after another.
         [--predict-world-size 64 --predict-bandwidth-gbps 10] [--json]
     commlab sweep --hook topk --compress-ratio 0.01,0.05      (any hook, over its own axes)
     commlab sweep --resume SWEEP      (a stopped or lost sweep: its id or folder)
+    commlab sweep --show SWEEP        (any sweep's table and recommendation, again)
 
 ``--hook`` names the hook swept (default PowerSGD); its axes are the settings it reads that the
 settings table marks sweepable (``commlab.tune.sweep.hook_axes``), each a comma-separated list,
@@ -13,7 +14,8 @@ and an axis the hook does not read is refused by name.  Every other run option (
 run``'s) sets the job all runs share.  A progress bar (tqdm;
 plain lines when the output is not a terminal) shows the time left.  Ctrl-C stops the current
 run and starts no other; finished runs are kept, and ``--resume`` runs the rest.  Exit 0 when
-every planned run has ended.
+every planned run has ended.  The sweep's folder keeps what it found (result.json); ``--show``
+prints it again from the runs, with times predicted on the cluster named.
 """
 from __future__ import annotations
 
@@ -25,7 +27,14 @@ from commlab.commands import Progress
 from commlab.commands.run import add_run_options, config_from_args
 from commlab.config import ConfigError, default_runs_dir
 from commlab.tune.quality import Cluster
-from commlab.tune.sweep import AXES, SWEPT_HOOKS, SweepSpec, axis_values
+from commlab.tune.sweep import (
+    AXES,
+    DEFAULT_REPEATS,
+    DEFAULT_TOLERANCE_PCT,
+    SWEPT_HOOKS,
+    SweepSpec,
+    axis_values,
+)
 
 AXIS_NAMES = tuple(s.name for s in AXES)
 
@@ -47,26 +56,6 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     if cluster.errors():
         raise ConfigError(cluster.errors())
     return cluster
-
-
-def payload(sweep, cluster: Cluster = Cluster()) -> dict:
-    """What ``--json`` prints: every run, every setting over its seeds, the recommendation."""
-    from commlab.tune.pareto import by_setting, recommend
-
-    tolerance = sweep.spec().tolerance_pct
-    runs = sweep.results(tolerance, cluster)
-    table = by_setting(runs)
-    rec = recommend(runs, tolerance)
-    return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
-            "cluster": cluster.text(), "target": runs["target"].iloc[0] if len(runs) else None,
-            "runs": _records(runs.drop(columns=["curve"])), "settings": _records(table),
-            "recommendation": rec.to_dict(),
-            "pareto_bytes": table[table["pareto_bytes"]]["label"].tolist(),
-            "pareto_predicted": table[table["pareto_predicted"]]["label"].tolist()}
-
-
-def _records(df) -> list[dict]:
-    return df.astype(object).where(df.notna(), None).to_dict(orient="records")
 
 
 def _num(x, fmt: str) -> str:
@@ -128,6 +117,12 @@ def _sweep(args: argparse.Namespace) -> int:
         cluster = cluster_from_args(args)
     except ConfigError as e:
         errors |= e.errors
+    if args.show:
+        if errors:
+            raise ConfigError(errors)
+        out = _find(args.show, args.runs_dir, "show").report(cluster)
+        emit(args, out, _text(out))
+        return 0
     try:  # every bad field is named at once
         if args.resume:
             sweep = _find(args.resume, args.runs_dir)
@@ -156,17 +151,17 @@ def _sweep(args: argparse.Namespace) -> int:
         on_progress = _on_progress(bar, configs)
 
     try:
-        (sw.resume if args.resume else sw.execute)(sweep, on_progress,
+        (sw.resume if args.resume else sw.execute)(sweep, on_progress, cluster=cluster,
                                                     should_stop=lambda: bool(interrupted))
     finally:
         if bar is not None:
             bar.close()
-    out = payload(sweep, cluster)
+    out = sweep.saved_report() or sweep.report(cluster)
     emit(args, out, _text(out))
     return 0 if out["status"] == "finished" else 1
 
 
-def _find(given: str, runs_dir: str | None):
+def _find(given: str, runs_dir: str | None, field: str = "resume"):
     """A sweep named by its id (as ``commlab runs`` lists it) or its folder."""
     from pathlib import Path
 
@@ -176,7 +171,7 @@ def _find(given: str, runs_dir: str | None):
         sweep = Sweep(path)
         if sweep.exists():
             return sweep
-    raise ConfigError({"resume": f"no sweep {given!r}: give a sweep id from "
+    raise ConfigError({field: f"no sweep {given!r}: give a sweep id from "
                                  f"{Path(runs_dir or default_runs_dir()) / SWEEPS} or its folder"})
 
 
@@ -185,12 +180,12 @@ def register(sub) -> None:
                                      "beside an allreduce baseline, run by run")
     add_run_options(p, axes=AXIS_NAMES)
     p.add_argument("--no-baseline", action="store_true", help="leave out the allreduce baseline")
-    p.add_argument("--tolerance-pct", type=float, default=5.0,
+    p.add_argument("--tolerance-pct", type=float, default=DEFAULT_TOLERANCE_PCT,
                    help="the recommendation's X: a setting qualifies when its loss is within X%% of "
-                        "allreduce's, beyond the seed noise (default: 5)")
-    p.add_argument("--repeats", type=int, default=1, metavar="N",
-                   help="seeds per setting, the baseline's included (default: 1; 3 or more let the "
-                        "recommendation tell a difference from seed noise)")
+                        f"allreduce's, beyond the seed noise (default: {DEFAULT_TOLERANCE_PCT:g})")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
+                   help=f"seeds per setting, the baseline's included (default: {DEFAULT_REPEATS}, the "
+                        "fewest with which the recommendation can tell a difference from seed noise)")
     p.add_argument("--predict-world-size", type=int, default=Cluster.world_size, metavar="N",
                    help=f"the cluster times are predicted for (default: {Cluster.world_size} workers)")
     p.add_argument("--predict-bandwidth-gbps", type=float, default=Cluster.bandwidth_gbps,
@@ -199,6 +194,8 @@ def register(sub) -> None:
                    help=f"its per-hop latency (default: {Cluster.latency_us:g} µs)")
     p.add_argument("--resume", metavar="SWEEP",
                    help="run the unfinished runs of a stopped or lost sweep (its id or folder)")
+    p.add_argument("--show", metavar="SWEEP",
+                   help="print a sweep's table and recommendation again (its id or folder), start nothing")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs, start nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_sweep)

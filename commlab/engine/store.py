@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -262,6 +263,18 @@ def read_json(path: Path, default: Any = None, kind: Any = None) -> Any:
         return load_json(path, kind)
     except (OSError, Damaged):
         return default
+
+
+def finite(x: Any) -> Any:
+    """``x`` with every number that is not finite (a diverged run's loss) as None: strict JSON has
+    no NaN, and a reader in another language refuses one."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
 
 
 def _jsonable(x: Any) -> Any:

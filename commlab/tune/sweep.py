@@ -19,6 +19,7 @@ sweep keeps its plan and its state in ``<runs_dir>/sweeps/<sweep_id>/``:
 
   sweep.json   the spec and the planned labels       state.json   status, current index, run folders
   stop         present once a stop was asked for     sweep.log    the detached process's output
+  result.json  every run, every setting, the recommendation: written as the sweep ends
 
 Seeds: with ``repeats`` N every setting, the baseline included, runs with seeds ``base.seed``
 to ``base.seed + N - 1``; a seed sets the initial weights and the data order, so the runs of one
@@ -74,6 +75,9 @@ from commlab.tune import pareto, quality, whatif
 from commlab.tune.whatif import config_link_label, run_label
 
 SWEEPS = "sweeps"
+RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.report``)
+DEFAULT_REPEATS = pareto.MIN_SEEDS  # the fewest seeds the recommendation decides with
+DEFAULT_TOLERANCE_PCT = 5.0
 FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
 MAX_REPEATS = 100
 
@@ -117,7 +121,8 @@ class SweepSpec:
     repeats: int  # seeds per setting: base.seed, base.seed + 1, ...
 
     def __init__(self, base: RunConfig | None = None, baseline: bool = True,
-                 tolerance_pct: float = 5.0, repeats: int = 1, **values: list):
+                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT, repeats: int = DEFAULT_REPEATS,
+                 **values: list):
         unknown = sorted(set(values) - {s.name for s in AXES})
         if unknown:
             raise TypeError(f"not a sweep axis: {', '.join(unknown)}; the axes are: "
@@ -386,9 +391,30 @@ class Sweep(store.Folder):
         table["cluster"] = cluster.text()
         return table
 
+    def report(self, cluster: quality.Cluster = quality.Cluster()) -> dict:
+        """Every run, every setting over its seeds, the recommendation: what ``commlab sweep``
+        prints (``--json``) and ``result.json`` holds."""
+        tolerance = self.spec().tolerance_pct
+        runs = self.results(tolerance, cluster)
+        table = pareto.by_setting(runs)
+        return {"sweep_id": self.id, "sweep_dir": str(self.path), "status": self.status(),
+                "cluster": cluster.text(), "target": runs["target"].iloc[0] if len(runs) else None,
+                "runs": _records(runs.drop(columns=["curve"])), "settings": _records(table),
+                "recommendation": pareto.recommend(runs, tolerance).to_dict(),
+                "pareto_bytes": table[table["pareto_bytes"]]["label"].tolist(),
+                "pareto_predicted": table[table["pareto_predicted"]]["label"].tolist()}
+
+    def saved_report(self) -> dict | None:
+        """``result.json`` as the sweep wrote it when it ended; None before."""
+        return store.read_json(self.file(RESULT), None)
+
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> str:
         procs.wait_until(lambda: not self.is_running(), timeout, poll_s)
         return self.status()
+
+
+def _records(df) -> list[dict]:
+    return df.astype(object).where(df.notna(), None).to_dict(orient="records")
 
 
 def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
@@ -438,11 +464,13 @@ def _frame(rows: list[dict]):
 
 
 def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
-            should_stop: Callable[[], bool] | None = None, poll_s: float = 0.2) -> str:
+            should_stop: Callable[[], bool] | None = None, poll_s: float = 0.2,
+            cluster: quality.Cluster = quality.Cluster()) -> str:
     """Run the sweep's runs here, one after another; returns "finished" or "stopped".
 
     Runs a resumed sweep already finished are kept, not run again.  ``should_stop`` is asked
-    between polls beside the stop flag (a CLI's Ctrl-C, a test).
+    between polls beside the stop flag (a CLI's Ctrl-C, a test).  As it ends, what it found
+    (``Sweep.report`` with times predicted on ``cluster``) goes to result.json.
     """
     from commlab.engine.launch import Run
     from commlab.engine.launch import start as launch
@@ -505,6 +533,7 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
         run.wait()
     final = "stopped" if stopped else "finished"
     _write_state(sweep, status=final, ended_at=time.time())
+    store.write_json(sweep.file(RESULT), store.finite(sweep.report(cluster)))
     return final
 
 
@@ -517,17 +546,18 @@ def _resumable(sweep: Sweep) -> None:
     status = sweep.status()
     if status in ("running", "finished"):
         raise ConfigError({"resume": f"sweep {sweep.id} is {status}: only a stopped or lost sweep "
-                                     "resumes"})
+                                     f"resumes (`commlab sweep --show {sweep.id}` prints its result)"})
     _none_running(sweep.path.parent.parent)
     sweep.file("stop").unlink(missing_ok=True)
 
 
 def resume(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
-           should_stop: Callable[[], bool] | None = None) -> str:
+           should_stop: Callable[[], bool] | None = None,
+           cluster: quality.Cluster = quality.Cluster()) -> str:
     """Execute a stopped or lost sweep again here: its finished runs are kept, the rest run."""
     _resumable(sweep)
     _write_state(sweep, status="running", **procs.identity(os.getpid()))
-    return execute(sweep, on_progress, should_stop)
+    return execute(sweep, on_progress, should_stop, cluster=cluster)
 
 
 def start_resume(sweep: Sweep) -> Sweep:
