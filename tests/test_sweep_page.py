@@ -29,7 +29,7 @@ def stopped_topk(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("topk_sweep")
     base = RunConfig(hook="topk", workload="mlp", steps=6, world_size=2, runs_dir=str(runs_dir),
                      stall_timeout_s=RUN_TIMEOUT_S)
-    sweep = sw.create(sw.SweepSpec(base=base, compress_ratio=[0.01, 0.1]))
+    sweep = sw.create(sw.SweepSpec(base=base, compress_ratio=[0.01, 0.1], repeats=1))
     status = sw.execute(sweep, should_stop=lambda: sum(
         r.status() == "finished" for r in sweep.runs()) >= 2)
     return {"sweep": sweep, "status": status, "runs_dir": runs_dir}

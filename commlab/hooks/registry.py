@@ -11,7 +11,7 @@ is chosen on its own:
   or none at all, so they are already safe and are used as they are.
 
 ``HookChoice.impl`` is "commlab" when any piece is commlab's.  What fails where was measured on
-torch 2.13 (README, "Which hook actually runs"); tests/test_hooks.py re-checks the bf16 and batched causes.  ``plan``,
+torch 2.13 (docs/hooks.md); tests/test_hooks.py re-checks the bf16 and batched causes.  ``plan``,
 ``stock_warning`` and ``support_table`` are pure and import no torch, for the CLI and the UI.
 """
 from __future__ import annotations
