@@ -28,7 +28,7 @@ def ddp_on_gloo(workload: str, batch_size: int, seed: int, bucket_cap_mb: float)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
     work = workloads.load(workload, rank, world, batch_size, seed)
-    torch.manual_seed(seed * 1000 + rank)
+    torch.manual_seed(workloads.stream_seed(seed, rank))
     return rank, work, DDP(work.model, bucket_cap_mb=bucket_cap_mb)
 
 

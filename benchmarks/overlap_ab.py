@@ -38,17 +38,24 @@ def main() -> None:
     cfg = RunConfig.from_dict(json.loads(Path(sys.argv[1]).read_text()))
     rank, work, ddp = ddp_on_gloo(cfg.workload, cfg.batch_size, cfg.seed, cfg.bucket_cap_mb)
     world = dist.get_world_size()
-    choice = registry.choose(cfg, "gloo")
+    choice = registry.choose(cfg.with_overrides(overlap=True), "gloo")
+    # The blocking variant's hook, bound to overlap=False, on the same state.
+    blocking = registry.choose(cfg.with_overrides(overlap=False), "gloo").hook
     link = Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us)
     counter = CollectiveCounter(link, world).install()
-    ddp.register_comm_hook(choice.state, choice.hook)
+    current = [choice.hook]
+
+    def hook(state, bucket):  # no annotations: DDP compares them with real types
+        return current[0](state, bucket)
+
+    ddp.register_comm_hook(choice.state, hook)
     optimizer = make_optimizer(cfg, ddp.parameters())
     batches = work.batches()
     schedule = [SIDES[side(step, len(SIDES))] for step in range(cfg.steps)]
     ends, t_start = [], time.perf_counter()
     for step in range(cfg.steps):
         # Between steps nothing is in flight: DDP waited for every future in backward.
-        comm_thread.configure(schedule[step] != "blocking")
+        current[0] = blocking if schedule[step] == "blocking" else choice.hook
         counter.link = Link() if schedule[step] == "unlinked" else link
         x, y = next(batches)
         loss = workloads.loss_fn(ddp(x), y)

@@ -39,6 +39,7 @@ import tempfile
 import time
 
 from commlab.api import RunConfig, run
+from commlab.config import link_label
 from commlab.tune import whatif
 from commlab.tune.sweep import parse_list
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                     **settings)
                     r = run(cfg)
                     print(f"[{time.monotonic() - t0:6.0f} s] N={n} {name:<9} "
-                          f"{whatif.link_label(*link) or 'loopback':<28} {r.status()}  {r.id}",
+                          f"{link_label(*link) or 'loopback':<28} {r.status()}  {r.id}",
                           file=sys.stderr, flush=True)
                     if r.status() != "finished":
                         print(f"run {r.id} ended {r.status()}: {r.status_record().get('error')}",

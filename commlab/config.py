@@ -20,20 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The hooks of PyTorch's "DDP Communication Hooks" page, then PyTorch's other algorithms (quantization
-# by allgather, post-local SGD), then the classic compressors commlab implements (commlab.hooks.compressors).
-PAGE_HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "noop")
-QUANTIZATION_HOOKS = ("quantize_pertensor", "quantize_perchannel")
-LOCALSGD_HOOKS = ("post_localsgd",)
-COMPRESSOR_HOOKS = ("topk", "randomk", "qsgd", "terngrad", "signsgd", "ef_signsgd", "onebit",
-                    "threshold", "dgc", "natural", "signum")
-HOOKS = PAGE_HOOKS + QUANTIZATION_HOOKS + LOCALSGD_HOOKS + COMPRESSOR_HOOKS
-WRAPPERS = ("none", "fp16", "bf16")
+from commlab import rules
+from commlab.hook_specs import BASELINE, HOOKS, SPECS, WRAPPERS
+from commlab.rules import Rule
+
 IMPLS = ("auto", "stock", "commlab")
 RESOLVED_BACKENDS = ("gloo", "nccl")  # what "auto" resolves to on a machine
 BACKENDS = ("auto", *RESOLVED_BACKENDS)
 OPTIMIZERS = ("sgd", "adam", "adamw")
-POWERSGD_HOOKS = ("powersgd", "batched_powersgd")
 # The sections of the settings table, in the Launch form's order: group -> its heading.
 GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
           "workload": "Workload", "instrument": "Instrumentation and an emulated link",
@@ -251,7 +245,7 @@ class RunConfig:
     optimizer: str = setting("adamw", choices=OPTIMIZERS, group="workload", help=(
         "The optimizer every rank steps with the averaged gradients."))
     seed: int = setting(0, group="workload", bounds=Bounds(0, 2**32 - 1, (
-        "it seeds torch and each rank's data generator (seed * 1000 + rank), as random_seed does "
+        "it seeds torch and each rank's data generator (seed * 1000 + rank: workloads.stream_seed), as random_seed does "
         "numpy's")), help=(
         "Seeds the initial weights (the same on every rank) and the data, so that runs with "
         "different hooks draw the same batches."))
@@ -410,13 +404,6 @@ class RunConfig:
         return p
 
     # ------------------------------------------------------------------ derived
-    @property
-    def is_powersgd(self) -> bool:
-        return self.hook in POWERSGD_HOOKS
-
-    def powersgd_kwargs(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in POWERSGD_FIELDS}
-
     def label(self) -> str:
         return label_of(self.to_dict())
 
@@ -469,24 +456,68 @@ def _kind(f: dataclasses.Field) -> str:
     return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
 
-# The settings that PowerSGDState takes, in its own order and spelling.
-POWERSGD_FIELDS = tuple(s.name for s in settings() if s.group == "powersgd")
+# The groups of settings that belong to hooks: one there that a hook's spec reads means nothing to
+# the hooks that do not read it (``applies``).  The hook and its implementation apply to every run.
+HOOK_GROUPS = ("hook", "powersgd", "localsgd", "compressors")
+_READ_BY_SOME_HOOK = frozenset(name for spec in SPECS.values() for name in spec.reads())
+
+
+def applies(s: Setting, hook: str) -> bool:
+    """Whether setting ``s`` has an effect on a run of ``hook``: every setting outside the hook
+    groups does; inside them, those no hook reads (the hook, the implementation) and those
+    ``hook``'s spec reads."""
+    if s.group not in HOOK_GROUPS or s.name not in _READ_BY_SOME_HOOK:
+        return True
+    spec = SPECS.get(hook)
+    return spec is not None and s.name in spec.reads()
 
 
 def is_plain_allreduce(cfg: dict) -> bool:
     """Whether a stored config is DDP's own behaviour: the baseline every comparison is made against."""
-    return cfg.get("hook") == "allreduce" and cfg.get("wrapper", "none") == "none"
+    return cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
 
 
-def label_of(cfg: dict) -> str:
-    """A run's settings in a few words, from its config as stored (any version of it)."""
+def own_settings(hook: str) -> tuple[Setting, ...]:
+    """The sweepable settings ``hook`` reads (its spec's ``reads``), in the table's order: what
+    tells apart two runs of it, so a sweep's axes and a run's label.  () for a name that is no hook."""
+    spec = SPECS.get(hook)
+    reads = set(spec.reads()) if spec else set()
+    return tuple(s for s in settings() if s.sweepable and s.name in reads)
+
+
+def label_of(cfg: dict, link: bool = False, seed: bool = False) -> str:
+    """A run's settings in a few words, from its config as stored (any version of it): its hook,
+    wrapped, the values of its hook's own settings (``own_settings``; the spec's short names),
+    its emulated link (``link``) and its seed (``seed``): what tells apart the runs of a sweep,
+    the rows of a comparison or the profiles of a what-if.  The one place a run's label is made."""
     hook, wrapper = cfg.get("hook", "?"), cfg.get("wrapper", "none")
     name = hook if wrapper == "none" else f"{wrapper}_wrapper({hook})"
-    if hook in POWERSGD_HOOKS:
-        name += f" r={cfg.get('matrix_approximation_rank')} start={cfg.get('start_powerSGD_iter')}"
-        if cfg.get("min_compression_rate", 2.0) != 2.0:
-            name += f" rate={cfg['min_compression_rate']:g}"
-    return name
+    spec = SPECS.get(hook)
+    for s in own_settings(hook):
+        if s.group == "hook" or s.name not in cfg:
+            continue
+        value = cfg[s.name]
+        if s.name in spec.named_when_changed and value == s.default:
+            continue
+        shown = format(value, "g") if isinstance(value, float) else value
+        name += f" {spec.short_names.get(s.name, s.name)}={shown}"
+    where = link_of(cfg)
+    if link and where:
+        name += f" [{where}]"
+    return name + (f" seed {cfg.get('seed')}" if seed else "")
+
+
+def link_of(cfg: dict) -> str | None:
+    """A stored config's emulated link, as ``link_label`` says it; None for the real network."""
+    return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
+
+
+def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
+    """'emulated 1 Gb/s, 20 µs' for a run over an emulated link, None for the real network."""
+    if not (bandwidth_gbps or latency_us):
+        return None
+    bw = f"{bandwidth_gbps:g} Gb/s" if bandwidth_gbps else "unlimited bandwidth"
+    return f"emulated {bw}, {latency_us:g} µs"
 
 
 class ConfigError(ValueError):
@@ -541,6 +572,61 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str | None:
     return f"unknown {what} {shown(value)}; valid {what}s are: {', '.join(allowed)}"
 
 
+@dataclass
+class _Checked:
+    """A config as the rules read it: its settings, and ``gpus``, those of the machine it is
+    checked for (this one's, unless told: an export is checked for the cluster it names)."""
+
+    cfg: RunConfig
+    gpu_count: int | None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cfg, name)
+
+    @property
+    def gpus(self) -> int:
+        from commlab.devices import gpu_count
+
+        return gpu_count() if self.gpu_count is None else self.gpu_count
+
+
+def _needs_instrument(name: str) -> Rule:
+    # Carried out by the instrumentation: without it they would be silently ignored.
+    return Rule(name, ("instrument", name), lambda c: not c.instrument and bool(getattr(c, name)),
+                lambda c: f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})")
+
+
+# The rules between settings, in the order their messages are given; a hook's own (its spec's
+# ``rules``) go after the first two.
+RULES: tuple[Rule, ...] = (
+    Rule("wrapper", ("hook", "wrapper"), lambda c: not SPECS[c.hook].wrappable and c.wrapper != "none",
+         lambda c: f"a compress wrapper cannot wrap {c.hook}: {SPECS[c.hook].wrap_refusal}; use wrapper 'none'"),
+    Rule("impl", ("hook", "impl"), lambda c: SPECS[c.hook].commlab_only and c.impl == "stock",
+         lambda c: (f"PyTorch has no {c.hook} hook, so impl=stock cannot run it: commlab's is the "
+                    "only one; use impl auto or commlab")),
+    Rule("world_size", ("world_size", "backend"),
+         lambda c: c.backend == "nccl" and c.world_size > c.gpus,
+         lambda c: (f"{c.world_size} NCCL ranks need {c.world_size} GPUs, this machine has "
+                    f"{c.gpus}: NCCL runs one rank per GPU (use backend gloo or auto)")),
+    # A bad steps gives no range to name.
+    Rule("save_grads_at", ("steps", "save_grads_at"),
+         lambda c: any(not 0 <= s < c.steps for s in c.save_grads_at),
+         lambda c: (f"each step must be from 0 to {c.steps - 1} (steps is {c.steps}; they count from 0), "
+                    f"got {shown([s for s in c.save_grads_at if not 0 <= s < c.steps])}")),
+    *map(_needs_instrument, ("error_every", "save_grads_at", "emulate_bandwidth_gbps", "emulate_latency_us")),
+    Rule("workload", ("workload",), lambda c: bool(_workload_error(c.workload)),
+         lambda c: f"{shown(c.workload)} {_workload_error(c.workload)}"),
+    Rule("runs_dir", ("runs_dir",), lambda c: runs_dir_error(c.runs_dir) is not None,
+         lambda c: runs_dir_error(c.runs_dir)),
+)
+
+
+def _workload_error(workload: str) -> str | None:
+    from commlab.workloads import spec_error
+
+    return spec_error(workload)
+
+
 def _field_errors(c: RunConfig, gpu_count: int | None, known_bad: dict | None = None) -> dict[str, str]:
     """What can be told without running anything: the table's choices and bounds, the rules
     between settings, the runs folder; of a user's workload only how it is spelled (the engine's
@@ -559,55 +645,8 @@ def _field_errors(c: RunConfig, gpu_count: int | None, known_bad: dict | None = 
             msg = m["bounds"].error(value) if is_number else f"must be a number, got {shown(value)}"
         if msg:
             e[f.name] = msg
-    if not {"hook", "wrapper"} & e.keys() and c.hook == "noop" and c.wrapper != "none":
-        e["wrapper"] = ("a compress wrapper cannot wrap noop: noop sends nothing, so there is "
-                        "nothing to compress; use wrapper 'none'")
-    if (not {"hook", "wrapper"} & e.keys() and c.hook in QUANTIZATION_HOOKS + COMPRESSOR_HOOKS
-            and c.wrapper != "none"):
-        e["wrapper"] = (f"a compress wrapper cannot wrap {c.hook}: it chooses its own wire format "
-                        "(uint8 codes, packed signs or indices), so a cast before it only loses "
-                        "precision; use wrapper 'none'")
-    if not {"hook", "impl"} & e.keys() and c.hook in COMPRESSOR_HOOKS and c.impl == "stock":
-        e["impl"] = (f"PyTorch has no {c.hook} hook, so impl=stock cannot run it: commlab's is the "
-                     "only one; use impl auto or commlab")
-    if (not {"localsgd_subgroup_size", "world_size", "hook"} & e.keys() and c.hook in LOCALSGD_HOOKS
-            and c.world_size % c.localsgd_subgroup_size):
-        e["localsgd_subgroup_size"] = (f"must divide the number of ranks ({c.world_size}), got "
-                                       f"{c.localsgd_subgroup_size}: dist.new_subgroups cuts the "
-                                       "ranks into subgroups of equal size")
-    if (not {"start_powerSGD_iter", "hook", "use_error_feedback", "warm_start"} & e.keys()
-            and c.is_powersgd and c.start_powerSGD_iter < 2
-            and (c.use_error_feedback or c.warm_start)):
-        e["start_powerSGD_iter"] = (
-            f"must be at least 2 while use_error_feedback or warm_start is on, got "
-            f"{c.start_powerSGD_iter}: DDP rebuilds its buckets after the first iteration, which "
-            "conflicts with any tensor memorized before the rebuild (turn both off to start earlier)")
-    if not {"world_size", "backend"} & e.keys() and c.backend == "nccl":
-        from commlab.devices import gpu_count as count_gpus
-
-        gpus = count_gpus() if gpu_count is None else gpu_count
-        if c.world_size > gpus:
-            e["world_size"] = (f"{c.world_size} NCCL ranks need {c.world_size} GPUs, this machine "
-                               f"has {gpus}: NCCL runs one rank per GPU (use backend gloo or auto)")
-    bad = [s for s in c.save_grads_at if not 0 <= s < c.steps]
-    if bad and not {"steps", "save_grads_at"} & e.keys():  # a bad steps gives no range to name
-        e["save_grads_at"] = (f"each step must be from 0 to {c.steps - 1} (steps is {c.steps}; "
-                              f"they count from 0), got {shown(bad)}")
-    if not c.instrument and "instrument" not in e:
-        # These are carried out by the instrumentation; without it they would be silently ignored.
-        for name, on in (("error_every", c.error_every > 0), ("save_grads_at", bool(c.save_grads_at)),
-                         ("emulate_bandwidth_gbps", c.emulate_bandwidth_gbps > 0),
-                         ("emulate_latency_us", c.emulate_latency_us > 0)):
-            if on and name not in e:
-                e[name] = f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})"
-    from commlab.workloads import spec_error
-
-    if "workload" not in e and spec_error(c.workload):
-        e["workload"] = f"{shown(c.workload)} {spec_error(c.workload)}"
-    msg = None if "runs_dir" in e else runs_dir_error(c.runs_dir)
-    if msg:
-        e["runs_dir"] = msg
-    return e
+    own = () if "hook" in e else SPECS[c.hook].rules
+    return rules.check(RULES[:2] + own + RULES[2:], _Checked(c, gpu_count), e)
 
 
 def runs_dir_error(runs_dir: str) -> str | None:

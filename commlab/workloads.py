@@ -39,12 +39,18 @@ CONTRACT = ("a workload function must return (model, batches): model a torch.nn.
             "cross-entropy; float targets: mean squared error); optionally a third item, "
             "eval_batches, a callable that yields the held-out (inputs, targets)")
 MAX_EVAL_BATCHES = 1000  # a held-out set is drawn once and kept: an endless one is cut here
-# The data stream of held-out samples of the generated workloads: training draws seed * 1000 +
-# rank with rank below the 64 ranks a run may have, so no rank ever draws this one.
+# The data stream of held-out samples of the generated workloads: training draws stream ``rank``
+# (``stream_seed``), below the 64 ranks a run may have, so no rank ever draws this one.
 EVAL_STREAM = 999
 EVAL_METRICS = ("accuracy", "bits_per_char")  # reported beside the held-out loss
 
 Batches = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def stream_seed(seed: int, stream: int) -> int:
+    """The seed of one of a run's random streams: each rank's (its data, its randomness after the
+    shared initial weights; ``stream`` its rank) and the held-out set's (``EVAL_STREAM``)."""
+    return seed * 1000 + stream
 
 
 @dataclass
@@ -188,7 +194,7 @@ def charlm(rank: int = 0, world_size: int = 1, batch_size: int = 16, seed: int =
     model = CharLM(block_size=block_size)
 
     def batches():
-        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        g = torch.Generator().manual_seed(stream_seed(seed, rank))
         while True:
             ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=g)
             x = torch.stack([data[i:i + block_size] for i in ix])
@@ -217,13 +223,13 @@ def mlp(rank: int = 0, world_size: int = 1, batch_size: int = 64, seed: int = 0)
     model = mlp_model(d_in, classes)
 
     def batches():
-        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        g = torch.Generator().manual_seed(stream_seed(seed, rank))
         while True:
             x = torch.randn(batch_size, d_in, generator=g)
             yield x, (x @ teacher).argmax(dim=1)
 
     def eval_batches():
-        x = torch.randn(2048, d_in, generator=torch.Generator().manual_seed(seed * 1000 + EVAL_STREAM))
+        x = torch.randn(2048, d_in, generator=torch.Generator().manual_seed(stream_seed(seed, EVAL_STREAM)))
         return zip(x.split(512), (x @ teacher).argmax(dim=1).split(512))
 
     return Workload(model, batches, eval_batches, "accuracy")
@@ -262,12 +268,12 @@ def cnn(rank: int = 0, world_size: int = 1, batch_size: int = 32, seed: int = 0)
     model = cnn_model()
 
     def batches():
-        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        g = torch.Generator().manual_seed(stream_seed(seed, rank))
         while True:
             yield shape_images(batch_size, g)
 
     def eval_batches():
-        x, y = shape_images(512, torch.Generator().manual_seed(seed * 1000 + EVAL_STREAM))
+        x, y = shape_images(512, torch.Generator().manual_seed(stream_seed(seed, EVAL_STREAM)))
         return zip(x.split(128), y.split(128))
 
     return Workload(model, batches, eval_batches, "accuracy")
@@ -286,13 +292,13 @@ def wide(rank: int = 0, world_size: int = 1, batch_size: int = 8, seed: int = 0,
     model = wide_model(width, depth)
 
     def batches():
-        g = torch.Generator().manual_seed(seed * 1000 + rank)
+        g = torch.Generator().manual_seed(stream_seed(seed, rank))
         while True:
             x = torch.randn(batch_size, width, generator=g)
             yield x, torch.tanh(x @ teacher)
 
     def eval_batches():
-        x = torch.randn(256, width, generator=torch.Generator().manual_seed(seed * 1000 + EVAL_STREAM))
+        x = torch.randn(256, width, generator=torch.Generator().manual_seed(stream_seed(seed, EVAL_STREAM)))
         return zip(x.split(64), torch.tanh(x @ teacher).split(64))
 
     return Workload(model, batches, eval_batches)

@@ -17,12 +17,14 @@ PRESET = RunConfig(hook="powersgd")
 
 
 def settings_form() -> RunConfig | None:
-    """The settings the exports render (the table marks them), three to a row."""
+    """The settings the exports render (the table marks them) that apply to the hook chosen (the
+    first), three to a row."""
     values: dict = {}
     columns = st.columns(3)
-    for i, s in enumerate(s for s in settings() if s.export):
-        w = form.widget(s, values, value=getattr(PRESET, s.name), prefix="export_", titled=True)
-        values[s.name] = w.draw(columns[i % len(columns)])
+    for s in settings():
+        if s.export and form.shown(s, values):
+            w = form.widget(s, value=getattr(PRESET, s.name), prefix="export_", titled=True)
+            values[s.name] = w.draw(columns[len(values) % len(columns)])
     # Checked as production reads the settings: the workload is never run (no probe), and this
     # machine's GPUs and runs folder do not count.
     try:

@@ -23,14 +23,19 @@ def settings() -> dict:
     v = {}
     for column, groups in zip(st.columns(len(form.COLUMNS)), form.COLUMNS):
         for group in groups:
+            drawn = form.form_settings(group, v)  # the hook's own settings, once it is chosen
+            if not drawn:
+                continue
             with column.container(border=True):
-                st.markdown(form.heading(group, v))
-                for s in form.form_settings(group):
+                st.markdown(form.heading(group))
+                for s in drawn:
+                    if not form.shown(s, v):  # the hook's own settings, under the hook just chosen
+                        continue
                     # The workload: a built-in or the person's own module:function, chosen first.
                     own = s.name == "workload" and st.radio(
                         s.label, form.WORKLOAD_KINDS, key="f_workload_kind",
                         help=s.help) != form.WORKLOAD_KINDS[0]
-                    v[s.name] = field(form.widget(s, v, own_workload=own))
+                    v[s.name] = field(form.widget(s, own_workload=own))
     return v
 
 

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from commlab.config import PAGE_HOOKS, WRAPPERS, RunConfig
+from commlab.config import RunConfig
 from commlab.engine.teardown import end_process_group
+from commlab.hook_specs import PAGE, WRAPPERS, hooks_of
 from commlab.hooks import comm_thread, registry
 from commlab.hooks.instrument import CollectiveCounter
 
@@ -60,7 +61,7 @@ def main(out: str) -> None:
     dist.init_process_group("gloo")
     counter = CollectiveCounter(world_size=dist.get_world_size()).install()
     results = []
-    for hook in PAGE_HOOKS:  # the hooks of PyTorch's page; tests/test_compressors.py runs the others
+    for hook in hooks_of(PAGE):  # the hooks of PyTorch's page; tests/test_compressors.py runs the others
         for wrapper in WRAPPERS:
             cfg = RunConfig(hook=hook, wrapper=wrapper, bucket_cap_mb=0.02, start_powerSGD_iter=2,
                             matrix_approximation_rank=2)

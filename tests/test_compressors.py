@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from commlab.config import COMPRESSOR_HOOKS, RunConfig
+from commlab.config import RunConfig
+from commlab.hook_specs import COMPRESSOR, SPECS, hooks_of
 from commlab.hooks import compressors as c
 from commlab.hooks import registry
 
@@ -186,12 +187,12 @@ def test_config_rules_for_the_new_hooks():
     assert not RunConfig(hook="post_localsgd", wrapper="fp16").errors(gpu_count=0)
 
 
-@pytest.mark.parametrize("hook", COMPRESSOR_HOOKS)
+@pytest.mark.parametrize("hook", hooks_of(COMPRESSOR))
 def test_registry_runs_commlabs_compressor_with_its_state(hook):
     cfg = RunConfig(hook=hook, compress_ratio=0.2, qsgd_levels=3, compressor_momentum=0.5)
     assert registry.plan(cfg, "gloo")[0] == "commlab"
     choice = registry.choose(cfg, "gloo")
-    assert choice.hook.__name__ == f"{hook}_hook" and isinstance(choice.state, c.STATES[hook][1])
+    assert choice.hook.__name__ == f"{hook}_hook" and isinstance(choice.state, getattr(c, SPECS[hook].state.attr))
     for attr, value in (("compress_ratio", 0.2), ("levels", 3), ("momentum", 0.5)):
         if hasattr(choice.state, attr) and hook not in ("threshold",):
             assert getattr(choice.state, attr) == value

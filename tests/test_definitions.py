@@ -169,10 +169,10 @@ def test_every_reader_of_a_runs_figures_agrees_with_the_one_definition(tmp_path)
 def test_one_label_per_meaning_and_one_baseline_test(tmp_path):
     emulated = RunConfig(hook="powersgd", matrix_approximation_rank=2, start_powerSGD_iter=4,
                          emulate_bandwidth_gbps=1.0, emulate_latency_us=20.0).to_dict()
-    assert whatif.run_label(emulated) == "powersgd r=2 start=4 [emulated 1 Gb/s, 20 µs]"
-    assert whatif.run_label(RunConfig().to_dict()) == label_of(RunConfig().to_dict()) == "allreduce"
-    assert sweep.run_label is whatif.run_label
-    assert sweep.summarize([], emulated, "finished")["label"] == whatif.run_label(emulated)
+    assert label_of(emulated, link=True) == "powersgd r=2 start=4 [emulated 1 Gb/s, 20 µs]"
+    assert label_of(emulated) == "powersgd r=2 start=4"
+    assert label_of(RunConfig().to_dict(), link=True) == label_of(RunConfig().to_dict()) == "allreduce"
+    assert sweep.summarize([], emulated, "finished")["label"] == label_of(emulated, link=True)
 
     run = _run_folder(tmp_path, "20260101-000000-powersgd-beef", RunConfig(**{
         k: emulated[k] for k in ("hook", "matrix_approximation_rank", "start_powerSGD_iter")}), [])

@@ -10,9 +10,9 @@ import psutil
 import pytest
 
 from commlab.api import Run, RunConfig, launch, open_run, run
-from commlab.config import PAGE_HOOKS, WRAPPERS
 from commlab.engine import procs, store
 from commlab.engine.launch import prepare, torchrun_argv, torchrun_command, worker_env
+from commlab.hook_specs import PAGE, WRAPPERS, hooks_of
 
 HERE = __import__("pathlib").Path(__file__).parent
 
@@ -26,7 +26,7 @@ def test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets(tmp_path, wo
                           env=worker_env(RunConfig(world_size=world_size)))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
-    expected = {(h, w) for h in PAGE_HOOKS for w in WRAPPERS if not (h == "noop" and w != "none")}
+    expected = {(h, w) for h in hooks_of(PAGE) for w in WRAPPERS if not (h == "noop" and w != "none")}
     assert {(r["hook"], r["wrapper"]) for r in results} == expected
     for r in results:
         assert r["buckets"] >= 2, r

@@ -65,8 +65,10 @@ def test_json_and_toml_load_back_to_the_identical_config(cfg, tmp_path):
 def test_powersgd_defaults_are_pytorchs():
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
+    from commlab.hook_specs import TORCH_POWERSGD_DEFAULTS
+
     params = inspect.signature(PowerSGDState.__init__).parameters
-    assert {k: params[k].default for k in export.TORCH_POWERSGD_DEFAULTS} == export.TORCH_POWERSGD_DEFAULTS
+    assert {k: params[k].default for k in TORCH_POWERSGD_DEFAULTS} == TORCH_POWERSGD_DEFAULTS
 
 
 def test_every_hook_and_wrapper_named_exists_in_torch():
@@ -75,7 +77,7 @@ def test_every_hook_and_wrapper_named_exists_in_torch():
     from commlab.config import HOOKS, WRAPPERS
     from commlab.hooks import registry
 
-    for hook in filter(lambda h: export.exportable(RunConfig(hook=h)), HOOKS):
+    for hook in HOOKS:
         for wrapper in WRAPPERS:
             for piece in registry.pieces(hook, wrapper, "nccl"):
                 # a hook PyTorch has none of is commlab's (test_export_matrix checks commlab.hooks)
@@ -83,11 +85,13 @@ def test_every_hook_and_wrapper_named_exists_in_torch():
 
 
 def test_state_spells_out_every_non_default_and_the_two_tuned_settings():
+    from commlab.hook_specs import spec
+
     cfg = CONFIGS["powersgd_fp16"]
-    assert export.powersgd_settings(cfg) == {
+    assert spec("powersgd").state.spelled(cfg) == {
         "matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "min_compression_rate": 1.5,
         "random_seed": 7}
-    assert export.powersgd_settings(RunConfig(hook="powersgd", start_powerSGD_iter=1000)) == {
+    assert spec("powersgd").state.spelled(RunConfig(hook="powersgd", start_powerSGD_iter=1000)) == {
         "matrix_approximation_rank": 1, "start_powerSGD_iter": 1000}
 
 
@@ -201,7 +205,7 @@ def test_accelerate_snippet_registers_the_hook_wrapper_and_state(name, hook_name
     (call,) = model.register_comm_hook.call_args_list
     state, hook = call.args or (call.kwargs["state"], call.kwargs["hook"])
     assert hook.__name__ == hook_name
-    if CONFIGS[name].is_powersgd:
+    if CONFIGS[name].hook in ("powersgd", "batched_powersgd"):
         assert isinstance(state, powerSGD_hook.PowerSGDState)
         assert (state.matrix_approximation_rank, state.start_powerSGD_iter,
                 state.min_compression_rate) == (2, 2, 1.5)
@@ -301,7 +305,7 @@ def test_each_new_hooks_snippets_build_its_state_with_the_runs_settings(hook, ba
 
 @pytest.mark.parametrize("hook", list(SPELLED))
 def test_a_compressor_snippets_state_is_the_state_the_lab_builds(hook):
-    from commlab.hooks import compressors
+    from commlab.hooks import registry
 
     cfg = RunConfig(hook=hook, **SETTINGS)
     tree = ast.parse(export.render(cfg, "ddp", Target(backend="gloo")).text)
@@ -309,7 +313,7 @@ def test_a_compressor_snippets_state_is_the_state_the_lab_builds(hook):
             or (isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "state")]
     namespace: dict = {}
     exec(compile(ast.Module(body, type_ignores=[]), "<ddp>", "exec"), namespace)
-    lab = compressors.make_state(cfg)
+    lab = registry.choose(cfg, "gloo").state
 
     def settings_of(state):
         return {k: v for k, v in vars(state).items() if isinstance(v, (bool, int, float, type(None)))}
@@ -344,15 +348,6 @@ def test_post_local_sgd_is_refused_where_its_subgroups_cannot_cut_the_targets_ra
         export.render(cfg, fmt, Target(nproc_per_node=3, nnodes=2))  # 6 ranks: 3 subgroups
     for fmt in ("json", "toml"):  # a config file names no target
         export.render(cfg, fmt, Target(nproc_per_node=3))
-
-
-def test_a_commlab_piece_missing_from_the_library_is_refused_by_name(monkeypatch):
-    import commlab.hooks as library
-
-    monkeypatch.setattr(library, "__all__", [n for n in library.__all__ if n != "dgc_hook"])
-    with pytest.raises(ExportRefused, match="commlab's dgc_hook is not part of the commlab.hooks "
-                                            "library .*, and PyTorch has none"):
-        export.render(RunConfig(hook="dgc"), "ddp", Target())
 
 
 # --------------------------------------------------------------------------- launch lines

@@ -18,8 +18,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as stock
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import cli
-from commlab.config import HOOKS, POWERSGD_FIELDS, WRAPPERS, RunConfig
+from commlab.config import RunConfig
 from commlab.engine.ranks import run_ranks
+from commlab.hook_specs import HOOKS, POWERSGD_SETTINGS, WRAPPERS
 from commlab.hooks import compress, powersgd, registry
 
 # Unloaded, a job takes seconds; these only bound a hang, generously, as this machine is often
@@ -445,7 +446,7 @@ def test_choose_builds_state_and_hook():
     assert _inner(choice.hook) is powersgd.powerSGD_hook
     state = choice.state
     assert isinstance(state, stock.PowerSGDState) and state.process_group is None
-    for name in POWERSGD_FIELDS:
+    for name in POWERSGD_SETTINGS:
         if name != "random_seed":
             assert getattr(state, name) == getattr(cfg, name), name
     assert state.rng.randint(1 << 30) == np.random.RandomState(7).randint(1 << 30)

@@ -36,9 +36,8 @@ def _model() -> nn.Module:
 
 def _train(rank: int, world: int, overrides: dict, cap: float, overlap: bool, link: Link) -> dict:
     """Train a few steps through the registry's choice on Gloo, instrumented; time each hook call."""
-    comm_thread.configure(overlap)
     cfg = RunConfig(start_powerSGD_iter=2, matrix_approximation_rank=2, bucket_cap_mb=cap,
-                    **overrides)
+                    overlap=overlap, **overrides)
     choice = registry.choose(cfg, "gloo")
     counter = CollectiveCounter(link, world).install()
     issued = []  # (thread, elements) per collective, in the order this rank issued them
@@ -152,7 +151,6 @@ def test_overlapping_hook_returns_before_its_collectives_end(ranks):
 def _unused_parameters_job(rank, world, report):
     """commlab's PowerSGD on several buckets under find_unused_parameters, whose reducer issues
     an allreduce of its own right after the last hook returns."""
-    comm_thread.configure(True)
     cfg = RunConfig(hook="powersgd", impl="commlab", start_powerSGD_iter=2,
                     matrix_approximation_rank=2, bucket_cap_mb=0.001)
     choice = registry.choose(cfg, "gloo")
@@ -266,7 +264,6 @@ def test_a_body_that_returns_a_future_completes_the_hook_future_with_its_value()
 
 
 def test_in_order_runs_in_place_when_the_thread_is_idle_and_behind_it_otherwise():
-    comm_thread.configure(True)
     comm = comm_thread.current()
     try:
         assert comm_thread.in_order(lambda: threading.current_thread().name).wait() == "MainThread"
@@ -278,8 +275,3 @@ def test_in_order_runs_in_place_when_the_thread_is_idle_and_behind_it_otherwise(
     finally:
         comm_thread.close()
     assert not comm.alive
-    comm_thread.configure(False)
-    try:
-        assert comm_thread.current() is None
-    finally:
-        comm_thread.configure(True)

@@ -13,15 +13,16 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks as stock_quantization
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from commlab.config import COMPRESSOR_HOOKS, LOCALSGD_HOOKS, QUANTIZATION_HOOKS, RunConfig
+from commlab.config import RunConfig
 from commlab.engine.ranks import run_ranks
+from commlab.hook_specs import COMPRESSOR, LOCAL_SGD, QUANTIZATION, hooks_of
 from commlab.hooks import quantization, registry
 from commlab.hooks.instrument import OTHER, CollectiveCounter
 
 pytestmark = pytest.mark.timeout(600)
 STEPS = 3  # DDP rebuilds its buckets after step 0: two steps on the rebuilt layout
 LOCALSGD_STEPS = 5  # global up to step 2, averaged at steps 2 and 4
-NEW_HOOKS = QUANTIZATION_HOOKS + LOCALSGD_HOOKS + COMPRESSOR_HOOKS
+NEW_HOOKS = hooks_of(QUANTIZATION) + hooks_of(LOCAL_SGD) + hooks_of(COMPRESSOR)
 FULL_BYTES = 4 * (64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10)  # float32 gradients, one step
 
 

@@ -14,7 +14,7 @@ import pytest
 from commlab import cli
 from commlab.commands.run import config_from_args
 from commlab.commands.sweep import spec_from_args
-from commlab.config import GROUPS, RunConfig, default_runs_dir, settings
+from commlab.config import GROUPS, RunConfig, applies, default_runs_dir, settings
 from commlab.tune import sweep as sw
 from commlab.ui import form
 
@@ -176,11 +176,16 @@ def test_the_launch_page_draws_every_form_setting_with_its_key_label_and_help(mo
     monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
     at = AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=300).run()
     assert not at.exception, [e.value for e in at.exception]
-    drawn = {w.key: w for w in at.main if getattr(w, "key", None)}
-    for s in settings():
-        if s.form:
-            w = form.widget(s)
-            assert w.key in drawn, s.name
-            assert drawn[w.key].label == w.label and drawn[w.key].help == w.kwargs["help"]
-            assert drawn[w.key].help.startswith(s.help)
+    # Each hook shows the settings that apply to it and no others (allreduce first: the default).
+    for hook in ("allreduce", "powersgd", "post_localsgd", "topk"):
+        at.selectbox(key="f_hook").set_value(hook).run()
+        assert not at.exception, [e.value for e in at.exception]
+        drawn = {w.key: w for w in at.main if getattr(w, "key", None)}
+        for s in settings():
+            if s.form:
+                w = form.widget(s)
+                assert (w.key in drawn) == applies(s, hook), (hook, s.name)
+                if w.key in drawn:
+                    assert drawn[w.key].label == w.label and drawn[w.key].help == w.kwargs["help"]
+                    assert drawn[w.key].help.startswith(s.help)
     assert default_runs_dir() == str(tmp_path)

@@ -20,7 +20,7 @@ import pytest
 
 from commlab import cli
 from commlab.analysis import ring
-from commlab.config import ConfigError, RunConfig
+from commlab.config import ConfigError, RunConfig, label_of
 from commlab.hooks.instrument import Link
 from commlab.tune import pareto, quality, whatif
 from commlab.tune import sweep as sw
@@ -106,7 +106,7 @@ def test_a_compressor_sweep_is_labelled_by_its_values():
     assert sw.plan_label(sw.grid(qsgd)[-1], qsgd) == "qsgd qsgd_levels=127 [emulated 1 Gb/s, 0 µs] seed 1"
     local = sw.SweepSpec(base=base.with_overrides(hook="post_localsgd"), averager_period=[2, 8],
                          start_localSGD_iter=[5], baseline=False, repeats=1)
-    assert [whatif.run_label(c.to_dict()) for c in sw.grid(local)] == [
+    assert [label_of(c.to_dict(), link=True) for c in sw.grid(local)] == [
         f"post_localsgd start_localSGD_iter=5 averager_period={p} [emulated 1 Gb/s, 0 µs]" for p in (2, 8)]
     # The default, plain allreduce as the base, still sweeps PowerSGD, labelled as before.
     assert sw.SweepSpec(base=base).hook == "powersgd"

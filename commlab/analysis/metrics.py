@@ -6,8 +6,9 @@ hook_s, payload_bytes, collectives, ...).  Not every step shows the run as confi
 - step 0 runs on DDP's first bucket layout and pays for lazy initialization; step 1 rebuilds the
   buckets (DDP does it once, in the second iteration's forward, from the order gradients arrived
   in the first); step 2 lets caches and the allocator settle.  So ``WARMUP_STEPS`` = 3.
-- PowerSGD is a plain allreduce before ``start_powerSGD_iter``: its first compressed step is
-  that one (``PowerSGDState.iter`` counts steps from 0).
+- a hook that starts late (its spec's ``starts``) is a plain allreduce before that step: PowerSGD
+  before ``start_powerSGD_iter`` (``PowerSGDState.iter`` counts steps from 0), post-local SGD
+  before ``start_localSGD_iter``.
 - a step whose loss is not finite (a diverging run) measures nothing.
 
 The steps from ``first_steady_step`` on, with a finite loss, are a run's steady steps; its
@@ -20,15 +21,17 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from commlab.config import POWERSGD_HOOKS
+from commlab.hook_specs import spec_of
 
 WARMUP_STEPS = 3
 
 
 def first_steady_step(cfg: dict, warmup: int = WARMUP_STEPS) -> int:
-    """The first step past ``warmup`` start-up steps and, for PowerSGD, already compressed."""
-    if cfg.get("hook") in POWERSGD_HOOKS:
-        return max(warmup, cfg.get("start_powerSGD_iter", 0))
+    """The first step past ``warmup`` start-up steps and past the step the hook starts at (its
+    spec's ``starts``: PowerSGD already compressing, post-local SGD already local)."""
+    spec = spec_of(cfg)
+    if spec is not None and spec.starts:
+        return max(warmup, cfg.get(spec.starts, 0))
     return warmup
 
 

@@ -13,7 +13,8 @@ import argparse
 import sys
 
 from commlab.commands.run import add_run_options, config_from_args
-from commlab.config import HOOKS, ConfigError
+from commlab.config import ConfigError
+from commlab.hook_specs import BASELINE, HOOKS
 from commlab.tune.quality import Cluster
 
 
@@ -39,7 +40,7 @@ def _hooks(text: str) -> list[str]:
     if unknown or not hooks:
         raise ConfigError({"hook": f"unknown hook(s) {', '.join(unknown) or '(none given)'}; "
                                    f"known: {', '.join(HOOKS)}"})
-    return (["allreduce"] if "allreduce" not in hooks else []) + list(dict.fromkeys(hooks))
+    return ([BASELINE] if BASELINE not in hooks else []) + list(dict.fromkeys(hooks))
 
 
 def _run_hooks(args: argparse.Namespace) -> list:

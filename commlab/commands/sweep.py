@@ -26,6 +26,7 @@ import sys
 from commlab.commands import Progress
 from commlab.commands.run import add_run_options, config_from_args
 from commlab.config import ConfigError, default_runs_dir
+from commlab.hook_specs import BASELINE
 from commlab.tune.quality import Cluster
 from commlab.tune.sweep import (
     AXES,
@@ -40,8 +41,8 @@ AXIS_NAMES = tuple(s.name for s in AXES)
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
-    if args.hook == "allreduce":
-        raise ConfigError({"hook": "allreduce is the baseline, which every sweep runs first by "
+    if args.hook == BASELINE:
+        raise ConfigError({"hook": f"{BASELINE} is the baseline, which every sweep runs first by "
                                    "itself: name the hook to sweep, one of "
                                    f"{', '.join(SWEPT_HOOKS)}"})
     # The axes given are lists; the others keep the spec's defaults.

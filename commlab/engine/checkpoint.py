@@ -34,8 +34,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
 from commlab import workloads
-from commlab.config import LOCALSGD_HOOKS, ConfigError, RunConfig
+from commlab.config import ConfigError, RunConfig
 from commlab.engine import store
+from commlab.hook_specs import SPECS
 
 FOLDER, RECORD = "checkpoint", "checkpoint.json"
 # The settings a resumed run may change: they decide how long it goes and what is measured or
@@ -135,9 +136,10 @@ def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike) -> dict[str, str]:
                     f"{value!r}: the checkpoint holds the state of that setting's run (only "
                     f"{', '.join(FREE)} may change)"
               for name, value in cfg.to_dict().items() if name not in FREE and old.get(name) != value}
-    if cfg.hook in LOCALSGD_HOOKS:  # its state and averager count steps this checkpoint lacks
+    spec = SPECS.get(cfg.hook)
+    if spec is not None and not spec.resumable:  # its state counts steps this checkpoint lacks
         errors.setdefault("hook", f"{cfg.hook} cannot be resumed yet: the checkpoint holds no "
-                                  "PostLocalSGDState iteration or averager step, so the resumed "
+                                  f"{spec.state.attr} iteration or averager step, so the resumed "
                                   "run would start local SGD over")
     done = record["step"] + 1
     if cfg.steps <= done:

@@ -9,18 +9,21 @@ As a library, with PyTorch's signatures, for production code on Gloo (the export
 
 ``PowerSGDState`` is PyTorch's own class, so a state pickled with PyTorch's hook loads here and back.
 Post-local SGD needs nothing of commlab: PyTorch's hook, state and averager work on Gloo once the
-state is given subgroups (``commlab.hooks.localsgd``; the exports write it so).
-Importing these needs torch and nothing of the lab (no streamlit, plotly or pandas).
+state is given subgroups (its row of ``commlab.hook_specs`` says so; the exports write it so).
+Importing these needs torch and nothing of the lab (no streamlit, plotly or pandas).  What is
+offered here is read off the hook table (``commlab.hook_specs``): every function commlab has a
+variant or the only implementation of, and its state class.
 
-- ``registry``: config -> (state, hook), PyTorch's where it works on the backend; pure planning
-  functions for the CLI and the UI.
+- ``registry``: config -> (state, hook), PyTorch's where it works on the backend, as each hook's
+  row says; pure planning functions for the CLI and the UI.
 - ``powersgd``: PowerSGD and batched PowerSGD that are safe on Gloo (PyTorch's state and algorithm).
 - ``compress``: the bfloat16 hook and wrapper under names DDP does not refuse without NCCL.
 - ``quantization``: PyTorch's uint8 quantization hooks (allgather), working and safe on Gloo.
-- ``localsgd``: post-local SGD's state with subgroups that work without CUDA, and its averager.
 - ``compressors``: the classic compressors (top-k, random-k, threshold, DGC, QSGD, TernGrad,
   natural compression, signSGD with majority vote, signum, EF-signSGD, 1-bit SGD), one state each.
 - ``instrument``: byte counting and timing around any hook.
+- ``comm_thread``: the communication thread commlab's PowerSGD issues its collectives from.
+- ``pitfalls``: PowerSGD's pitfalls, caught as a run goes.
 - ``lightning_ddp``: a Lightning ``DDPStrategy`` that registers its hook on CPU too.
 
 The names above are resolved on first use (PEP 562), so that importing ``registry``'s planning
@@ -30,25 +33,20 @@ from __future__ import annotations
 
 import importlib
 
-# public name -> the module of this package that defines it
-_EXPORTS = {"PowerSGDState": "powersgd", "powerSGD_hook": "powersgd",
-            "batched_powerSGD_hook": "powersgd", "bf16_compress_hook": "compress",
-            "bf16_compress_wrapper": "compress",
-            "quantization_pertensor_hook": "quantization",
-            "quantization_perchannel_hook": "quantization",
-            **dict.fromkeys(("TopKState", "RandomKState", "ThresholdState", "DGCState", "QSGDState",
-                             "TernGradState", "NaturalState", "SignSGDState", "SignumState",
-                             "EFSignSGDState", "OneBitState", "compressor_hook", "topk_hook",
-                             "randomk_hook", "qsgd_hook", "terngrad_hook", "signsgd_hook",
-                             "ef_signsgd_hook", "onebit_hook", "threshold_hook", "dgc_hook",
-                             "natural_hook", "signum_hook"), "compressors")}
+from commlab.hook_specs import SPECS, WRAPPER_SPECS
+
+# public name -> the module of this package that defines it: each variant's function, its state
+# class (the spec's ``exports``), and the one hook all the compressors share.
+_EXPORTS = {name: spec.variant for spec in (*SPECS.values(), *WRAPPER_SPECS.values()) if spec.variant
+            for name in (spec.attr, *getattr(spec, "exports", ()))}
+_EXPORTS["compressor_hook"] = f"{__name__}.compressors"
 __all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
 
 
 def __dir__() -> list[str]:

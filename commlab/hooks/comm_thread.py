@@ -18,7 +18,7 @@ on every rank, since DDP hands every rank the same buckets in the same order.
 
 A body that fails fails its hook's future (DDP raises it in backward); every body queued after
 it is failed unrun, because the ranks' collective order is lost by then.  ``close()`` ends the
-thread; ``configure(overlap=False)`` makes hooks run their bodies in place (the blocking variant,
+thread.  A hook called with ``overlap=False`` runs its body in place instead (the blocking variant,
 kept for comparison; ``run_in_place`` runs a deferred rest at once).
 """
 from __future__ import annotations
@@ -156,7 +156,6 @@ class CommThread:
         self._thread.join(JOIN_TIMEOUT_S)
 
 
-_overlap = True
 _current: CommThread | None = None
 _lock = threading.Lock()
 _running = threading.local()  # on the thread: the tag of the job it runs
@@ -167,17 +166,9 @@ def job_tag() -> Any:
     return getattr(_running, "tag", None)
 
 
-def configure(overlap: bool) -> None:
-    """Whether hooks hand their bodies to the thread (True, the default) or block in place."""
-    global _overlap
-    _overlap = overlap
-
-
-def current() -> CommThread | None:
-    """This process's communication thread, started on first use; None when overlap is off."""
+def current() -> CommThread:
+    """This process's communication thread, started on first use."""
     global _current
-    if not _overlap:
-        return None
     with _lock:
         # A forked child inherits the object but not the thread.
         if _current is None or _current.pid != os.getpid() or not _current.alive:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commlab.hooks.groups import group_of
+
 __all__ = ["bf16_compress_hook", "bf16_compress_wrapper"]
 
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
@@ -27,7 +29,7 @@ def bf16_compress_hook(process_group: dist.ProcessGroup | None,
 
     Dividing before the allreduce, as PyTorch does, keeps the sum from overflowing.
     """
-    group = process_group if process_group is not None else dist.group.WORLD
+    group = group_of(process_group)
     buffer = bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(group.size())
 

@@ -6,7 +6,7 @@ issues ONE collective for it from the hook body -- an allreduce where messages a
 with indices drawn from a seed every rank shares), an allgather where they do not (values and
 indices, packed signs, packed quantization codes) -- and returns the future ``.then`` a callback
 that decodes and averages, communicating nothing.  DDP calls hooks in bucket order on every rank,
-so every rank issues the same collectives in the same order, as Gloo needs (see DESIGN.md).  The
+so every rank issues the same collectives in the same order, as Gloo needs (docs/hooks.md).  The
 one method whose message length varies per rank (threshold) first allgathers the lengths and
 waits for them in the body.  Collectives go through ``dist.all_reduce`` / ``dist.all_gather``,
 where ``commlab.hooks.instrument`` counts their bytes like every other hook's.
@@ -28,11 +28,9 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["CompressorState", "TopKState", "RandomKState", "ThresholdState", "DGCState",
-           "QSGDState", "TernGradState", "NaturalState", "SignSGDState", "SignumState",
-           "EFSignSGDState", "OneBitState", "compressor_hook", "STATES", "make_state",
-           "topk_hook", "randomk_hook", "qsgd_hook", "terngrad_hook", "signsgd_hook",
-           "ef_signsgd_hook", "onebit_hook", "threshold_hook", "dgc_hook", "natural_hook", "signum_hook"]
+from commlab.hook_specs import SPECS
+from commlab.hooks.groups import group_of
+from commlab.workloads import stream_seed
 
 ALLREDUCE, ALLGATHER = "allreduce", "allgather"
 
@@ -118,7 +116,7 @@ class CompressorState:
         """This rank's randomness (stochastic rounding is independent across ranks)."""
         if self._generator is None:
             rank = dist.get_rank() if dist.is_initialized() else 0
-            self._generator = torch.Generator().manual_seed(self.random_seed * 1000 + rank)
+            self._generator = torch.Generator().manual_seed(stream_seed(self.random_seed, rank))
         return self._generator
 
     def memory(self, store: dict, key: int, like: torch.Tensor) -> torch.Tensor:
@@ -364,15 +362,11 @@ class OneBitState(CompressorState):
 
 
 # --------------------------------------------------------------------------- the hook
-def _group(state: CompressorState):
-    return state.process_group if state.process_group is not None else dist.group.WORLD
-
-
 def compressor_hook(state: CompressorState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Compress the bucket as ``state`` says; one collective (two for threshold), from the body."""
     buf = bucket.buffer()
     key, n = bucket.index(), buf.numel()
-    group = _group(state)
+    group = group_of(state.process_group)
     world_size = group.size()
     msg, ctx = state.compress(key, buf)
     state.maybe_increase_iter(bucket)
@@ -400,7 +394,7 @@ def compressor_hook(state: CompressorState, bucket: dist.GradBucket) -> torch.fu
     return fut.then(finish)
 
 
-# --------------------------------------------------------------------------- from a RunConfig
+# --------------------------------------------------------------------------- one hook per method
 def _hook_named(name: str):
     def hook(state: CompressorState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return compressor_hook(state, bucket)
@@ -410,38 +404,11 @@ def _hook_named(name: str):
     return hook
 
 
-# config hook name -> (the hook's name, its state class, the state's arguments from a RunConfig)
-STATES = {
-    "topk": ("topk_hook", TopKState, lambda c: dict(compress_ratio=c.compress_ratio,
-                                                    use_error_feedback=c.sparse_error_feedback)),
-    "randomk": ("randomk_hook", RandomKState, lambda c: dict(compress_ratio=c.compress_ratio)),
-    "qsgd": ("qsgd_hook", QSGDState, lambda c: dict(levels=c.qsgd_levels)),
-    "terngrad": ("terngrad_hook", TernGradState, lambda c: {}),
-    "signsgd": ("signsgd_hook", SignSGDState, lambda c: {}),
-    "ef_signsgd": ("ef_signsgd_hook", EFSignSGDState, lambda c: {}),
-    "onebit": ("onebit_hook", OneBitState, lambda c: {}),
-    "threshold": ("threshold_hook", ThresholdState, lambda c: dict(
-        threshold=c.sparsify_threshold, use_error_feedback=c.sparse_error_feedback)),
-    "dgc": ("dgc_hook", DGCState, lambda c: dict(compress_ratio=c.compress_ratio,
-                                                 momentum=c.compressor_momentum,
-                                                 clip_norm=c.dgc_clip_norm)),
-    "natural": ("natural_hook", NaturalState, lambda c: {}),
-    "signum": ("signum_hook", SignumState, lambda c: dict(momentum=c.compressor_momentum)),
-}
-topk_hook = _hook_named("topk_hook")
-randomk_hook = _hook_named("randomk_hook")
-qsgd_hook = _hook_named("qsgd_hook")
-terngrad_hook = _hook_named("terngrad_hook")
-signsgd_hook = _hook_named("signsgd_hook")
-ef_signsgd_hook = _hook_named("ef_signsgd_hook")
-onebit_hook = _hook_named("onebit_hook")
-threshold_hook = _hook_named("threshold_hook")
-dgc_hook = _hook_named("dgc_hook")
-natural_hook = _hook_named("natural_hook")
-signum_hook = _hook_named("signum_hook")
+# Each compressor's hook, under the name its row of the hook table gives (topk_hook, ...): a new
+# compressor is its state class here and its row there.
+HOOK_NAMES = tuple(s.attr for s in SPECS.values() if s.variant == __name__)
+globals().update({name: _hook_named(name) for name in HOOK_NAMES})
 
-
-def make_state(cfg, process_group=None) -> CompressorState:
-    """The state for ``cfg.hook``, seeded with ``cfg.seed``."""
-    _, cls, kwargs = STATES[cfg.hook]
-    return cls(process_group, random_seed=cfg.seed, **kwargs(cfg))
+__all__ = ["CompressorState", "TopKState", "RandomKState", "ThresholdState", "DGCState",
+           "QSGDState", "TernGradState", "NaturalState", "SignSGDState", "SignumState",
+           "EFSignSGDState", "OneBitState", "compressor_hook", *HOOK_NAMES]

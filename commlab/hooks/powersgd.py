@@ -9,8 +9,9 @@ allreduce and return its future ``.then(finish)``, where ``finish`` communicates
 calls hooks in bucket order on every rank, so every rank issues the same collectives in the same
 order.
 
-Waiting in the body stops backward.  So, unless overlap is off (``comm_thread.configure``), the hook
-hands its body to the process's communication thread (``commlab.hooks.comm_thread``), which runs
+Waiting in the body stops backward.  So, unless ``overlap=False`` is passed (a keyword after
+``(state, bucket)``, which ``functools.partial`` binds; the switch travels with the hook, as
+PyTorch keeps its switches on the state, whose class here is PyTorch's own), the hook hands its body to the process's communication thread (``commlab.hooks.comm_thread``), which runs
 the bodies in the order DDP called the hooks, and returns at once: backward goes on while the
 thread waits.  The body stops after launching the uncompressed and P allreduces and leaves the
 rest (``comm_thread.Deferred``) for the thread to run once the next bucket's have gone out, so
@@ -39,12 +40,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 
 from commlab.analysis.rule import decide
 from commlab.hooks import comm_thread
+from commlab.hooks.groups import group_of
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
-
-
-def _group(state: PowerSGDState) -> dist.ProcessGroup:
-    return state.process_group if state.process_group is not None else dist.group.WORLD
 
 
 def _launch(tensor: torch.Tensor, group: dist.ProcessGroup) -> dist.Work:
@@ -97,13 +95,14 @@ def _finish_state(state: PowerSGDState, bucket: dist.GradBucket, bucket_index: i
 
 
 def _overlapped(body, name: str):
-    """The hook ``name`` that runs ``body`` on the communication thread, or in place when overlap
-    is off."""
+    """The hook ``name`` that runs ``body`` on the communication thread, or in place when
+    ``overlap`` is off (the blocking variant)."""
 
-    def hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        comm = comm_thread.current()
-        if comm is None:
+    def hook(state: PowerSGDState, bucket: dist.GradBucket,
+             overlap: bool = True) -> torch.futures.Future[torch.Tensor]:
+        if not overlap:
             return comm_thread.run_in_place(lambda: body(state, bucket))
+        comm = comm_thread.current()
         last = bucket.is_last()
         fut = comm.submit(lambda: body(state, bucket), tag=bucket.index(), last=last)
         if last:
@@ -127,7 +126,7 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
        allreduce the Ps; orthogonalize; Q = MᵀP; allreduce the Qs; M ≈ PQᵀ / world size.
     Before ``start_powerSGD_iter`` it is a plain averaging allreduce.
     """
-    group = _group(state)
+    group = group_of(state.process_group)
     world_size = group.size()
     input_tensor = bucket.buffer()
     if state.iter < state.start_powerSGD_iter:
@@ -245,7 +244,7 @@ def _batched_powersgd(state: PowerSGDState,
     place), and ``orthogonalization_epsilon`` is honoured (PyTorch's batched hook never passes it
     on; with the default epsilon of 0 the two are identical).
     """
-    group = _group(state)
+    group = group_of(state.process_group)
     world_size = group.size()
     input_tensor = bucket.buffer()
     if state.iter < state.start_powerSGD_iter:

@@ -31,11 +31,13 @@ from torch.distributed.algorithms.ddp_comm_hooks.quantization_hooks import (
     _quantize_per_tensor_backend,
 )
 
+from commlab.hooks.groups import group_of
+
 __all__ = ["quantization_pertensor_hook", "quantization_perchannel_hook"]
 
 
 def _group_rank_size(process_group):
-    group = process_group if process_group is not None else dist.group.WORLD
+    group = group_of(process_group)
     rank = process_group.rank() if process_group is not None else dist.get_rank()
     return group, rank, group.size()
 

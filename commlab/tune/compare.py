@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from commlab.analysis import metrics
+from commlab.config import label_of
 from commlab.tune import quality, whatif
 from commlab.tune.quality import Cluster
 
@@ -65,7 +66,7 @@ def _row(e: Entry, profile: whatif.HookProfile | None, cluster: Cluster) -> dict
     plain = metrics.median(steady, "plain_bytes")
     final = c.final
     return {
-        "label": profile.label if profile else whatif.run_label(e.cfg), "hook": e.cfg.get("hook"),
+        "label": profile.label if profile else label_of(e.cfg, link=True), "hook": e.cfg.get("hook"),
         "basis": c.basis, "quality": final if final is not None and math.isfinite(final) else None,
         "diverged": quality.diverged(c, e.records),
         "heldout_accuracy": c.accuracy, "heldout_bits_per_char": c.bits_per_char,

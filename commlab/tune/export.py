@@ -26,19 +26,10 @@ import shlex
 import textwrap
 from dataclasses import dataclass, field
 
-import commlab.hooks as hooks_library
-from commlab.config import COMPRESSOR_HOOKS, LOCALSGD_HOOKS, POWERSGD_FIELDS, RunConfig
+from commlab.config import RunConfig, is_plain_allreduce, link_of
+from commlab.hook_specs import BASELINE, SPECS, STEP_COUNTS, WHOLE_STATE, WRAPPER_SPECS, Build, spec
 from commlab.hooks import registry
-from commlab.tune.whatif import config_link_label
 
-# PowerSGDState's own defaults (torch 2.13); a test holds them to the installed signature.
-TORCH_POWERSGD_DEFAULTS = {
-    "matrix_approximation_rank": 1, "start_powerSGD_iter": 1000, "min_compression_rate": 2,
-    "use_error_feedback": True, "warm_start": True, "orthogonalization_epsilon": 0,
-    "random_seed": 0, "batch_tensors_with_same_shape": False,
-}
-# Spelled out even at their defaults: they are what a sweep tunes.
-ALWAYS_SPELLED = ("matrix_approximation_rank", "start_powerSGD_iter")
 DDP_DEFAULT_BUCKET_CAP_MB = 25.0
 # Settings of the lab, not of the training: a config file leaves them out (the runs folder is a
 # path of the exporting machine; the loading machine uses its own default).
@@ -47,18 +38,13 @@ LAB_ONLY = ("runs_dir",)
 RDZV_PORT = 29500
 COMMLAB_MODULE = "commlab.hooks"
 COMMLAB_ALIAS = "commlab_hooks"
-# What post-local SGD's snippets add: the subgroups (dist) and PyTorch's averager.
-LOCALSGD_IMPORTS = ("import torch.distributed as dist",
-                    "import torch.distributed.algorithms.model_averaging.averagers as averagers")
 LOCALSGD_SUBGROUPS = ("PostLocalSGDState(subgroup=None) would make one subgroup per machine on the "
                       "first local step, which raises ValueError without CUDA and would not be the "
                       "run's localsgd_subgroup_size")
 LIGHTNING_AVERAGER = ("Lightning's DDPStrategy builds the PeriodicModelAverager itself, with "
                       "warmup_steps=start_localSGD_iter (DDPStrategy._enable_model_averaging)")
-# commlab hook -> Accelerate's DDPCommunicationHookType member
-ACCELERATE_HOOKS = {"allreduce": "NO", "fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD",
-                    "batched_powersgd": "BATCHED_POWER_SGD"}
-ACCELERATE_WRAPPERS = {"none": "NO", "fp16": "FP16", "bf16": "BF16"}
+# Accelerate's DDPCommunicationHookType members that name a hook, in the table's order.
+ACCELERATE_MEMBERS = tuple(dict.fromkeys(s.accelerate for s in SPECS.values() if s.accelerate))
 LIGHTNING_CUDA_ONLY = ("Lightning registers DDP communication hooks only when the strategy's root "
                        "device is CUDA (DDPStrategy._register_ddp_hooks): on CPU it silently trains "
                        "with DDP's plain allreduce.")
@@ -172,27 +158,9 @@ def choices(cfg: RunConfig, backend: str) -> list[Choice]:
 
     PyTorch's PowerSGD works on Gloo with one bucket, but how many buckets DDP makes depends on the
     model, which an export never loads: commlab's is used on Gloo whatever the bucket cap."""
-    try:
-        found = registry.pieces(cfg.hook, cfg.wrapper, backend)
-    except LookupError as e:
-        raise ExportRefused(f"no snippet can name the {cfg.hook} hook: {e}") from None
-    chosen = [Choice(p, p.module is None or (bool(p.fails) and p.has_variant)) for p in found]
-    for c in chosen:
-        if c.commlab and c.piece.attr not in hooks_library.__all__:
-            why = ("PyTorch has none" if c.piece.module is None
-                   else f"PyTorch's fails on {backend}: {c.piece.fails}")
-            raise ExportRefused(f"commlab's {c.piece.attr} is not part of the commlab.hooks library "
-                                f"({', '.join(hooks_library.__all__)}), and {why}")
-    return chosen
-
-
-def exportable(cfg: RunConfig) -> bool:
-    """Whether the snippets and launch lines can name ``cfg``'s hook (config files always can)."""
-    try:
-        choices(cfg, "nccl")
-    except ExportRefused:
-        return False
-    return True
+    found = registry.pieces(cfg.hook, cfg.wrapper, backend)
+    # commlab.hooks offers every variant the hook table names (its __all__ is read off the table).
+    return [Choice(p, p.module is None or (bool(p.fails) and p.has_variant)) for p in found]
 
 
 def choice_line(cfg: RunConfig, backend: str) -> str:
@@ -211,7 +179,7 @@ def world_refusal(cfg: RunConfig, target: Target) -> str | None:
     """Why ``cfg`` cannot run on ``target``'s ranks, or None: post-local SGD's subgroups must cut
     the target's world into equal parts, whatever world the lab's run had."""
     world = target.procs(cfg) * target.nnodes
-    if cfg.hook in LOCALSGD_HOOKS and world % cfg.localsgd_subgroup_size:
+    if spec(cfg.hook).subgroup and world % cfg.localsgd_subgroup_size:
         return (f"localsgd_subgroup_size={cfg.localsgd_subgroup_size} does not divide the target's "
                 f"{world} ranks ({target.nnodes} node(s) × {target.procs(cfg)} process(es)): "
                 "dist.new_subgroups cuts the ranks into subgroups of equal size, and raises "
@@ -221,16 +189,10 @@ def world_refusal(cfg: RunConfig, target: Target) -> str | None:
 
 
 # ============================================================================ shared pieces
-def powersgd_settings(cfg: RunConfig) -> dict:
-    """PowerSGDState keywords to spell out: the tuned two, and every other non-default one."""
-    return {k: getattr(cfg, k) for k in POWERSGD_FIELDS
-            if k in ALWAYS_SPELLED or getattr(cfg, k) != TORCH_POWERSGD_DEFAULTS[k]}
-
-
 def notes(cfg: RunConfig, target: Target) -> list[str]:
     """What a person must know before using any export of ``cfg`` on ``target``."""
     out = []
-    for c in choices(cfg, target.backend) if exportable(cfg) else []:
+    for c in choices(cfg, target.backend):
         if c.commlab and c.piece.module is None:
             out.append(f"PyTorch has no {c.piece.attr}: the Python exports use commlab's "
                        "(commlab.hooks, which needs only torch: pip install commlab, without the "
@@ -240,10 +202,10 @@ def notes(cfg: RunConfig, target: Target) -> list[str]:
                        f"Python exports use commlab's {c.piece.attr} (commlab.hooks, which needs only "
                        "torch: pip install commlab, without the lab extra), the same algorithm "
                        "and state.")
-    if cfg.hook == "noop":
-        out.append("noop_hook sends nothing: gradients are never averaged and the replicas drift "
-                   "apart. It is for headroom analysis, never for training.")
-    link = config_link_label(cfg.to_dict())
+    if spec(cfg.hook).sends_nothing:
+        out.append(f"{spec(cfg.hook).attr} sends nothing: gradients are never averaged and the "
+                   "replicas drift apart. It is for headroom analysis, never for training.")
+    link = link_of(cfg.to_dict())
     if link:
         out.append(f"The run used an {link} link, a lab setting: production uses its real network, "
                    "and the snippets leave it out.")
@@ -305,73 +267,68 @@ class HookCode:
 
 
 def hook_code(cfg: RunConfig, chosen: list[Choice], subgroups_here: bool = True) -> HookCode:
-    """The state, built with the run's settings, and the hook.  ``subgroups_here`` False: the
+    """The state, built with the run's settings as its spec says (``hook_specs.Build``: the
+    registry builds the live one from the same row), and the hook.  ``subgroups_here`` False: the
     snippet runs before the process group exists (Lightning), so the state gets none."""
     hook, *wrapper = chosen
+    s = spec(cfg.hook)
     expr = f"{wrapper[0].expr}({hook.expr})" if wrapper else hook.expr
-    define, subgroups, averager, imports = "", "", "", ()
+    define, subgroups, state, averager, imports = "", "", "None", "", []
     if registry.hook_args(cfg):
         args = ", ".join(f"{k}={v!r}" for k, v in registry.hook_args(cfg).items())
         define = (f"def {hook.piece.attr}(process_group, bucket):  # with the run's {args}\n"
                   f"    return {hook.expr}(process_group, bucket, {args})\n\n\n")
         expr = hook.piece.attr
-    if cfg.is_powersgd:
-        state = _call(f"{hook.alias}.PowerSGDState", ["process_group=None"], powersgd_settings(cfg))
-    elif cfg.hook in COMPRESSOR_HOOKS:
-        from commlab.hooks import compressors  # torch: imported only for the hook that needs it
-
-        _, cls, kwargs = compressors.STATES[cfg.hook]
-        state = _call(f"{hook.alias}.{cls.__name__}", ["process_group=None"],
-                      {**kwargs(cfg), "random_seed": cfg.seed})
-    elif cfg.hook in LOCALSGD_HOOKS:
-        from commlab.hooks import localsgd  # torch: imported only for the hook that needs it
-
+    if s.state:
+        first = ["process_group=None"]
+        if s.state.subgroup:
+            if subgroups_here:
+                subgroups = (_comment([f"Subgroups made here, as the run made them: {LOCALSGD_SUBGROUPS}."])
+                             + f"subgroup, _ = dist.new_subgroups(group_size={cfg.localsgd_subgroup_size!r})\n")
+                imports.append("import torch.distributed as dist")
+            first.append(f"subgroup={'subgroup' if subgroups_here else None}")
+        state = _call(f"{hook.alias}.{s.state.attr}", first, s.state.spelled(cfg))
+    if s.averager:
+        alias = _module_alias(s.averager)
         if subgroups_here:
-            subgroups = (_comment([f"Subgroups made here, as the run made them: {LOCALSGD_SUBGROUPS}."])
-                         + f"subgroup, _ = dist.new_subgroups(group_size={cfg.localsgd_subgroup_size!r})\n")
-            imports = LOCALSGD_IMPORTS
-        state = _call(f"{hook.alias}.PostLocalSGDState",
-                      ["process_group=None", f"subgroup={'subgroup' if subgroups_here else None}"],
-                      localsgd.state_kwargs(cfg))
-        averager = _call("averagers.PeriodicModelAverager", [], localsgd.averager_kwargs(cfg))
-    else:
-        state = "None"
-    return HookCode(imports, define, subgroups, state, expr, averager)
+            imports.append(f"import {s.averager.module} as {alias}")
+        averager = _call(f"{alias}.{s.averager.attr}", [], s.averager.spelled(cfg))
+    return HookCode(tuple(imports), define, subgroups, state, expr, averager)
+
+
+def _module_alias(made: Build) -> str:
+    return made.module.rsplit(".", 1)[1]
 
 
 def _checkpoint(cfg: RunConfig, model: str, load_when: str, lightning: bool = False) -> str:
-    """The lines that save and load the hook's state with the model's checkpoint: the state
-    itself where it pickles, post-local SGD's step counts where it holds process groups."""
-    if cfg.hook in LOCALSGD_HOOKS:
+    """The lines that save and load the hook's state with the model's checkpoint, as its spec says
+    the state keeps (``HookSpec.checkpoint``): the state itself where it pickles, the step counts
+    where it holds process groups."""
+    s = spec(cfg.hook)
+    if s.checkpoint == STEP_COUNTS:
         if lightning:
             return _comment([
-                "Checkpoint the step count with the model's: PostLocalSGDState holds process "
+                f"Checkpoint the step count with the model's: {s.state.attr} holds process "
                 "groups, which do not pickle. Lightning's averager is its own and counts again from "
-                "0 on resume (no averaging for start_localSGD_iter steps).",
+                f"0 on resume (no averaging for {s.starts} steps).",
                 '  in your LightningModule: def on_save_checkpoint(self, checkpoint): '
                 'checkpoint["localsgd_iter"] = state.iter',
                 f'  state.iter = torch.load({CHECKPOINT!r}, weights_only=False)["localsgd_iter"]  '
                 "# on resume, before the strategy is built"])
         return _comment([
-            "Checkpoint the step counts with the model's: PostLocalSGDState holds process groups, "
+            f"Checkpoint the step counts with the model's: {s.state.attr} holds process groups, "
             "which do not pickle; the hook and the averager need only their steps back.",
             f'  torch.save({{"model": {model}, "localsgd_steps": (state.iter, averager.step)}}, '
             f"{CHECKPOINT!r})",
             f'  state.iter, averager.step = torch.load({CHECKPOINT!r}, weights_only=False)'
             '["localsgd_steps"]  # on resume, before training'])
-    if not cfg.is_powersgd and cfg.hook not in COMPRESSOR_HOOKS:
+    if s.checkpoint != WHOLE_STATE:
         return (f"# Checkpoint: {registry.hook_name(cfg.hook)} keeps no state; the model's "
                 "checkpoint is all there is to save.\n")
-    if cfg.is_powersgd:
-        why = ("PowerSGDState pickles without its process group and joins the default group when "
-               "loaded (PyTorch's \"Checkpointing of Communication Hooks\").")
-    else:
-        why = ("the state, built with process_group=None, pickles whole: each bucket's error "
-               "feedback and momentum, its step and its random generators.")
     save = ('in your LightningModule: def on_save_checkpoint(self, checkpoint): '
             'checkpoint["comm_hook_state"] = state' if lightning else
             f'torch.save({{"model": {model}, "comm_hook_state": state}}, {CHECKPOINT!r})')
-    return _comment([f"Checkpoint the hook's state with the model's: {why}"]) + (
+    return _comment([f"Checkpoint the hook's state with the model's: {s.checkpoint_why}"]) + (
         f"#   {save}\n"
         f"#   state = torch.load({CHECKPOINT!r}, weights_only=False)[\"comm_hook_state\"]  "
         f"# {load_when}\n")
@@ -415,8 +372,8 @@ def ddp_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> st
         f"  dist.init_process_group({target.backend!r})",
         f"  ddp_model = DistributedDataParallel({', '.join(ddp_args)})"])
     text += _imports(chosen, code.imports) + choice_line(cfg, target.backend)
-    if cfg.hook == "allreduce" and cfg.wrapper == "none":
-        text += "# allreduce_hook is what DDP does with no hook; registering it changes nothing.\n"
+    if is_plain_allreduce(cfg.to_dict()):
+        text += f"# {registry.hook_name(cfg.hook)} is what DDP does with no hook; registering it changes nothing.\n"
     text += code.setup() + code.register("ddp_model") + code.after("ddp_model")
     return text + _checkpoint(cfg, "ddp_model.state_dict()", "on resume, before register_comm_hook")
 
@@ -429,7 +386,7 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
     so CPU exports use commlab's ``AnyDeviceDDPStrategy``, which does; post-local SGD uses it on
     every backend, for its subgroups, with Lightning's own ``model_averaging_period``."""
     chosen = choices(cfg, target.backend)
-    localsgd = cfg.hook in LOCALSGD_HOOKS
+    localsgd = spec(cfg.hook).averages_parameters  # Lightning's own model averaging
     if localsgd and cfg.averager_warmup_steps != cfg.start_localSGD_iter:
         raise ExportRefused(
             f"Lightning cannot express averager_warmup_steps={cfg.averager_warmup_steps} with "
@@ -480,13 +437,15 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
 def accelerate_members(cfg: RunConfig) -> tuple[str, str] | None:
     """(comm_hook, comm_wrapper) members of DDPCommunicationHookType naming ``cfg``'s hook, or
     None where it has none (the snippet then registers the hook on the prepared model)."""
-    if cfg.hook not in ACCELERATE_HOOKS:
+    member = spec(cfg.hook).accelerate
+    if member is None:
         return None
-    if cfg.hook == "allreduce" and cfg.wrapper != "none":
+    wrapper = WRAPPER_SPECS[cfg.wrapper].accelerate if cfg.wrapper != "none" else "NO"
+    if cfg.hook == BASELINE and cfg.wrapper != "none":
         # Accelerate applies a wrapper only to a hook it registers, and NO registers none; PyTorch
         # documents fp16_compress_hook as fp16_compress_wrapper(allreduce_hook) (bf16 alike).
-        return ACCELERATE_WRAPPERS[cfg.wrapper], "NO"
-    return ACCELERATE_HOOKS[cfg.hook], ACCELERATE_WRAPPERS[cfg.wrapper]
+        return wrapper, "NO"
+    return member, wrapper
 
 
 def accelerate_launch(cfg: RunConfig, target: Target) -> list[str]:
@@ -531,15 +490,16 @@ def accelerate_snippet(cfg: RunConfig, target: Target, source: str | None = None
     prepared model: Accelerate's names mean PyTorch's hooks."""
     chosen = choices(cfg, target.backend)
     members = accelerate_members(cfg)
-    by_name = members is not None and not cfg.is_powersgd and not any(c.commlab for c in chosen)
+    # A state is built here, where a checkpoint reaches it: never by Accelerate, inside prepare.
+    by_name = members is not None and spec(cfg.hook).state is None and not any(c.commlab for c in chosen)
     code = hook_code(cfg, chosen)
     extra = []
-    if by_name and cfg.hook == "allreduce" and cfg.wrapper != "none":
+    if by_name and cfg.hook == BASELINE and cfg.wrapper != "none":
         extra.append(f"{cfg.wrapper}_compress_wrapper(allreduce_hook) is {cfg.wrapper}_compress_hook, "
                      f"so comm_hook={members[0]} says it.")
     if members is None:
         extra.append(f"Accelerate's DDPCommunicationHookType cannot name {registry.hook_name(cfg.hook)} "
-                     f"(it has {', '.join(dict.fromkeys(ACCELERATE_HOOKS.values()))}, and NO means "
+                     f"(it has {', '.join(ACCELERATE_MEMBERS)}, and NO means "
                      "DDP's own allreduce): the snippet registers it on the prepared model.")
     text = _comment(_header(cfg, target, source) + extra)
     names = "DDPCommunicationHookType, DistributedDataParallelKwargs" if by_name else "DistributedDataParallelKwargs"

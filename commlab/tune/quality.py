@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from commlab.analysis import metrics
-from commlab.config import LOCALSGD_HOOKS
 
 HELD_OUT, TRAINING = "held-out", "training"
 WINDOW = 5  # the training-loss basis: mean over this many last steps
@@ -110,11 +109,9 @@ class Cluster:
 
 
 def plain_until(cfg: dict) -> int:
-    """The steps a hook takes as plain allreduce: PowerSGD's before ``start_powerSGD_iter``,
-    post-local SGD's before ``start_localSGD_iter`` (gradients allreduced over every rank); none
-    for the others."""
-    if cfg.get("hook") in LOCALSGD_HOOKS:
-        return cfg.get("start_localSGD_iter", 0)
+    """The steps a hook takes as plain allreduce, before the step its spec's ``starts`` names:
+    PowerSGD's before ``start_powerSGD_iter``, post-local SGD's before ``start_localSGD_iter``
+    (gradients allreduced over every rank); none for the others."""
     return metrics.first_steady_step(cfg, warmup=0)
 
 

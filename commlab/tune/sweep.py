@@ -61,18 +61,19 @@ from pathlib import Path
 
 from commlab.analysis import metrics
 from commlab.config import (
-    HOOKS,
     ConfigError,
     RunConfig,
     Setting,
     default_runs_dir,
     is_plain_allreduce,
+    label_of,
+    link_of,
+    own_settings,
     settings,
 )
 from commlab.engine import procs, store
-from commlab.hooks import registry
+from commlab.hook_specs import BASELINE, HOOKS
 from commlab.tune import pareto, quality, whatif
-from commlab.tune.whatif import config_link_label, run_label
 
 SWEEPS = "sweeps"
 RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.report``)
@@ -83,17 +84,17 @@ MAX_REPEATS = 100
 
 
 # The sweep axes: the settings the table marks sweepable (``sweep=``), in its order, the compress
-# wrapper last.  Which of them a hook varies is read off the registry (``hook_axes``): no list here.
+# wrapper last.  Which of them a hook varies is read off its spec (``hook_axes``): no list here.
 AXES = tuple(sorted((s for s in settings() if s.sweepable), key=lambda s: s.group == "hook"))
 DEFAULT_HOOK = "powersgd"  # what a sweep of plain allreduce, the baseline itself, varies instead
-SWEPT_HOOKS = tuple(h for h in HOOKS if h != "allreduce")  # the hooks a sweep may name
+SWEPT_HOOKS = tuple(h for h in HOOKS if h != BASELINE)  # the hooks a sweep may name
 
 
 @functools.cache
 def hook_axes(hook: str) -> tuple[Setting, ...]:
     """The axes a sweep of ``hook`` varies, in the grid's order: the sweepable settings it reads
-    (``registry.own_settings``); () for a name that is no hook."""
-    own = {s.name for s in registry.own_settings(hook)}
+    (``config.own_settings``); () for a name that is no hook."""
+    own = {s.name for s in own_settings(hook)}
     return tuple(s for s in AXES if s.name in own)
 
 
@@ -136,7 +137,7 @@ class SweepSpec:
     @property
     def hook(self) -> str:
         """The hook swept."""
-        return DEFAULT_HOOK if self.base.hook == "allreduce" else self.base.hook
+        return DEFAULT_HOOK if self.base.hook == BASELINE else self.base.hook
 
     def axes(self) -> dict[str, list]:
         """The hook's axes with their values, repeats dropped; an axis with no table values falls
@@ -204,8 +205,8 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
                            f"the recommendation tell a difference from seed noise), got {spec.repeats!r}")
     # The job's own problems are named beside the grid's, all at once, each once: as the
     # field's, not as the first setting's; a setting's, for that setting.
-    errs = {**spec.base.with_overrides(hook="allreduce", wrapper="none").errors(), **errs}
-    one_seed = [spec.base.with_overrides(hook="allreduce", wrapper="none")] if spec.baseline else []
+    errs = {**spec.base.with_overrides(hook=BASELINE, wrapper="none").errors(), **errs}
+    one_seed = [spec.base.with_overrides(hook=BASELINE, wrapper="none")] if spec.baseline else []
     for combination in itertools.product(*axes.values()):
         try:
             one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
@@ -213,7 +214,7 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
             errs = {**e.errors, **errs}
     for cfg in one_seed:
         for key, msg in cfg.errors().items():
-            errs.setdefault(key, f"{run_label(cfg.to_dict())}: {msg}")
+            errs.setdefault(key, f"{label_of(cfg.to_dict(), link=True)}: {msg}")
     if errs:
         raise ConfigError(errs)
     configs = [cfg.with_overrides(seed=seed) for seed in spec.seeds() for cfg in one_seed]
@@ -235,7 +236,7 @@ def _not_an_axis(name: str, hook: str) -> str:
 
 def plan_label(cfg: RunConfig, spec: SweepSpec) -> str:
     """A run's name in the plan and the progress line: its setting, and its seed when there are several."""
-    return run_label(cfg.to_dict()) + (f" seed {cfg.seed}" if spec.repeats > 1 else "")
+    return label_of(cfg.to_dict(), link=True, seed=spec.repeats > 1)
 
 
 # ============================================================================ progress
@@ -620,7 +621,7 @@ def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run
     c = quality.curve(evals, records, final_window)
     own = {s.name for s in hook_axes(cfg.get("hook"))}  # the other axes' values are not this run's
     return {
-        "label": run_label(cfg), "seed": cfg.get("seed"), "run_id": run_id, "run_dir": run_dir, "status": status,
+        "label": label_of(cfg, link=True), "seed": cfg.get("seed"), "run_id": run_id, "run_dir": run_dir, "status": status,
         "diverged": status == "diverged" or quality.diverged(c, records),
         "baseline": is_plain_allreduce(cfg),
         "hook": cfg.get("hook"), "wrapper": cfg.get("wrapper"),
@@ -630,7 +631,7 @@ def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run
         "final_loss": figures["final_loss"], "bytes_per_step": figures["bytes_per_step"],
         "time_s": records[-1]["t"] if records else None, "median_step_s": figures["median_step_s"],
         "predicted_s": sum(predicted_step_s) if predicted_step_s else None,
-        "link": config_link_label(cfg) or "loopback", "curve": c,
+        "link": link_of(cfg) or "loopback", "curve": c,
         **dict.fromkeys(REACH_COLUMNS),
     }
 

@@ -49,8 +49,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from commlab.analysis import metrics, ring, timeline
-from commlab.config import LOCALSGD_HOOKS, POWERSGD_HOOKS, QUANTIZATION_HOOKS, is_plain_allreduce, label_of
-from commlab.hooks import compressors, registry
+from commlab.config import is_plain_allreduce, label_of, link_of
+from commlab.hook_specs import ALLGATHER, spec_of
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
@@ -58,30 +58,6 @@ DEFAULT_LATENCY_US = 5.0
 
 
 # ============================================================================ the model (pure)
-def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
-    """'emulated 1 Gb/s, 20 µs' for a run over an emulated link, None for the real network."""
-    if not (bandwidth_gbps or latency_us):
-        return None
-    bw = f"{bandwidth_gbps:g} Gb/s" if bandwidth_gbps else "unlimited bandwidth"
-    return f"emulated {bw}, {latency_us:g} µs"
-
-
-def config_link_label(cfg: dict) -> str | None:
-    return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
-
-
-def run_label(cfg: dict) -> str:
-    """A run's settings (``config.label_of``), the values of its hook's own settings besides
-    PowerSGD's, which label_of names (``registry.own_settings``: top-k's compress_ratio, QSGD's
-    levels, post-local SGD's period...), and, when it ran over one, its emulated link: what tells
-    apart the runs of a sweep or the profiles of a what-if."""
-    hook, link = cfg.get("hook"), config_link_label(cfg)
-    own = "" if hook in POWERSGD_HOOKS else "".join(
-        f" {s.name}={format(cfg[s.name], 'g') if isinstance(cfg[s.name], float) else cfg[s.name]}"
-        for s in registry.own_settings(hook) if s.group != "hook" and s.name in cfg)
-    return label_of(cfg) + own + (f" [{link}]" if link else "")
-
-
 @dataclass(frozen=True)
 class HookProfile:
     """What one hook costs per step, from a run; the model's only input besides the network."""
@@ -220,9 +196,9 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
         label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
         compute_s=0.0, arithmetic_s=0.0, payload_bytes=per_step(steady, cfg, "payload_bytes"),
         collectives=per_step(steady, cfg, "collectives"), world_size=world, run_id=run_id,
-        measured_over=config_link_label(cfg) or "loopback", steady_steps=len(steady),
+        measured_over=link_of(cfg) or "loopback", steady_steps=len(steady),
         collective=collective, group_size=group_size, period=period,
-        averaged_bytes=metrics.median(steady, "plain_bytes") if cfg.get("hook") in LOCALSGD_HOOKS else 0.0)
+        averaged_bytes=metrics.median(steady, "plain_bytes") if _averages(cfg) else 0.0)
 
     recorded = "collective_s" in steady[0]
 
@@ -234,7 +210,7 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
             loop = (loopback_s_per_byte or 0.0) * (
                 profile.averages * ring.wire_bytes(profile.averaged_bytes, world) if averaging
                 else profile.wire_bytes(world) - profile.averages * ring.wire_bytes(profile.averaged_bytes, world))
-        if not config_link_label(cfg):
+        if not link_of(cfg):
             return loop
         bw, lat = cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0)
         avg = profile.averaging_s(world, bw, lat)
@@ -252,22 +228,27 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
 def traffic(cfg: dict) -> tuple[str, int, int]:
     """What a hook's collectives are: (``ring.ALLREDUCE`` or ``ring.ALLGATHER``, the ranks each
     spans (0: all), the period of its model averaging (1: none))."""
-    hook = cfg.get("hook")
-    if hook in LOCALSGD_HOOKS:  # the parameters, not the gradients, are what it averages
-        return ring.ALLREDUCE, cfg.get("localsgd_subgroup_size", 1), cfg.get("averager_period", 1)
-    if hook in QUANTIZATION_HOOKS:
-        return ring.ALLGATHER, 0, 1
-    if hook in compressors.STATES:
-        kind = compressors.STATES[hook][1].collective
-        return (ring.ALLREDUCE if kind == compressors.ALLREDUCE else ring.ALLGATHER), 0, 1
-    return ring.ALLREDUCE, 0, 1
+    spec = spec_of(cfg)
+    if spec is None:
+        return ring.ALLREDUCE, 0, 1
+    kind = ring.ALLGATHER if spec.collective == ALLGATHER else ring.ALLREDUCE
+    group = cfg.get("localsgd_subgroup_size", 1) if spec.subgroup else 0
+    # Model averaging: the parameters, not the gradients, every period.
+    period = cfg.get(spec.averager.settings["period"], 1) if spec.averages_parameters else 1
+    return kind, group, period
+
+
+def _averages(cfg: dict) -> bool:
+    spec = spec_of(cfg)
+    return spec is not None and spec.averages_parameters
 
 
 def _local_sgd_from(cfg: dict) -> int:
     """Post-local SGD's first step with local steps and averaging both on (0 for other hooks)."""
-    if cfg.get("hook") not in LOCALSGD_HOOKS:
+    if not _averages(cfg):
         return 0
-    return max(cfg.get("start_localSGD_iter", 0), cfg.get("averager_warmup_steps", 0))
+    spec = spec_of(cfg)
+    return max(cfg.get(spec.starts, 0), cfg.get(spec.averager.settings["warmup_steps"], 0))
 
 
 def _first_step(cfg: dict, skip: int) -> int:
@@ -312,7 +293,7 @@ def _compute_s(steady: Sequence[dict], cfg: dict) -> float:
 
 def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_STEPS) -> float | None:
     """Seconds per wire byte of this machine's own link, read from a plain allreduce run's hook time."""
-    if not is_plain_allreduce(cfg) or config_link_label(cfg):
+    if not is_plain_allreduce(cfg) or link_of(cfg):
         return None
     steady = metrics.steady_rows(records, cfg, skip)
     if not steady:
@@ -365,7 +346,7 @@ def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
         if same and share_compute:
             base_cfg, base_recs = same[0]
             compute = _compute_s(metrics.steady_rows(base_recs, base_cfg, skip), base_cfg)
-        label = run_label(cfg)
+        label = label_of(cfg, link=True)
         seen[label] = seen.get(label, 0) + 1
         if seen[label] > 1:
             label += f" #{seen[label]}"
@@ -414,9 +395,9 @@ def checks(runs: Iterable, skip: int = metrics.WARMUP_STEPS) -> list[dict]:
     loaded = sorted(((r.id, r.config_dict(), r.metrics_records()) for r in runs), key=lambda x: x[0])
     rows = []
     for i, (run_id, cfg, recs) in enumerate(loaded):
-        if not config_link_label(cfg) or not metrics.steady_rows(recs, cfg, skip):
+        if not link_of(cfg) or not metrics.steady_rows(recs, cfg, skip):
             continue
-        before = [x for x in loaded[:i] if not config_link_label(x[1]) and _same_job(x[1], cfg)]
+        before = [x for x in loaded[:i] if not link_of(x[1]) and _same_job(x[1], cfg)]
         twin = next((x for x in reversed(before)
                      if label_of(x[1]) == label_of(cfg) and metrics.steady_rows(x[2], x[1], skip)), None)
         if twin is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commlab.config import GROUPS, POWERSGD_HOOKS, RunConfig, Setting, settings
+from commlab.config import GROUPS, RunConfig, Setting, applies, settings
 from commlab.engine import launch as engine
 from commlab.engine import workload_probe
 from commlab.workloads import BUILTIN, DESCRIPTIONS
@@ -40,29 +40,31 @@ class Widget:
         return getattr(where, self.element)(self.label, key=self.key, **self.kwargs)
 
 
-def form_settings(group: str) -> list[Setting]:
-    """The settings the Launch form shows in a group, in the table's order."""
-    return [s for s in settings() if s.form and s.group == group]
+def form_settings(group: str, values: dict | None = None) -> list[Setting]:
+    """The settings the Launch form shows in a group, in the table's order: with the hook chosen
+    (``values["hook"]``), only those that apply to it (``shown``)."""
+    return [s for s in settings() if s.form and s.group == group and shown(s, values or {})]
 
 
-def read_only(s: Setting, values: dict) -> bool:
-    """Whether a setting has no effect with the values chosen so far (PowerSGD's, without PowerSGD)."""
-    return s.group == "powersgd" and values.get("hook") not in POWERSGD_HOOKS
+def shown(s: Setting, values: dict) -> bool:
+    """Whether the form shows ``s`` with the values chosen so far: before the hook is chosen,
+    every setting; after, those that apply to it (``config.applies``): allreduce shows no
+    PowerSGD, local SGD or compressor settings, PowerSGD only its own."""
+    return "hook" not in values or applies(s, values["hook"])
 
 
-def heading(group: str, values: dict) -> str:
+def heading(group: str) -> str:
     """A group's heading on the form, in markdown."""
-    off = all(read_only(s, values) for s in form_settings(group))
-    return f"**{GROUPS[group]}**" + (" (read only by the PowerSGD hooks)" if off else "")
+    return f"**{GROUPS[group]}**"
 
 
-def widget(s: Setting, values: dict | None = None, value: Any = None, prefix: str = "f_",
+def widget(s: Setting, value: Any = None, prefix: str = "f_",
            titled: bool = False, own_workload: bool = False) -> Widget:
-    """The widget for one setting, showing ``value`` (default: the setting's default), disabled
-    where ``read_only``.  ``prefix`` starts its key; ``titled`` capitalizes its label, for pages
-    that label in sentence case; ``own_workload`` asks for the module:function box."""
+    """The widget for one setting, showing ``value`` (default: the setting's default).  ``prefix``
+    starts its key; ``titled`` capitalizes its label, for pages that label in sentence case;
+    ``own_workload`` asks for the module:function box."""
     value = s.default if value is None else value
-    kw: dict[str, Any] = {"help": help_text(s), "disabled": read_only(s, values or {})}
+    kw: dict[str, Any] = {"help": help_text(s)}
     label, key = readable_label(s), prefix + s.name
     if s.name == "workload":
         if own_workload:

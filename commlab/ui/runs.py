@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 
 from commlab.analysis import metrics
-from commlab.config import POWERSGD_HOOKS, default_runs_dir
+from commlab.config import default_runs_dir, label_of
 from commlab.engine import store
 from commlab.engine.launch import open_run, workers_alive
-from commlab.tune.whatif import run_label
+from commlab.hook_specs import spec_of
 
 
 class LiveView:
@@ -99,14 +99,17 @@ def listed_status(run: store.RunFolder) -> str:
 
 def picker_label(run: store.RunFolder) -> str:
     """A run folder as the run picker, the run table and the overlays name it: the name a person
-    gave it, its settings and link (``whatif.run_label``: a top-k run's k, QSGD's levels...) and
+    gave it, its settings and link (``config.label_of``: a top-k run's k, QSGD's levels...) and
     the run id's random tail, which tells twins apart."""
     name = run.notes()["name"]
-    return f"{name + ': ' if name else ''}{run_label(run.config_dict())} · {run.id[-4:]}"
+    return f"{name + ': ' if name else ''}{label_of(run.config_dict(), link=True)} · {run.id[-4:]}"
 
 
-# The run table's PowerSGD columns: empty for a run of another hook, which never read them.
-POWERSGD_COLUMNS = ("rank", "start_iter", "min_compression_rate", "use_error_feedback", "warm_start")
+# The run table's PowerSGD columns, by the setting each shows: empty for a run of a hook that
+# never read them.
+POWERSGD_COLUMNS = {"rank": "matrix_approximation_rank", "start_iter": "start_powerSGD_iter",
+                    "min_compression_rate": "min_compression_rate",
+                    "use_error_feedback": "use_error_feedback", "warm_start": "warm_start"}
 
 
 def run_table(runs_dir: str | None = None) -> list[dict]:
@@ -123,8 +126,8 @@ def run_table(runs_dir: str | None = None) -> list[dict]:
                "use_error_feedback": cfg.get("use_error_feedback"),
                "warm_start": cfg.get("warm_start"), "bucket_cap_mb": cfg.get("bucket_cap_mb"),
                "backend": run.launch_info().get("backend")}
-        if cfg.get("hook") not in POWERSGD_HOOKS:
-            row |= dict.fromkeys(POWERSGD_COLUMNS)
+        reads = spec_of(cfg).reads() if spec_of(cfg) else ()
+        row |= {column: None for column, name in POWERSGD_COLUMNS.items() if name not in reads}
         rows.append(row)
     return rows
 

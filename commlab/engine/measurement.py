@@ -1,0 +1,116 @@
+"""What a rank measures of its hook, step by step: the worker's one view of the instrumentation.
+
+``Measurement`` wraps the hook (``commlab.hooks.instrument.HookInstrument``) and counts the bytes of
+every collective (``CollectiveCounter``); ``Unmeasured``, for a run with ``instrument`` off, has
+the same methods and does nothing, so the training loop reads the same either way.  Every rank
+measures (a traced step's timeline is gathered from all of them); rank 0 alone writes what was
+measured (``commlab.engine.rank0``).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from commlab.analysis.ring import wire_bytes
+from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
+
+
+@dataclass
+class Measured:
+    """One step's measurements: the metrics row's fields, and what else rank 0 writes."""
+
+    row: dict = field(default_factory=dict)
+    layout: list | None = None  # the step's bucket layout, at the steps that record one
+    errors: dict | None = None  # the approximation error, at the steps that measure it
+    grads: dict = field(default_factory=dict)  # exact mean gradients to save, by parameter
+    layer_errors: list = field(default_factory=list)
+
+
+class Unmeasured:
+    """``instrument`` off: the hook as chosen, and nothing measured."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def begin(self, step: int) -> None:
+        pass
+
+    def phase(self, kind: str):
+        return contextlib.nullcontext()
+
+    def not_the_hooks(self):
+        return contextlib.nullcontext()
+
+    def timeline(self) -> list | None:
+        return None
+
+    def take(self, step: int, state) -> Measured:
+        return Measured()
+
+    def close(self) -> None:
+        pass
+
+
+class Measurement(Unmeasured):
+    """The hook wrapped and every collective counted, over the emulated link the settings name."""
+
+    def __init__(self, cfg, choice, names_by_ptr: dict[int, str], compressed: set[str], world: int,
+                 first: int, device: torch.device):
+        self.cfg, self.first, self.world = cfg, first, world
+        self.counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us),
+                                         world).install()
+        self.instrument = HookInstrument(choice.hook, self.counter, names_by_ptr, compressed, world,
+                                         cuda_device=device if device.type == "cuda" else None)
+        super().__init__(self.instrument)
+        self.sent_total = self.plain_total = 0
+        self.measuring = False
+
+    def begin(self, step: int) -> None:
+        cfg = self.cfg
+        self.measuring = cfg.error_every > 0 and step % cfg.error_every == 0
+        # Iteration 0 shows DDP's first layout, iteration 1 the one it rebuilt after it.
+        self.instrument.begin_step(self.measuring, step in cfg.save_grads_at,
+                                   record_layout=step < 2 or step == self.first,
+                                   trace=step in cfg.trace_steps)
+
+    def phase(self, kind: str):
+        return self.instrument.phase(kind)
+
+    def not_the_hooks(self):
+        """Collectives issued here are the lab's own, not the hook's traffic."""
+        return self.counter.category(OTHER)
+
+    def timeline(self) -> list | None:
+        """At a traced step, every rank's events to rank 0 (a collective: every rank calls it, at
+        the same step, with no collective in flight); None at the others."""
+        if self.instrument.record.events is None:
+            return None
+        gathered: list = [None] * self.world
+        # A collective's completion is noted by a callback that may still be on its way.
+        dist.all_gather_object(gathered, [e for e in self.instrument.record.timeline()
+                                          if e.get("end") is not None])
+        return gathered
+
+    def take(self, step: int, state) -> Measured:
+        """The step's counts, taken (the counter starts again from zero)."""
+        nbytes, calls, timing = self.counter.take()
+        rec = self.instrument.record
+        self.sent_total += nbytes["hook"]
+        self.plain_total += rec.plain_bytes
+        row = {"payload_bytes": nbytes["hook"], "wire_bytes": wire_bytes(nbytes["hook"], self.world),
+               "plain_bytes": rec.plain_bytes, "collectives": calls["hook"],
+               "compression_ratio": self.plain_total / self.sent_total if self.sent_total else None,
+               "hook_s": rec.hook_s, **timing, "measure_bytes": nbytes["measure"],
+               "powersgd_iter": getattr(state, "iter", None)}
+        errors = None
+        if self.measuring:
+            errors = {"step": step, "measure_bytes": nbytes["measure"], "buckets": rec.bucket_errors,
+                      "layers": rec.layer_errors, "ef_residual_norm": error_feedback_norm(state)}
+        layout = sorted(rec.layouts, key=lambda b: b["index"]) if rec.layouts else None
+        return Measured(row, layout, errors, rec.grads, rec.layer_errors if self.measuring else [])
+
+    def close(self) -> None:
+        self.counter.uninstall()

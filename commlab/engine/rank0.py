@@ -1,0 +1,145 @@
+"""What rank 0 writes of a run, step by step: the one owner of the run folder's writers.
+
+Rank 0 alone records (``commlab.engine.store`` says what each file holds): meta.json and
+layers.json once, then each step's metrics line, the bucket layouts, the approximation errors,
+saved gradients, PowerSGD's pitfalls, the traced steps' timeline, the held-out evaluations, and how
+the run ended.  Every other rank gets ``NoRecord``, whose methods do nothing, so the training loop
+is the same on every rank.  ``close`` closes every file it opened.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import torch
+
+from commlab import workloads
+from commlab.analysis import timeline
+from commlab.engine import store
+from commlab.hooks import pitfalls
+
+
+class NoRecord:
+    """A rank other than 0: it writes nothing."""
+
+    def step(self, step: int, loss: float, step_s: float, measured) -> None:
+        pass
+
+    def timeline(self, step: int, gathered: list | None) -> None:
+        pass
+
+    def evaluate(self, step: int) -> None:
+        pass
+
+    def diverged(self, step: int, loss: float) -> None:
+        pass
+
+    def finished(self, step: int) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Rank0Record(NoRecord):
+    def __init__(self, job):
+        self.job, cfg, folder = job, job.cfg, job.folder
+        self.folder = folder
+        store.write_json(folder.file("meta.json"), {
+            "torch_version": torch.__version__, "python": sys.version.split()[0],
+            "backend": job.backend, "world_size": job.world, "device": str(job.device),
+            "hook_impl": job.choice.impl, "hook_name": job.choice.name, "hook_reason": job.choice.reason,
+            "num_parameters": sum(p.numel() for p in job.model.parameters()),
+            "instrumented": cfg.instrument, "emulated_link": {
+                "bandwidth_gbps": cfg.emulate_bandwidth_gbps, "latency_us": cfg.emulate_latency_us}
+            if (cfg.emulate_bandwidth_gbps or cfg.emulate_latency_us) else None,
+            "started_at": time.time()})
+        store.write_json(folder.file("layers.json"), [
+            {**d.as_dict(), "applies": job.choice.spec.layerwise} for d in job.rule.layers])
+        self.metrics = store.JsonlWriter(folder.file("metrics.jsonl"))
+        self.errors = store.JsonlWriter(folder.file("errors.jsonl"))
+        self.pitfalls = None  # made with the first pitfall: most runs have none
+        # PowerSGD's memories watched for its pitfalls (rank 0's own: no collective).
+        spec = job.choice.spec
+        self.watch = pitfalls.Watch(job.choice.state, layerwise=spec.layerwise) if spec.pitfalls else None
+        # A held-out set drawn once, before the clock starts.
+        self.held_out = workloads.held_out(job.work) if cfg.eval_every > 0 else None
+        self.evals = store.JsonlWriter(folder.file("evals.jsonl")) if self.held_out else None
+        self.layouts: dict[str, list] = {}
+        self.timelines: dict[str, dict[str, list]] = {}
+        self.eval_total = 0.0
+        self.t_start = time.perf_counter()
+
+    def step(self, step: int, loss: float, step_s: float, measured) -> None:
+        # t: training time since the start; the held-out evaluations are not training
+        row = {"step": step, "loss": loss, "step_s": step_s,
+               "t": time.perf_counter() - self.t_start - self.eval_total, **measured.row}
+        if measured.layout:
+            self.layouts["iter0" if step == 0 else "rebuilt"] = measured.layout
+            self._write_buckets()
+        if measured.errors:
+            self.errors.write(measured.errors)
+        if measured.grads:
+            self.folder.file("grads").mkdir(exist_ok=True)
+            torch.save({k: v.cpu() for k, v in measured.grads.items()}, self.folder.file(f"grads/step_{step}.pt"))
+        if self.watch:  # backward has returned: every hook future, and so every memory write, is done
+            current = self.layouts.get("rebuilt") or self.layouts.get("iter0")
+            for found in self.watch.after_step(step, current, measured.layer_errors, math.isfinite(loss)):
+                self.pitfalls = self.pitfalls or store.JsonlWriter(self.folder.file(store.PITFALLS))
+                self.pitfalls.write(found)
+        self.metrics.write(row)
+
+    def timeline(self, step: int, gathered: list | None) -> None:
+        """Every rank's events of a traced step: timeline.json and trace.json, rewritten."""
+        if gathered is None:
+            return
+        self.timelines[str(step)] = {str(r): events for r, events in enumerate(gathered)}
+        store.write_json(self.folder.file(store.TIMELINE), {
+            "steps": self.timelines, "overlap_share": timeline.run_overlap_share(self.timelines)})
+        store.write_json(self.folder.file(store.TRACE), timeline.chrome_trace(self.timelines))
+
+    def evaluate(self, step: int) -> None:
+        """On the held-out set every ``eval_every`` steps and after the last, outside the timed
+        step (the other ranks wait in the next step's collectives)."""
+        cfg = self.job.cfg
+        if not self.held_out or not ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
+            return
+        t_eval = time.perf_counter()
+        result = workloads.evaluate(self.job.model, self.held_out, self.job.work.eval_metric, self.job.device)
+        eval_s = time.perf_counter() - t_eval
+        self.eval_total += eval_s
+        self.evals.write({"step": step, **result, "eval_s": eval_s})
+
+    def diverged(self, step: int, loss: float) -> None:
+        why = self.watch.reason() if self.watch else None
+        store.write_json(self.folder.file("status.json"), {
+            "status": "diverged", "step": step,
+            "error": f"loss became {loss} at step {step}" + (f" after {why}" if why else "")
+                     + "; the run was stopped there"})
+
+    def finished(self, step: int) -> None:
+        store.write_json(self.folder.file("status.json"), {"status": "finished", "step": step})
+
+    def end(self) -> None:
+        """The bucket file again, with DDP's logging data as the run ended."""
+        if self.job.cfg.instrument:
+            self._write_buckets()
+
+    def close(self) -> None:
+        """Every file it opened, closed (also after a failure)."""
+        for writer in (self.metrics, self.errors, self.evals, self.pitfalls):
+            if writer is not None:
+                writer.close()
+
+    def _write_buckets(self) -> None:
+        logging = self.job.ddp._get_ddp_logging_data()
+        store.write_json(self.folder.file("buckets.json"), {
+            "bucket_cap_mb": self.job.cfg.bucket_cap_mb, **self.layouts,
+            "ddp_logging": {k: logging.get(k) for k in
+                            ("bucket_sizes", "rebuilt_bucket_sizes", "has_rebuilt_buckets",
+                             "rebuilt_per_bucket_param_indices", "prev_iteration_bucket_param_indices")
+                            if k in logging}})

@@ -1,0 +1,301 @@
+"""Every hook the lab runs, one row each: everything the rest of the lab asks about a hook.
+
+PyTorch keeps one table of its hooks (``DDPCommHookType``); this is that table taken further.  A
+row says where PyTorch's function lives and where commlab's variant does, when PyTorch's fails on
+which backend and why (measured on torch 2.13), how the hook's state is built from the settings
+table and so which settings it reads, whether a compress wrapper may wrap it, what its checkpoint
+holds, whether PowerSGD's rule applies layer by layer, what its collectives are, and how
+Accelerate names it.  The worker, validation, the exports, the what-if model, checkpoints, sweep
+axes, labels, the forms and the CLI all read it; none of them compares hook names.
+
+Adding a hook is one module (its function, and its state class if it has one) and one row here.
+
+Pure: no torch.  Settings are named as ``RunConfig`` spells them (tests/test_hook_specs.py holds
+every name to the settings table); modules by their dotted path, imported only when a hook is built.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from commlab.rules import Rule
+
+TORCH_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks"
+OURS = "commlab.hooks"
+BACKENDS = ("gloo", "nccl")
+
+# Families, in the order the lab lists them.
+PAGE = "PyTorch's DDP Communication Hooks page"
+QUANTIZATION = "PyTorch's quantization hooks"
+LOCAL_SGD = "PyTorch's post-local SGD"
+COMPRESSOR = "the classic compressors (commlab's)"
+FAMILIES = (PAGE, QUANTIZATION, LOCAL_SGD, COMPRESSOR)
+
+# What a hook's checkpoint holds (``HookSpec.checkpoint``).
+NO_STATE = "none"  # nothing beyond the model and optimizer
+WHOLE_STATE = "state"  # the state object, pickled whole (PowerSGD's, the compressors')
+STEP_COUNTS = "steps"  # step counts only: the state holds process groups, which do not pickle
+
+ALLREDUCE, ALLGATHER = "allreduce", "allgather"  # what a hook's messages go through
+
+
+@dataclass(frozen=True)
+class Build:
+    """An object a hook needs, made from the settings: ``attr`` called with the process group
+    first (``process_group=``, as a keyword, when ``group_keyword``), then, when ``subgroup``,
+    subgroups of ``localsgd_subgroup_size`` ranks, then the keywords ``settings`` names
+    ({keyword: setting}).  ``module`` None: the module of the hook's implementation that runs
+    (PyTorch's or commlab's: each holds its own state class).
+
+    The exports write the same call as source text, leaving out the keywords whose value is
+    ``defaults``' (the class's own) unless ``always`` names them."""
+
+    attr: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+    module: str | None = None
+    subgroup: bool = False
+    group_keyword: bool = False
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    always: tuple[str, ...] = ()
+
+    def kwargs(self, cfg: Any) -> dict[str, Any]:
+        """The keywords, read off ``cfg``."""
+        return {k: getattr(cfg, s) for k, s in self.settings.items()}
+
+    def spelled(self, cfg: Any) -> dict[str, Any]:
+        """The keywords an export spells out: those ``always`` names and those off the default."""
+        return {k: v for k, v in self.kwargs(cfg).items()
+                if k in self.always or k not in self.defaults or v != self.defaults[k]}
+
+    def reads(self) -> tuple[str, ...]:
+        return (*self.settings.values(), *(("localsgd_subgroup_size",) if self.subgroup else ()))
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One hook.  See the module's docstring; each field's comment says who asks it."""
+
+    name: str  # commlab's name of it: the value of the `hook` setting
+    family: str  # one of FAMILIES
+    attr: str  # its function, spelled alike in PyTorch's module and in commlab.hooks
+    stock: str | None  # PyTorch's module; None: PyTorch has no such hook
+    variant: str | None = None  # commlab's module with a variant of the same name; None: PyTorch's is safe
+    fails: Mapping[str, str] = field(default_factory=dict)  # backend -> why PyTorch's fails there
+    one_bucket_works: tuple[str, ...] = ()  # backends where a single bucket avoids that failure
+    fails_at_compression: bool = False  # PyTorch's fails when compression starts, not at once
+    note: str = ""  # what the reason for PyTorch's adds (how commlab builds its state)
+    state: Build | None = None  # None: the hook takes the process group as its state
+    averager: Build | None = None  # run after every optimizer step (post-local SGD's)
+    bound: Mapping[str, str] = field(default_factory=dict)  # keyword -> setting, bound after (state, bucket)
+    variant_bound: Mapping[str, str] = field(default_factory=dict)  # likewise, commlab's variant only
+    reads_also: tuple[str, ...] = ()  # settings it reads besides those its builds and bindings name
+    wrap_refusal: str | None = None  # why no compress wrapper may wrap it; None: one may
+    checkpoint: str = NO_STATE  # NO_STATE, WHOLE_STATE or STEP_COUNTS
+    checkpoint_why: str = ""  # how its state survives a checkpoint, in the exports' words
+    resumable: bool = True  # whether a run of it can be continued from its checkpoint
+    layerwise: bool = False  # compresses layer by layer by PowerSGD's rule (layers.json applies)
+    pitfalls: bool = False  # PowerSGD's memories are watched for its pitfalls (commlab.hooks.pitfalls)
+    starts: str | None = None  # the setting naming the step it starts at: plain allreduce before
+    collective: str = ALLREDUCE  # what its messages go through, for the what-if model
+    sends_nothing: bool = False  # noop: gradients are never averaged
+    accelerate: str | None = None  # its member of Accelerate's DDPCommunicationHookType
+    short_names: Mapping[str, str] = field(default_factory=dict)  # setting -> its name in labels
+    named_when_changed: tuple[str, ...] = ()  # settings a label names only off their default
+    rules: tuple[Rule, ...] = ()  # rules between settings of its own
+    exports: tuple[str, ...] = ()  # more names commlab.hooks offers for it (its state class)
+
+    @property
+    def commlab_only(self) -> bool:
+        return self.stock is None
+
+    @property
+    def wrappable(self) -> bool:
+        return self.wrap_refusal is None
+
+    @property
+    def averages_parameters(self) -> bool:
+        return self.averager is not None
+
+    @property
+    def subgroup(self) -> bool:
+        """Whether its collectives span subgroups of ``localsgd_subgroup_size`` ranks."""
+        return self.state is not None and self.state.subgroup
+
+    def reads(self) -> tuple[str, ...]:
+        """Every setting building and running it reads, declared (the wrapper where one may wrap it)."""
+        names = [*(("wrapper",) if self.wrappable else ()), *self.reads_also,
+                 *(self.state.reads() if self.state else ()), *(self.averager.reads() if self.averager else ()),
+                 *self.bound.values(), *self.variant_bound.values()]
+        return tuple(dict.fromkeys(names))
+
+    def module(self, commlab: bool) -> str:
+        """The module of the implementation that runs: commlab's (its variant, or its only one) or PyTorch's."""
+        return (self.variant or self.stock) if commlab or self.stock is None else self.stock
+
+
+@dataclass(frozen=True)
+class WrapperSpec:
+    """A compress wrapper around a hook (PyTorch's fp16 and bf16)."""
+
+    name: str
+    attr: str
+    stock: str
+    variant: str | None = None
+    fails: Mapping[str, str] = field(default_factory=dict)
+    accelerate: str = "NO"
+
+    def module(self, commlab: bool) -> str:
+        return self.variant if commlab and self.variant else self.stock
+
+
+# ---------------------------------------------------------------------------- measured failures
+_BF16_REFUSED = ("DDP refuses PyTorch's {name} without CUDA 11+ and NCCL 2.10+ (TypeError at "
+                 "register_comm_hook), though Gloo reduces bfloat16")
+_POWERSGD_GLOO = ("PyTorch's powerSGD_hook allreduces from inside future callbacks, which on Gloo "
+                  "deadlocks or mismatches collectives across ranks with two or more buckets")
+_BATCHED_BROKEN = ("PyTorch's batched_powerSGD_hook fails in _orthogonalize once compression starts "
+                   "(AssertionError: it passes a 2-D matrix where torch 2.13 expects a 3-D batch)")
+_QUANTIZATION_BROKEN = ("PyTorch's {name} fails at its first step on every backend ({error}: it "
+                        "indexes the allgather future's value as one stacked tensor, torch 2.13 gives "
+                        "the list of gathered tensors; measured on Gloo, 1 and 2 buckets, 2 and 3 "
+                        "ranks) and allgathers from inside a future callback, as powerSGD_hook allreduces")
+_LOCALSGD_NOTE = ("; commlab passes it subgroups made with dist.new_subgroups(group_size=localsgd_subgroup_size): "
+                  "PostLocalSGDState(subgroup=None) makes one subgroup per machine on the first local step, which "
+                  "raises ValueError without CUDA (measured on Gloo) and would hold every rank of one machine")
+_OWN_WIRE_FORMAT = ("it chooses its own wire format (uint8 codes, packed signs or indices), so a cast "
+                    "before it only loses precision")
+
+
+def _everywhere(why: str) -> dict[str, str]:
+    return dict.fromkeys(BACKENDS, why)
+
+
+# ---------------------------------------------------------------------------- rules of their own
+POWERSGD_SETTINGS = ("matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
+                     "use_error_feedback", "warm_start", "orthogonalization_epsilon", "random_seed",
+                     "batch_tensors_with_same_shape")  # PowerSGDState's arguments, in its order
+_START_AFTER_REBUILD = Rule(
+    "start_powerSGD_iter", ("hook", "start_powerSGD_iter", "use_error_feedback", "warm_start"),
+    lambda c: c.start_powerSGD_iter < 2 and (c.use_error_feedback or c.warm_start),
+    lambda c: (f"must be at least 2 while use_error_feedback or warm_start is on, got "
+               f"{c.start_powerSGD_iter}: DDP rebuilds its buckets after the first iteration, which "
+               "conflicts with any tensor memorized before the rebuild (turn both off to start earlier)"))
+_SUBGROUPS_DIVIDE = Rule(
+    "localsgd_subgroup_size", ("hook", "localsgd_subgroup_size", "world_size"),
+    lambda c: c.world_size % c.localsgd_subgroup_size != 0,
+    lambda c: (f"must divide the number of ranks ({c.world_size}), got {c.localsgd_subgroup_size}: "
+               "dist.new_subgroups cuts the ranks into subgroups of equal size"))
+
+# PowerSGDState's own defaults (torch 2.13); tests/test_export.py holds them to its signature.
+TORCH_POWERSGD_DEFAULTS = {
+    "matrix_approximation_rank": 1, "start_powerSGD_iter": 1000, "min_compression_rate": 2,
+    "use_error_feedback": True, "warm_start": True, "orthogonalization_epsilon": 0,
+    "random_seed": 0, "batch_tensors_with_same_shape": False,
+}
+_POWERSGD_STATE = Build("PowerSGDState", {s: s for s in POWERSGD_SETTINGS},
+                        defaults=TORCH_POWERSGD_DEFAULTS,
+                        always=("matrix_approximation_rank", "start_powerSGD_iter"))  # what a sweep tunes
+_POWERSGD = dict(family=PAGE, stock=f"{TORCH_HOOKS}.powerSGD_hook", variant=f"{OURS}.powersgd",
+                 state=_POWERSGD_STATE, variant_bound={"overlap": "overlap"}, checkpoint=WHOLE_STATE,
+                 checkpoint_why=("PowerSGDState pickles without its process group and joins the default "
+                                 "group when loaded (PyTorch's \"Checkpointing of Communication Hooks\")."),
+                 pitfalls=True, starts="start_powerSGD_iter", rules=(_START_AFTER_REBUILD,),
+                 short_names={"matrix_approximation_rank": "r", "start_powerSGD_iter": "start",
+                              "min_compression_rate": "rate"},
+                 named_when_changed=("min_compression_rate",), exports=("PowerSGDState",))
+
+
+def _compressor(name: str, state: str, settings: Mapping[str, str] | None = None,
+                collective: str = ALLGATHER) -> HookSpec:
+    """One of the classic compressors: commlab's alone, its state seeded with the run's seed."""
+    return HookSpec(name, COMPRESSOR, f"{name}_hook", None, f"{OURS}.compressors",
+                    state=Build(state, {**(settings or {}), "random_seed": "seed"}),
+                    wrap_refusal=_OWN_WIRE_FORMAT, checkpoint=WHOLE_STATE, collective=collective,
+                    checkpoint_why=("the state, built with process_group=None, pickles whole: each "
+                                    "bucket's error feedback and momentum, its step and its random "
+                                    "generators."),
+                    exports=(state,))
+
+
+_SPARSE = {"compress_ratio": "compress_ratio", "use_error_feedback": "sparse_error_feedback"}
+
+# ---------------------------------------------------------------------------- the table
+SPECS: dict[str, HookSpec] = {s.name: s for s in (
+    # PyTorch's "DDP Communication Hooks" page
+    HookSpec("allreduce", PAGE, "allreduce_hook", f"{TORCH_HOOKS}.default_hooks", accelerate="NO"),
+    HookSpec("fp16", PAGE, "fp16_compress_hook", f"{TORCH_HOOKS}.default_hooks", accelerate="FP16"),
+    HookSpec("bf16", PAGE, "bf16_compress_hook", f"{TORCH_HOOKS}.default_hooks", f"{OURS}.compress",
+             fails={"gloo": _BF16_REFUSED.format(name="bf16_compress_hook")}, accelerate="BF16"),
+    HookSpec("powersgd", attr="powerSGD_hook", fails={"gloo": _POWERSGD_GLOO},
+             one_bucket_works=("gloo",), layerwise=True, accelerate="POWER_SGD", **_POWERSGD),
+    HookSpec("batched_powersgd", attr="batched_powerSGD_hook", fails=_everywhere(_BATCHED_BROKEN),
+             fails_at_compression=True, accelerate="BATCHED_POWER_SGD", **_POWERSGD),
+    HookSpec("noop", PAGE, "noop_hook", f"{TORCH_HOOKS}.debugging_hooks", sends_nothing=True,
+             wrap_refusal="noop sends nothing, so there is nothing to compress"),
+    # PyTorch's other algorithms: quantization by allgather, post-local SGD
+    HookSpec("quantize_pertensor", QUANTIZATION, "quantization_pertensor_hook",
+             f"{TORCH_HOOKS}.quantization_hooks", f"{OURS}.quantization",
+             fails=_everywhere(_QUANTIZATION_BROKEN.format(name="quantization_pertensor_hook",
+                                                          error="IndexError")),
+             wrap_refusal=_OWN_WIRE_FORMAT, collective=ALLGATHER),
+    HookSpec("quantize_perchannel", QUANTIZATION, "quantization_perchannel_hook",
+             f"{TORCH_HOOKS}.quantization_hooks", f"{OURS}.quantization",
+             fails=_everywhere(_QUANTIZATION_BROKEN.format(name="quantization_perchannel_hook",
+                                                          error="no step completed within 60 s")),
+             bound={"bucket_size": "quantization_bucket_size"}, wrap_refusal=_OWN_WIRE_FORMAT,
+             collective=ALLGATHER),
+    HookSpec("post_localsgd", LOCAL_SGD, "post_localSGD_hook", f"{TORCH_HOOKS}.post_localSGD_hook",
+             note=_LOCALSGD_NOTE,
+             state=Build("PostLocalSGDState", {"start_localSGD_iter": "start_localSGD_iter",
+                                               "post_local_gradient_allreduce": "post_local_gradient_allreduce"},
+                         subgroup=True),
+             averager=Build("PeriodicModelAverager", {"period": "averager_period",
+                                                      "warmup_steps": "averager_warmup_steps"},
+                            module="torch.distributed.algorithms.model_averaging.averagers",
+                            group_keyword=True),
+             checkpoint=STEP_COUNTS, resumable=False, starts="start_localSGD_iter",
+             rules=(_SUBGROUPS_DIVIDE,)),
+    # The classic compressors: commlab's alone (commlab.hooks.compressors)
+    _compressor("topk", "TopKState", _SPARSE),
+    _compressor("randomk", "RandomKState", {"compress_ratio": "compress_ratio"}, collective=ALLREDUCE),
+    _compressor("qsgd", "QSGDState", {"levels": "qsgd_levels"}),
+    _compressor("terngrad", "TernGradState"),
+    _compressor("signsgd", "SignSGDState"),
+    _compressor("ef_signsgd", "EFSignSGDState"),
+    _compressor("onebit", "OneBitState"),
+    _compressor("threshold", "ThresholdState", {"threshold": "sparsify_threshold",
+                                                "use_error_feedback": "sparse_error_feedback"}),
+    _compressor("dgc", "DGCState", {"compress_ratio": "compress_ratio", "momentum": "compressor_momentum",
+                                    "clip_norm": "dgc_clip_norm"}),
+    _compressor("natural", "NaturalState"),
+    _compressor("signum", "SignumState", {"momentum": "compressor_momentum"}),
+)}
+
+WRAPPER_SPECS: dict[str, WrapperSpec] = {w.name: w for w in (
+    WrapperSpec("fp16", "fp16_compress_wrapper", f"{TORCH_HOOKS}.default_hooks", accelerate="FP16"),
+    WrapperSpec("bf16", "bf16_compress_wrapper", f"{TORCH_HOOKS}.default_hooks", f"{OURS}.compress",
+                fails={"gloo": _BF16_REFUSED.format(name="bf16_compress_wrapper")}, accelerate="BF16"),
+)}
+
+HOOKS = tuple(SPECS)
+WRAPPERS = ("none", *WRAPPER_SPECS)
+BASELINE = "allreduce"  # DDP's own behaviour, which every comparison is made against
+
+
+def hooks_of(family: str) -> tuple[str, ...]:
+    """The hooks of one of ``FAMILIES``, in the table's order."""
+    return tuple(h for h, s in SPECS.items() if s.family == family)
+
+
+def spec(hook: str) -> HookSpec:
+    """The row of ``hook``; KeyError naming the known hooks for any other name."""
+    try:
+        return SPECS[hook]
+    except (KeyError, TypeError):
+        raise KeyError(f"unknown hook {hook!r}; hooks are: {', '.join(HOOKS)}") from None
+
+
+def spec_of(cfg: Mapping[str, Any]) -> HookSpec | None:
+    """The row of a stored config's hook; None for a config of a hook this lab no longer has."""
+    return SPECS.get(cfg.get("hook"))
