@@ -1,21 +1,22 @@
 """PowerSGD hooks that are safe on Gloo: PyTorch's algorithm, state and seeds, collectives in order.
 
 PyTorch's ``powerSGD_hook`` (torch 2.13) issues its P and Q allreduces from inside future callbacks
-and blocks there with ``.wait()``.  Gloo runs callbacks on its two worker threads: with two buckets
+and blocks there with ``.wait()``. Gloo runs callbacks on its two worker threads: with two buckets
 both threads block (deadlock); otherwise the callbacks of different buckets issue collectives in a
-different order on each rank (collective mismatch).  Here every collective is issued from the hook
+different order on each rank (collective mismatch). Here every collective is issued from the hook
 body: launch the uncompressed and the P allreduce, ``wait()`` for both in the body, launch the Q
-allreduce and return its future ``.then(finish)``, where ``finish`` communicates nothing.  DDP
-calls hooks in bucket order on every rank, so every rank issues the same collectives in the same
+allreduce and return its future ``.then(decompress)``, where ``decompress`` communicates nothing.
+DDP calls hooks in bucket order on every rank, so every rank issues the same collectives in the same
 order.
 
-Waiting in the body stops backward.  So, unless ``overlap=False`` is passed (a keyword after
-``(state, bucket)``, which ``functools.partial`` binds; the switch travels with the hook, as
-PyTorch keeps its switches on the state, whose class here is PyTorch's own), the hook hands its body to the process's communication thread (``commlab.hooks.comm_thread``), which runs
-the bodies in the order DDP called the hooks, and returns at once: backward goes on while the
-thread waits.  The body stops after launching the uncompressed and P allreduces and leaves the
-rest (``comm_thread.Deferred``) for the thread to run once the next bucket's have gone out, so
-that two buckets' round trips overlap.  The body is the same either way, so are its numbers.
+Waiting in the body stops backward. So, unless ``overlap=False`` is passed (a keyword after
+``(state, bucket)``, which ``functools.partial`` binds; the switch travels with the hook, as PyTorch
+keeps its switches on the state, whose class here is PyTorch's own), the hook hands its body to the
+process's communication thread (``commlab.hooks.comm_thread``), which runs the bodies in the order
+DDP called the hooks, and returns at once: backward goes on while the thread waits. The body stops
+after launching the uncompressed and P allreduces and leaves the rest (Q = MᵀP and its allreduce, a
+``comm_thread.Deferred``) for the thread to run once the next bucket's have gone out, so that two
+buckets' round trips overlap. The body is the same either way, so are its numbers.
 
 PyTorch's ``batched_powerSGD_hook`` hands a 2-D matrix to ``_orthogonalize``, which asserts a 3-D
 batch since batching by shape was added; here the matrix is orthogonalized as a batch of one.
@@ -157,7 +158,7 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
     uncompressed_work = _launch(uncompressed_memory, group)
 
     # Later steps read P and Q through these names, never the dicts: without warm start, another
-    # bucket's finish() may clear the dicts while this bucket is still working.
+    # bucket's decompress() may clear the dicts while this bucket is still working.
     randomize = not state.warm_start or bucket_index not in state.p_memory_dict
     if randomize:
         p_memory = torch.empty(ps_size, device=device, dtype=dtype)
@@ -200,7 +201,7 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
     # allreduces are in flight together: the P one need not wait for the other's round trip.
     p_work = _launch(p_memory, group)
 
-    def rest() -> torch.futures.Future[torch.Tensor]:
+    def unpack_uncompressed_and_compute_qs() -> torch.futures.Future[torch.Tensor]:
         uncompressed_work.wait()
         uncompressed_memory.div_(world_size)
         idx = 0
@@ -213,9 +214,9 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
             _orthogonalize(p, state.orthogonalization_epsilon)
         for batch, p, q in zip(batches, ps, qs):
             torch.bmm(batch.transpose(1, 2), p, out=q)
-        return _launch(q_memory, group).get_future().then(finish)
+        return _launch(q_memory, group).get_future().then(decompress)
 
-    def finish(_: torch.futures.Future) -> torch.Tensor:
+    def decompress(_: torch.futures.Future) -> torch.Tensor:
         q_memory.div_(world_size)
         for p, q, batch in zip(ps, qs, batches):
             torch.bmm(p, q.transpose(1, 2), out=batch)
@@ -228,7 +229,7 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
 
     # On the communication thread the next bucket's uncompressed and P allreduces go out before
     # this one waits for its own.
-    return comm_thread.Deferred(rest)
+    return comm_thread.Deferred(unpack_uncompressed_and_compute_qs)
 
 
 def _batched_powersgd(state: PowerSGDState,
@@ -278,20 +279,20 @@ def _batched_powersgd(state: PowerSGDState,
 
     p_work = _launch(p, group)
 
-    def rest() -> torch.futures.Future[torch.Tensor]:
+    def compute_q() -> torch.futures.Future[torch.Tensor]:
         p_work.wait()
         _orthogonalize(p.unsqueeze(0), epsilon)
         torch.matmul(matrix.t(), p, out=q)
-        return _launch(q, group).get_future().then(finish)
+        return _launch(q, group).get_future().then(decompress)
 
-    def finish(_: torch.futures.Future) -> torch.Tensor:
+    def decompress(_: torch.futures.Future) -> torch.Tensor:
         q.div_(world_size)
         torch.matmul(p, q.t(), out=matrix)
         _finish_state(state, bucket, bucket_index, original, padded)
         input_tensor.copy_(padded[:total_length])
         return input_tensor
 
-    return comm_thread.Deferred(rest)
+    return comm_thread.Deferred(compute_q)
 
 
 powerSGD_hook = _overlapped(_powersgd, "powerSGD_hook")

@@ -16,6 +16,7 @@ from typing import Any
 from commlab.config import GROUPS, RunConfig, Setting, applies, settings
 from commlab.engine import launch as engine
 from commlab.engine import workload_probe
+from commlab.hook_specs import POWERSGD_SETTINGS
 from commlab.workloads import BUILTIN, DESCRIPTIONS
 
 # The Launch form's four columns, each a stack of the table's groups.
@@ -112,7 +113,7 @@ def readable_label(s: Setting) -> str:
 
 def help_text(s: Setting) -> str:
     """The table's help, then the setting's exact name: PowerSGDState's argument for PowerSGD's."""
-    whose = "PowerSGDState's argument" if s.group == "powersgd" else "Setting"
+    whose = "PowerSGDState's argument" if s.name in POWERSGD_SETTINGS else "Setting"
     return f"{s.help}\n\n{whose} `{s.name}` (CLI `{s.flag}`)."
 
 
