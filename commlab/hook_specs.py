@@ -88,7 +88,7 @@ class HookSpec:
     state: Build | None = None  # None: the hook takes the process group as its state
     averager: Build | None = None  # run after every optimizer step (post-local SGD's)
     bound: Mapping[str, str] = field(default_factory=dict)  # keyword -> setting, bound after (state, bucket)
-    variant_bound: Mapping[str, str] = field(default_factory=dict)  # likewise, commlab's variant only
+    blocking: str | None = None  # commlab's variant that waits in the hook, run with `overlap` off
     reads_also: tuple[str, ...] = ()  # settings it reads besides those its builds and bindings name
     wrap_refusal: str | None = None  # why no compress wrapper may wrap it; None: one may
     checkpoint: str = NO_STATE  # NO_STATE, WHOLE_STATE or STEP_COUNTS
@@ -126,7 +126,7 @@ class HookSpec:
         """Every setting building and running it reads, declared (the wrapper where one may wrap it)."""
         names = [*(("wrapper",) if self.wrappable else ()), *self.reads_also,
                  *(self.state.reads() if self.state else ()), *(self.averager.reads() if self.averager else ()),
-                 *self.bound.values(), *self.variant_bound.values()]
+                 *self.bound.values(), *(("overlap",) if self.blocking else ())]
         return tuple(dict.fromkeys(names))
 
     def module(self, commlab: bool) -> str:
@@ -197,7 +197,7 @@ _POWERSGD_STATE = Build("PowerSGDState", {s: s for s in POWERSGD_SETTINGS},
                         defaults=TORCH_POWERSGD_DEFAULTS,
                         always=("matrix_approximation_rank", "start_powerSGD_iter"))  # what a sweep tunes
 _POWERSGD = dict(family=PAGE, stock=f"{TORCH_HOOKS}.powerSGD_hook", variant=f"{OURS}.powersgd",
-                 state=_POWERSGD_STATE, variant_bound={"overlap": "overlap"}, checkpoint=WHOLE_STATE,
+                 state=_POWERSGD_STATE, checkpoint=WHOLE_STATE,
                  checkpoint_why=("PowerSGDState pickles without its process group and joins the default "
                                  "group when loaded (PyTorch's \"Checkpointing of Communication Hooks\")."),
                  pitfalls=True, starts="start_powerSGD_iter", rules=(_START_AFTER_REBUILD,),
@@ -227,9 +227,10 @@ SPECS: dict[str, HookSpec] = {s.name: s for s in (
     HookSpec("fp16", PAGE, "fp16_compress_hook", f"{TORCH_HOOKS}.default_hooks", accelerate="FP16"),
     HookSpec("bf16", PAGE, "bf16_compress_hook", f"{TORCH_HOOKS}.default_hooks", f"{OURS}.compress",
              fails={"gloo": _BF16_REFUSED.format(name="bf16_compress_hook")}, accelerate="BF16"),
-    HookSpec("powersgd", attr="powerSGD_hook", fails={"gloo": _POWERSGD_GLOO},
+    HookSpec("powersgd", attr="powerSGD_hook", blocking="blocking_powerSGD_hook", fails={"gloo": _POWERSGD_GLOO},
              one_bucket_works=("gloo",), layerwise=True, accelerate="POWER_SGD", **_POWERSGD),
-    HookSpec("batched_powersgd", attr="batched_powerSGD_hook", fails=_everywhere(_BATCHED_BROKEN),
+    HookSpec("batched_powersgd", attr="batched_powerSGD_hook", blocking="blocking_batched_powerSGD_hook",
+             fails=_everywhere(_BATCHED_BROKEN),
              fails_at_compression=True, accelerate="BATCHED_POWER_SGD", **_POWERSGD),
     HookSpec("noop", PAGE, "noop_hook", f"{TORCH_HOOKS}.debugging_hooks", sends_nothing=True,
              wrap_refusal="noop sends nothing, so there is nothing to compress"),

@@ -9,14 +9,14 @@ allreduce and return its future ``.then(decompress)``, where ``decompress`` comm
 DDP calls hooks in bucket order on every rank, so every rank issues the same collectives in the same
 order.
 
-Waiting in the body stops backward. So, unless ``overlap=False`` is passed (a keyword after
-``(state, bucket)``, which ``functools.partial`` binds; the switch travels with the hook, as PyTorch
-keeps its switches on the state, whose class here is PyTorch's own), the hook hands its body to the
-process's communication thread (``commlab.hooks.comm_thread``), which runs the bodies in the order
-DDP called the hooks, and returns at once: backward goes on while the thread waits. The body stops
-after launching the uncompressed and P allreduces and leaves the rest (Q = MᵀP and its allreduce, a
-``comm_thread.Deferred``) for the thread to run once the next bucket's have gone out, so that two
-buckets' round trips overlap. The body is the same either way, so are its numbers.
+Waiting in the body stops backward.  So ``powerSGD_hook`` hands its body to the process's
+communication thread (``commlab.hooks.comm_thread``), which runs the bodies in the order DDP
+called the hooks, and returns at once: backward goes on while the thread waits.  The body stops
+after launching the uncompressed and P allreduces and leaves the rest (Q = MᵀP and its
+allreduce, a ``comm_thread.Deferred``) for the thread to run once the next bucket's have gone
+out, so that two buckets' round trips overlap.  ``blocking_powerSGD_hook`` runs the same body in
+the hook (the lab's ``overlap`` off, for comparison); the numbers are the same either way.  Both
+keep PyTorch's signature, ``(state, bucket)``.
 
 PyTorch's ``batched_powerSGD_hook`` hands a 2-D matrix to ``_orthogonalize``, which asserts a 3-D
 batch since batching by shape was added; here the matrix is orthogonalized as a batch of one.
@@ -43,7 +43,8 @@ from commlab.analysis.rule import decide
 from commlab.hooks import comm_thread
 from commlab.hooks.groups import group_of
 
-__all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
+__all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook", "blocking_powerSGD_hook",
+           "blocking_batched_powerSGD_hook"]
 
 
 def _launch(tensor: torch.Tensor, group: dist.ProcessGroup) -> dist.Work:
@@ -95,14 +96,21 @@ def _finish_state(state: PowerSGDState, bucket: dist.GradBucket, bucket_index: i
     state.maybe_increase_iter(bucket)
 
 
-def _overlapped(body, name: str):
-    """The hook ``name`` that runs ``body`` on the communication thread, or in place when
-    ``overlap`` is off (the blocking variant)."""
+def _blocking(body, name: str):
+    """The hook ``name`` that runs ``body`` in place: it waits in the hook for its collectives."""
 
-    def hook(state: PowerSGDState, bucket: dist.GradBucket,
-             overlap: bool = True) -> torch.futures.Future[torch.Tensor]:
-        if not overlap:
-            return comm_thread.run_in_place(lambda: body(state, bucket))
+    def hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return comm_thread.run_in_place(lambda: body(state, bucket))
+
+    hook.__name__ = hook.__qualname__ = name
+    hook.__doc__ = body.__doc__
+    return hook
+
+
+def _overlapped(body, name: str):
+    """The hook ``name`` that runs ``body`` on the communication thread."""
+
+    def hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         comm = comm_thread.current()
         last = bucket.is_last()
         fut = comm.submit(lambda: body(state, bucket), tag=bucket.index(), last=last)
@@ -297,3 +305,5 @@ def _batched_powersgd(state: PowerSGDState,
 
 powerSGD_hook = _overlapped(_powersgd, "powerSGD_hook")
 batched_powerSGD_hook = _overlapped(_batched_powersgd, "batched_powerSGD_hook")
+blocking_powerSGD_hook = _blocking(_powersgd, "blocking_powerSGD_hook")
+blocking_batched_powerSGD_hook = _blocking(_batched_powersgd, "blocking_batched_powerSGD_hook")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -208,11 +207,9 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
     ours = _commlab_parts(cfg.hook, cfg.wrapper, cfg.impl, backend)
     commlab_hook = spec in ours
     hook = _function(spec, commlab_hook)
+    if commlab_hook and spec.blocking and not cfg.overlap:
+        hook = getattr(importlib.import_module(spec.variant), spec.blocking)
     bound = {k: getattr(cfg, s) for k, s in spec.bound.items()}
-    if commlab_hook and spec.variant:  # what differs from the variant's own default (overlap=True)
-        defaults = inspect.signature(hook).parameters
-        bound |= {k: getattr(cfg, s) for k, s in spec.variant_bound.items()
-                  if getattr(cfg, s) != defaults[k].default}
     if bound:  # bound, under the hook's own name: DDP logs the hook by it
         hook = functools.update_wrapper(functools.partial(hook, **bound), hook)
     if cfg.wrapper != "none":
