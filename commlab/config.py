@@ -40,6 +40,9 @@ def default_runs_dir() -> str:
 
 # The longest run, and the last step any step-numbered setting may name: a line of metrics per step.
 MAX_STEPS = 1_000_000
+# The most steps a run traces: each is gathered from every rank, and with torch.profiler each rank
+# writes megabytes of trace a step (150 profiled steps of 2 ranks wrote 35 MB in 300 files).
+MAX_TRACED_STEPS = 16
 SHOWN_CHARS = 80  # a value quoted in a message is cut to this many characters
 
 
@@ -265,8 +268,9 @@ class RunConfig:
                                      label="trace_steps (steps)", help=(
         "Steps whose timeline is recorded on every rank (backward, each bucket's hook call, "
         "collectives, futures, the optimizer step) into timeline.json and trace.json (Chrome "
-        "trace); the default, 1, is the first step after DDP rebuilt its buckets. Needs "
-        "instrument on; steps past the end are not traced."))
+        f"trace); the default, 1, is the first step after DDP rebuilt its buckets. At most "
+        f"{MAX_TRACED_STEPS} steps; needs instrument on (off, the default traces nothing); steps past "
+        "the end are not traced."))
     torch_profiler: bool = setting(False, group="instrument", label="torch.profiler on the traced steps",
                                    help=(
         "Also profile the trace_steps with torch.profiler on every rank (CPU, and CUDA on a GPU: "
@@ -613,7 +617,17 @@ RULES: tuple[Rule, ...] = (
          lambda c: any(not 0 <= s < c.steps for s in c.save_grads_at),
          lambda c: (f"each step must be from 0 to {c.steps - 1} (steps is {c.steps}; they count from 0), "
                     f"got {shown([s for s in c.save_grads_at if not 0 <= s < c.steps])}")),
+    Rule("trace_steps", ("trace_steps",),
+         lambda c: any(not 0 <= s < MAX_STEPS for s in c.trace_steps) or len(c.trace_steps) > MAX_TRACED_STEPS,
+         lambda c: (f"at most {MAX_TRACED_STEPS} step numbers, each from 0 to {MAX_STEPS - 1}, got "
+                    f"{shown(c.trace_steps)}: each traced step is gathered from every rank and "
+                    "written out (with torch.profiler, megabytes a rank)")),
     *map(_needs_instrument, ("error_every", "save_grads_at", "emulate_bandwidth_gbps", "emulate_latency_us")),
+    # The default (step 1) traces nothing with instrument off; any other steps are refused.
+    Rule("trace_steps", ("instrument", "trace_steps"),
+         lambda c: not c.instrument and c.trace_steps != RunConfig().trace_steps and bool(c.trace_steps),
+         lambda c: (f"needs instrument on: the instrumentation records the timeline (got "
+                    f"{shown(c.trace_steps)})")),
     Rule("workload", ("workload",), lambda c: bool(_workload_error(c.workload)),
          lambda c: f"{shown(c.workload)} {_workload_error(c.workload)}"),
     Rule("runs_dir", ("runs_dir",), lambda c: runs_dir_error(c.runs_dir) is not None,

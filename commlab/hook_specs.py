@@ -93,6 +93,7 @@ class HookSpec:
     wrap_refusal: str | None = None  # why no compress wrapper may wrap it; None: one may
     checkpoint: str = NO_STATE  # NO_STATE, WHOLE_STATE or STEP_COUNTS
     checkpoint_why: str = ""  # how its state survives a checkpoint, in the exports' words
+    keeps: tuple[str, ...] = ()  # the state's fields that change as it runs: what a lab checkpoint holds
     resumable: bool = True  # whether a run of it can be continued from its checkpoint
     layerwise: bool = False  # compresses layer by layer by PowerSGD's rule (layers.json applies)
     pitfalls: bool = False  # PowerSGD's memories are watched for its pitfalls (commlab.hooks.pitfalls)
@@ -196,7 +197,11 @@ TORCH_POWERSGD_DEFAULTS = {
 _POWERSGD_STATE = Build("PowerSGDState", {s: s for s in POWERSGD_SETTINGS},
                         defaults=TORCH_POWERSGD_DEFAULTS,
                         always=("matrix_approximation_rank", "start_powerSGD_iter"))  # what a sweep tunes
+# PowerSGDState's fields that change as it runs (the rest are its settings), its random generator last.
+_POWERSGD_KEEPS = ("iter", "error_dict", "p_memory_dict", "q_memory_dict", "total_numel_before_compression",
+                   "total_numel_after_compression", "next_stats_report", "rng")
 _POWERSGD = dict(family=PAGE, stock=f"{TORCH_HOOKS}.powerSGD_hook", variant=f"{OURS}.powersgd",
+                 keeps=_POWERSGD_KEEPS,
                  state=_POWERSGD_STATE, checkpoint=WHOLE_STATE,
                  checkpoint_why=("PowerSGDState pickles without its process group and joins the default "
                                  "group when loaded (PyTorch's \"Checkpointing of Communication Hooks\")."),
@@ -207,9 +212,10 @@ _POWERSGD = dict(family=PAGE, stock=f"{TORCH_HOOKS}.powerSGD_hook", variant=f"{O
 
 
 def _compressor(name: str, state: str, settings: Mapping[str, str] | None = None,
-                collective: str = ALLGATHER) -> HookSpec:
+                collective: str = ALLGATHER, keeps: tuple[str, ...] = ()) -> HookSpec:
     """One of the classic compressors: commlab's alone, its state seeded with the run's seed."""
     return HookSpec(name, COMPRESSOR, f"{name}_hook", None, f"{OURS}.compressors",
+                    keeps=("iter", "error_dict", "momentum_dict", "generator", *keeps),
                     state=Build(state, {**(settings or {}), "random_seed": "seed"}),
                     wrap_refusal=_OWN_WIRE_FORMAT, checkpoint=WHOLE_STATE, collective=collective,
                     checkpoint_why=("the state, built with process_group=None, pickles whole: each "
@@ -259,7 +265,8 @@ SPECS: dict[str, HookSpec] = {s.name: s for s in (
              rules=(_SUBGROUPS_DIVIDE,)),
     # The classic compressors: commlab's alone (commlab.hooks.compressors)
     _compressor("topk", "TopKState", _SPARSE),
-    _compressor("randomk", "RandomKState", {"compress_ratio": "compress_ratio"}, collective=ALLREDUCE),
+    _compressor("randomk", "RandomKState", {"compress_ratio": "compress_ratio"}, collective=ALLREDUCE,
+                keeps=("shared_generator",)),
     _compressor("qsgd", "QSGDState", {"levels": "qsgd_levels"}),
     _compressor("terngrad", "TernGradState"),
     _compressor("signsgd", "SignSGDState"),

@@ -62,3 +62,16 @@ def sleepy(rank=0, seed=0):
                 time.sleep(3600)
             yield batch
     return w.model, batches
+
+
+def forks_a_daemon(rank=0, seed=0):
+    """Forks a child that leaves the session (setsid) and sleeps, its PID in $COMMLAB_TEST_PID_FILE;
+    only while the workload is checked (no RANK), not in the run's own workers."""
+    if "RANK" not in os.environ and os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:  # a grandchild, whose parent exits at once: it is left to init
+            with open(os.environ["COMMLAB_TEST_PID_FILE"], "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(600)
+        os._exit(0)
+    return mlp(rank=rank, seed=seed)

@@ -1,18 +1,22 @@
 """A run's checkpoint, and resuming a run from it into a new run folder.
 
-When a run finishes (``save_checkpoint``) every rank writes ``checkpoint/rank<k>.pt``: rank 0 the
-model and the optimizer (the same on every rank: each steps with the same averaged gradients),
-every rank its own hook state (PowerSGD's error memory is a rank's own) and torch's RNG; once all
-have, rank 0 writes ``checkpoint.json`` (``{"step": last step, "world_size": N}``), which says the
-checkpoint is complete.  ``commlab run --resume RUN_DIR`` (``resume_config`` + ``launch.start(...,
+When a run finishes (``save_checkpoint``) every rank writes ``checkpoint/rank<k>.pt``: its rank,
+the step and the hook's name; rank 0 the model and the optimizer (the same on every rank: each
+steps with the same averaged gradients); every rank its own hook state (what the hook's spec
+``keeps``: PowerSGD's error memory is a rank's own) and torch's RNG; once all have, rank 0 writes
+``checkpoint.json`` (``{"step": last step, "world_size": N}``), which says the checkpoint is
+complete.  Before the first step the worker checks that the disk has room for it, and says in
+meta.json when it will not be saved; a disk that fills while it is written ends the run naming
+the file.  Before a resume starts anything, every file is opened and checked (``resume_errors``).  ``commlab run --resume RUN_DIR`` (``resume_config`` + ``launch.start(...,
 resume=RUN_DIR)``) starts a new folder whose launch.json names the first (``resumed_from``); its
 steps go on from the first run's numbering, and ``steps`` counts from the first run's step 0.
 
 Resuming gives the trajectory of an uninterrupted run, bit for bit, because the resumed run
 1. draws and discards the batches the first run trained on (the workload's stream, seeded as
    before), so that it trains on the very batches an uninterrupted run would;
-2. restores PowerSGD's whole state (iteration, error feedback, warm-start P and Q, the random
-   generator's state and the statistics), and torch's RNG;
+2. restores the hook's whole state (PowerSGD's iteration, error feedback, warm-start P and Q, the
+   random generator's state and the statistics; a compressor's memories and generators), and
+   torch's RNG;
 3. runs one backward pass that synchronises gradients with DDP's own allreduce before it
    registers the hook, and discards those gradients.  PowerSGD keys its memories by bucket index,
    and a new DDP cuts its first iteration's buckets differently from the layout it rebuilds after
@@ -24,69 +28,97 @@ Resuming gives the trajectory of an uninterrupted run, bit for bit, because the 
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
 from commlab import workloads
 from commlab.config import ConfigError, RunConfig
 from commlab.engine import store
-from commlab.hook_specs import SPECS
+from commlab.hook_specs import SPECS, HookSpec
 
 FOLDER, RECORD = "checkpoint", "checkpoint.json"
 # The settings a resumed run may change: they decide how long it goes and what is measured or
 # recorded, not the values it computes.  Every other setting must stay as the checkpoint's run had it.
 FREE = ("steps", "eval_every", "save_checkpoint", "instrument", "error_every", "save_grads_at",
         "stall_timeout_s", "emulate_bandwidth_gbps", "emulate_latency_us", "runs_dir")
-# PowerSGDState's fields that change as it runs (the rest are its settings, from the config).
-POWERSGD_MUTABLE = ("iter", "error_dict", "p_memory_dict", "q_memory_dict",
-                    "total_numel_before_compression", "total_numel_after_compression",
-                    "next_stats_report")
-
-
 def rank_file(run_dir: str | os.PathLike, rank: int) -> Path:
     return Path(run_dir) / FOLDER / f"rank{rank}.pt"
 
 
 # ---------------------------------------------------------------------------- saving (workers)
-def hook_state(state: object) -> dict | None:
-    """What a hook's state holds that changes as it runs, as tensors and numbers (loadable with
-    ``weights_only``); None for a stateless hook (its state is a process group)."""
-    if not isinstance(state, PowerSGDState):
+def hook_state(state: object, spec: HookSpec) -> dict | None:
+    """What the hook's state holds that changes as it runs (its spec's ``keeps``), as tensors and
+    numbers (loadable with ``weights_only``); None for a hook that keeps nothing."""
+    if not spec.keeps:
         return None
-    kind, key, pos, has_gauss, cached = state.rng.get_state()
-    return {**{k: getattr(state, k) for k in POWERSGD_MUTABLE},
-            "rng": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                    "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    return {name: _plain(getattr(state, name)) for name in spec.keeps}
+
+
+def _plain(value):
+    """A random generator as its state; anything else as it is."""
+    if isinstance(value, np.random.RandomState):
+        kind, key, pos, has_gauss, cached = value.get_state()
+        return {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    return value
 
 
 def restore_hook_state(state: object, saved: dict | None) -> None:
-    if saved is None:
-        return
-    for k in POWERSGD_MUTABLE:
-        setattr(state, k, saved[k])
-    rng = saved["rng"]
-    state.rng.set_state((rng["kind"], rng["key"].numpy().astype(np.uint32), rng["pos"],
-                         rng["has_gauss"], rng["cached_gaussian"]))
+    for name, value in (saved or {}).items():
+        current = getattr(state, name)
+        if isinstance(current, np.random.RandomState):
+            current.set_state((value["kind"], value["key"].numpy().astype(np.uint32), value["pos"],
+                               value["has_gauss"], value["cached_gaussian"]))
+        elif isinstance(current, torch.Generator):
+            current.set_state(value)
+        else:
+            setattr(state, name, value)
+
+
+def room_needed(model: torch.nn.Module, cfg: RunConfig, world: int) -> int:
+    """About the bytes a checkpoint of this run takes, known before its first step: rank 0's
+    model and optimizer (Adam keeps two tensors a parameter), and every rank's hook state (at most
+    a copy of the gradients: PowerSGD's and the sparsifiers' error feedback)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_param = {"sgd": 0, "adam": 2, "adamw": 2}[cfg.optimizer]
+    return params * (1 + per_param) + (params * world if SPECS[cfg.hook].keeps else 0)
+
+
+def room_left(folder: store.RunFolder) -> int:
+    return shutil.disk_usage(folder.path).free
 
 
 def save(folder: store.RunFolder, rank: int, world: int, step: int, model: torch.nn.Module,
-         optimizer: torch.optim.Optimizer, state: object) -> None:
+         optimizer: torch.optim.Optimizer, state: object, spec: HookSpec) -> None:
     """Every rank calls it after ``step``, the run's last; rank 0 marks the checkpoint complete
-    once every rank has written its file (a barrier: no hook is involved)."""
+    once every rank has written its file (a barrier: no hook is involved).  Each file says whose
+    it is (its rank, the step, the hook), so that a resume can check it before anything starts.
+    A full disk is named (the file, no space left) and leaves no partial file."""
     path = rank_file(folder.path, rank)
     path.parent.mkdir(exist_ok=True)
-    saved = {"step": step, "hook": hook_state(state), "rng": torch.get_rng_state()}
+    saved = {"rank": rank, "world_size": world, "step": step, "hook_name": spec.name,
+             "hook": hook_state(state, spec), "rng": torch.get_rng_state()}
     if rank == 0:
         saved |= {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(saved, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(saved, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        # torch's writer says "unexpected pos" when the disk fills, without an errno.
+        if getattr(e, "errno", None) == errno.ENOSPC or room_left(folder) < 2**20:
+            raise OSError(errno.ENOSPC, f"no space left on device writing {FOLDER}/{path.name}") from None
+        raise
     dist.barrier()
     if rank == 0:
         store.write_json(folder.file(RECORD), {"step": step, "world_size": world})
@@ -116,21 +148,31 @@ def continue_batches(ddp: torch.nn.Module, batches, done: int, device: torch.dev
 
 
 # ---------------------------------------------------------------------------- checking (launcher)
+RECORD_KIND = {"step": int, "world_size": int}  # what checkpoint.json must hold
+
+
 def checkpoint_record(run_dir: str | os.PathLike) -> dict:
     """checkpoint.json of a run folder; {} when it has none (or it is damaged)."""
-    return store.read_json(Path(run_dir) / RECORD, {})
+    return store.read_json(Path(run_dir) / RECORD, {}, RECORD_KIND)
 
 
 def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike) -> dict[str, str]:
-    """Why ``cfg`` cannot continue the run in ``run_dir``, by field; empty when it can."""
+    """Why ``cfg`` cannot continue the run in ``run_dir``, by field; empty when it can.  Before
+    anything starts every rank's file is opened (``weights_only``) and must be that rank's, of
+    the recorded step, of this hook with the state its spec keeps, and (rank 0's) of a model of
+    this workload's shapes (``file_errors``)."""
     source = store.RunFolder(run_dir)
     if not source.exists():
         return {"resume": f"{run_dir} is not a commlab run folder (no config.json)"}
-    record = checkpoint_record(run_dir)
-    if not record or not all(rank_file(run_dir, k).exists() for k in range(record["world_size"])):
-        status = source.status()
+    try:
+        record = store.load_json(Path(run_dir) / RECORD, RECORD_KIND)
+    except FileNotFoundError:
+        record = None
+    except (store.Damaged, OSError) as e:
+        return {"resume": f"{run_dir}: damaged: {e}"}
+    if not record:
         return {"resume": f"{run_dir} has no complete checkpoint: a run saves one when it finishes "
-                          f"with save_checkpoint on (this one is {status})"}
+                          f"with save_checkpoint on (this one is {source.status()})"}
     old = source.config().to_dict()  # a setting newer than the run: its default
     errors = {name: f"must stay {old.get(name)!r} as in the run resumed ({source.id}), got "
                     f"{value!r}: the checkpoint holds the state of that setting's run (only "
@@ -145,7 +187,69 @@ def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike) -> dict[str, str]:
     if cfg.steps <= done:
         errors["steps"] = (f"must be more than the {done} steps the checkpoint holds, got "
                            f"{cfg.steps}: a resumed run's steps count from the first run's step 0")
+    if not errors:
+        why = file_errors(cfg, Path(run_dir), record)
+        if why:
+            errors["resume"] = f"{run_dir}: {why}; nothing was started"
     return errors
+
+
+def file_errors(cfg: RunConfig, run_dir: Path, record: dict) -> str | None:
+    """Why the checkpoint's files cannot continue ``cfg``: the first thing that does not fit."""
+    if record["world_size"] != cfg.world_size:
+        return (f"{RECORD} holds {record['world_size']} ranks' files, the run has {cfg.world_size} "
+                "ranks: a checkpoint continues on as many ranks as saved it")
+    spec = SPECS[cfg.hook]
+    for rank in range(cfg.world_size):
+        name = f"{FOLDER}/rank{rank}.pt"
+        try:
+            saved = torch.load(rank_file(run_dir, rank), map_location="cpu", weights_only=True, mmap=True)
+        except FileNotFoundError:
+            return f"{name} is missing: the checkpoint is incomplete"
+        except Exception as e:  # whatever the file is, it is named and refused
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            return f"{name} cannot be read ({first}): a truncated file, or not a checkpoint"
+        if not isinstance(saved, dict) or "step" not in saved:
+            return f"{name} is not a commlab checkpoint: it holds {type(saved).__name__}"
+        whose = saved.get("rank", 0 if "model" in saved else None)
+        if whose != rank and not (whose is None and rank > 0):
+            return f"{name} is rank {whose}'s file, not rank {rank}'s: the files were swapped or copied"
+        if saved["step"] != record["step"]:
+            return f"{name} is of step {saved['step']}, {RECORD} says {record['step']}: files of two checkpoints"
+        if saved.get("hook_name", cfg.hook) != cfg.hook:
+            return (f"{name} holds a {saved['hook_name']} run's state, the run is {cfg.hook}: the hook "
+                    "cannot change on resume")
+        kept = sorted(saved.get("hook") or {})
+        if kept != sorted(spec.keeps):
+            holds = f"a state of {', '.join(kept)}" if kept else "no hook state"
+            wants = f"{spec.state.attr}'s {', '.join(spec.keeps)}" if spec.keeps else "no state"
+            return (f"{name} holds {holds}, and {cfg.hook} keeps {wants}: it was saved by a run "
+                    "of another hook")
+        if rank == 0:
+            why = _model_errors(cfg, saved.get("model"))
+            if why:
+                return f"{name}: {why}"
+    return None
+
+
+def _model_errors(cfg: RunConfig, model: dict | None) -> str | None:
+    """Why rank 0's model does not fit the run's workload (its parameters' names and shapes)."""
+    from commlab.analysis.rule import named_shapes
+    from commlab.engine import workload_probe
+
+    if not isinstance(model, dict):
+        return "holds no model (rank 0's file holds it)"
+    if cfg.workload in workloads.BUILTIN:
+        shapes = named_shapes(workloads.load(cfg.workload, 0, cfg.world_size, cfg.batch_size, cfg.seed).model)
+    else:
+        shapes = workload_probe.shapes(cfg.workload)
+    for name, shape in shapes:
+        held = model.get(name)
+        if held is None or tuple(held.shape) != tuple(shape):
+            got = "no such parameter" if held is None else f"shape {tuple(held.shape)}"
+            return (f"its model is not {cfg.workload}'s: parameter {name} is {tuple(shape)} in "
+                    f"{cfg.workload}, {got} in the checkpoint")
+    return None
 
 
 def resume_config(run_dir: str | os.PathLike, **overrides) -> RunConfig:

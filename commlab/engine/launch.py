@@ -56,10 +56,11 @@ def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
 
 
 def prepare(cfg: RunConfig, request_id: str | None = None,
-            resume: str | os.PathLike | None = None) -> store.RunFolder:
+            resume: str | os.PathLike | None = None, owner: str | None = None) -> store.RunFolder:
     """Validate, then create the run folder, status ``starting`` and owned by this process until
     ``start`` hands it to a supervisor; config.json, the marker, last.  ``resume``: the folder of
     a finished run this one continues from its checkpoint (``commlab.engine.checkpoint``).
+    ``owner``: what this process is (``"sweep <id>"``), when the run must not outlive it.
     Raises ConfigError."""
     from commlab.config import ConfigError
     from commlab.engine import checkpoint, workload_probe
@@ -77,7 +78,8 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
         "resumed_from": str(Path(resume).resolve()) if resume is not None else None,
         "command": torchrun_command(cfg, run_dir.resolve()), "created_at": time.time(),
-        "launcher": procs.identity(os.getpid())})
+        "launcher": procs.identity(os.getpid()),
+        "owner": {**procs.identity(os.getpid()), "what": owner} if owner else None})
     store.write_json(run_dir / "config.json", cfg.to_dict())
     return store.RunFolder(run_dir)
 
@@ -117,9 +119,11 @@ class Run(store.RunFolder):
 
 
 def start(cfg: RunConfig, request_id: str | None = None,
-          resume: str | os.PathLike | None = None) -> Run:
+          resume: str | os.PathLike | None = None, owner: str | None = None) -> Run:
     """Start a run in the background and return its folder at once, status ``starting``;
-    ``resume``: continue the finished run in that folder (see ``prepare``).
+    ``resume``: continue the finished run in that folder (see ``prepare``).  The run outlives
+    this process, unless ``owner`` names what this process is (``"sweep <id>"``): then its
+    supervisor stops it once this process has ended.
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
     a second browser tab, another process at the same moment) returns the run the first one
@@ -133,7 +137,7 @@ def start(cfg: RunConfig, request_id: str | None = None,
         if first:
             return Run(first)  # started (or being started) by the first call: never a second supervisor
     try:
-        folder = prepare(cfg, request_id, resume)
+        folder = prepare(cfg, request_id, resume, owner)
     except BaseException:
         if claim:
             claim.unlink(missing_ok=True)  # nothing was started: the id is free again

@@ -160,6 +160,20 @@ def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
     return terminate(tree(pid), grace_s)
 
 
+def marked(name: str, value: str) -> list[psutil.Process]:
+    """Every live process with ``name=value`` in its environment (never a ``protected`` one):
+    the descendants of a process that was given it, however they detached (a new session, a
+    parent that died and left them to init)."""
+    spared, found = protected(), []
+    for p in psutil.process_iter():
+        try:
+            if p.pid not in spared and p.environ().get(name) == value:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
 def identity(pid: int) -> dict:
     """``{"pid", "create_time"}``: what a run folder records of a process, so that ``alive`` can
     tell it from a later process given the same PID."""

@@ -57,7 +57,7 @@ class Rank0Record(NoRecord):
             "instrumented": cfg.instrument, "emulated_link": {
                 "bandwidth_gbps": cfg.emulate_bandwidth_gbps, "latency_us": cfg.emulate_latency_us}
             if (cfg.emulate_bandwidth_gbps or cfg.emulate_latency_us) else None,
-            "started_at": time.time()})
+            "checkpoint": job.checkpoint_note, "started_at": time.time()})
         store.write_json(folder.file("layers.json"), [
             {**d.as_dict(), "applies": job.choice.spec.layerwise} for d in job.rule.layers])
         self.metrics = store.JsonlWriter(folder.file("metrics.jsonl"))
@@ -71,6 +71,7 @@ class Rank0Record(NoRecord):
         self.evals = store.JsonlWriter(folder.file("evals.jsonl")) if self.held_out else None
         self.layouts: dict[str, list] = {}
         self.timelines: dict[str, dict[str, list]] = {}
+        self.unwritten = False  # traced steps not yet in timeline.json
         self.eval_total = 0.0
         self.t_start = time.perf_counter()
 
@@ -94,13 +95,21 @@ class Rank0Record(NoRecord):
         self.metrics.write(row)
 
     def timeline(self, step: int, gathered: list | None) -> None:
-        """Every rank's events of a traced step: timeline.json and trace.json, rewritten."""
+        """Every rank's events of a traced step, kept; timeline.json and trace.json written once
+        a window of consecutive traced steps ends (not at each of its steps)."""
         if gathered is None:
             return
         self.timelines[str(step)] = {str(r): events for r, events in enumerate(gathered)}
-        store.write_json(self.folder.file(store.TIMELINE), {
-            "steps": self.timelines, "overlap_share": timeline.run_overlap_share(self.timelines)})
-        store.write_json(self.folder.file(store.TRACE), timeline.chrome_trace(self.timelines))
+        self.unwritten = True
+        if step + 1 not in self.job.cfg.trace_steps:
+            self._write_timeline()
+
+    def _write_timeline(self) -> None:
+        if self.unwritten:
+            store.write_json(self.folder.file(store.TIMELINE), {
+                "steps": self.timelines, "overlap_share": timeline.run_overlap_share(self.timelines)})
+            store.write_json(self.folder.file(store.TRACE), timeline.chrome_trace(self.timelines))
+            self.unwritten = False
 
     def evaluate(self, step: int) -> None:
         """On the held-out set every ``eval_every`` steps and after the last, outside the timed
@@ -122,10 +131,14 @@ class Rank0Record(NoRecord):
                      + "; the run was stopped there"})
 
     def finished(self, step: int) -> None:
-        store.write_json(self.folder.file("status.json"), {"status": "finished", "step": step})
+        lost = self.job.cfg.save_checkpoint and not self.job.save_checkpoint  # no room for it
+        note = {"note": f"checkpoint {self.job.checkpoint_note}"} if lost else {}
+        store.write_json(self.folder.file("status.json"), {"status": "finished", "step": step, **note})
 
     def end(self) -> None:
-        """The bucket file again, with DDP's logging data as the run ended."""
+        """The bucket file again, with DDP's logging data as the run ended; a trace window the
+        run ended inside."""
+        self._write_timeline()
         if self.job.cfg.instrument:
             self._write_buckets()
 

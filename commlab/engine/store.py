@@ -285,6 +285,27 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"cannot write {type(x).__name__} as JSON")
 
 
+def keep_tail(path: Path, limit: int, keep: int) -> int:
+    """A log past ``limit`` bytes cut to its last ``keep``, headed by a line that says how much
+    was cut; the bytes cut (0 when under the limit).  In place: a writer appending to it
+    (O_APPEND, as every log here is opened) goes on at its new end."""
+    try:
+        size = os.path.getsize(path)
+        if size <= limit:
+            return 0
+        with open(path, "r+b") as f:
+            f.seek(size - keep)
+            tail = f.read()
+            head = (f"[commlab: the first {size - len(tail):,} bytes of this log were cut; it keeps "
+                    f"its last {keep:,}]\n").encode()
+            f.seek(0)
+            f.write(head + tail)
+            f.truncate()
+        return size - len(tail)
+    except OSError:
+        return 0
+
+
 class JsonlWriter:
     """Appends one JSON object per line, each in one write that readers see at once.  A write
     that fails (the disk full) is undone, so the file keeps only complete lines, and raises
@@ -351,6 +372,25 @@ class JsonlTail:
                 self.skipped += line.strip() != b""  # a power cut's NUL padding counts too
                 continue
             out.append(rec if keep is None else {k: rec[k] for k in keep if k in rec})
+
+
+def _first_line_is_a_record(path: Path, name: str) -> None:
+    """Damaged unless the file's first complete line is a record (an object; a step record for
+    metrics.jsonl): read without the rest, so a listing stays cheap for the longest run.  Later
+    lines that are not records are skipped and counted by the readers, as a torn write leaves."""
+    with open(path, "rb") as f:
+        head = f.read(64 * 1024)
+    if b"\n" not in head:
+        return  # no complete line yet
+    line = head.split(b"\n", 1)[0]
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        rec = None
+    check = step_check() if name == "metrics.jsonl" else (lambda r: isinstance(r, dict))
+    if rec is None or not check(rec):
+        raise Damaged(name, f"its first line is not a {'step ' if name == 'metrics.jsonl' else ''}record "
+                            f"({line[:40]!r})")
 
 
 def step_check():
@@ -585,6 +625,7 @@ class RunFolder(Folder):
                 if name.endswith(".jsonl"):
                     if path.is_dir():
                         raise Damaged(name, "a folder where a file belongs")
+                    _first_line_is_a_record(path, name)
                 else:
                     load_json(path)
             except FileNotFoundError:

@@ -5,8 +5,9 @@
 It runs exactly the command recorded in launch.json, in the environment ``start`` gave it, writes
 supervisor.json and says ``running`` once that command runs.  It ends the run when the user stops
 it (SIGTERM), when a rank dies (the others are ended within seconds, and the first rank to fail
-is named with its traceback), and when no step completes for ``stall_timeout_s`` (status
-``stalled``, naming the step and the hook).  Whatever goes wrong in the supervisor itself ends the
+is named with its traceback), when no step completes for ``stall_timeout_s`` (status
+``stalled``, naming the step and the hook), and when the process it belongs to ends (launch.json's
+``owner``: the sweep that started it, killed or crashed).  Whatever goes wrong in the supervisor itself ends the
 run too, recorded as ``failed`` with the supervisor's error; and if the supervisor is killed,
 torchrun is killed with it (and each worker with torchrun), so no run trains on unsupervised.
 """
@@ -31,6 +32,9 @@ RELIST_S = 5.0
 # machine: a short stall timeout applies from the first step on.
 STARTUP_ALLOWANCE_S = 300.0
 CRASH_GRACE_S = 2.0  # after a rank's error file appears, time for torchrun to end the rest itself
+# torchrun's log holds what the workload prints: past LOG_LIMIT it keeps its last LOG_KEEP bytes
+# (a workload printing 40 MB made an 80 MB log).
+LOG_LIMIT, LOG_KEEP = 16 * 2**20, 4 * 2**20
 
 
 def supervise(run_dir: Path) -> int:
@@ -63,9 +67,10 @@ def supervise(run_dir: Path) -> int:
 
 def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | None) -> None:
     """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
-    left (nothing to add when rank 0 recorded its own end)."""
+    left.  Nothing to add when rank 0 recorded its own end: a Stop that came after the last step
+    (its checkpoint written) does not make a finished run a stopped one."""
     said = store.read_json(folder.file("status.json"), {})
-    if said.get("status") in ("finished", "diverged") and not ending:
+    if said.get("status") in ("finished", "diverged"):
         return
     try:
         ending = {"step": _last_step(folder), **(ending or _failure(folder, returncode))}
@@ -85,6 +90,7 @@ class Watch:
         self.me = {**procs.identity(os.getpid()), "torchrun_pid": torchrun["pid"],
                    "torchrun_create_time": torchrun["create_time"]}
         self.cfg = folder.config()
+        self.owner = folder.launch_info().get("owner")  # a process the run must not outlive
         self.workers: dict[int, float] = {}  # pid -> create time, so a reused PID is never taken for one
         self.last_progress, self.last_size, self.crash_seen = time.time(), 0, None
         self.next_listing = 0.0
@@ -107,6 +113,7 @@ class Watch:
                 self._record()
             if len(self.workers) >= self.cfg.world_size:
                 self.next_listing = now + RELIST_S
+            store.keep_tail(self.folder.file("launcher.log"), LOG_LIMIT, LOG_KEEP)
         metrics = self.folder.file("metrics.jsonl")
         size = metrics.stat().st_size if metrics.exists() else 0
         if size != self.last_size:
@@ -114,6 +121,10 @@ class Watch:
         cfg = self.cfg
         if self.stop_requested:
             self.ending = {"status": "stopped", "error": "stopped by the user"}
+        elif self.owner and not procs.alive(self.owner["pid"], self.owner["create_time"]):
+            self.ending = {"status": "stopped", "error": (
+                f"its {self.owner['what']} ended (process {self.owner['pid']}), so the run was "
+                "stopped with it")}
         elif now - self.last_progress > (cfg.stall_timeout_s if self.last_size else
                                          max(cfg.stall_timeout_s, STARTUP_ALLOWANCE_S)):
             self.ending = _stalled(self.folder, cfg, now - self.last_progress)

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import workloads
 from commlab.analysis.rule import RuleSummary, apply_rule, named_shapes
+from commlab.analysis.units import human_bytes
 from commlab.config import RunConfig
 from commlab.engine import checkpoint, procs, store
 from commlab.engine.measurement import Measurement, Unmeasured
@@ -53,9 +54,9 @@ def train(run_dir: Path) -> None:
                 break
             record.evaluate(step)
         else:
-            if cfg.save_checkpoint:
+            if job.save_checkpoint:
                 checkpoint.save(job.folder, job.rank, job.world, cfg.steps - 1, job.model,
-                                job.optimizer, job.choice.state)
+                                job.optimizer, job.choice.state, job.choice.spec)
             record.finished(cfg.steps - 1)
         record.end()
     finally:
@@ -106,6 +107,8 @@ class Job:
     measure: Unmeasured
     batches: Iterator
     first: int  # the first step: 0, or the step after the checkpoint a resumed run goes on from
+    save_checkpoint: bool  # the setting, unless the disk has no room for the checkpoint
+    checkpoint_note: str  # what meta.json says of it
 
 
 def setup(run_dir: Path) -> Job:
@@ -140,8 +143,27 @@ def setup(run_dir: Path) -> Job:
     optimizer = make_optimizer(cfg, ddp.parameters())
     batches = resume(saved, ddp, optimizer, choice, work, device) if saved else work.batches()
     ddp.register_comm_hook(choice.state, measure.hook)
+    save, note = room_for_checkpoint(cfg, folder, model, world)
     return Job(cfg, folder, backend, rank, world, device, work, model, ddp, choice, rule, optimizer,
-               measure, batches, first)
+               measure, batches, first, save, note)
+
+
+def room_for_checkpoint(cfg: RunConfig, folder: store.RunFolder, model: torch.nn.Module,
+                        world: int) -> tuple[bool, str]:
+    """Whether the checkpoint will be saved, said before the first step: rank 0 weighs the room it
+    needs against the disk's, and every rank follows (each writes its own file)."""
+    decided = [None]
+    if dist.get_rank() == 0:
+        need, free = checkpoint.room_needed(model, cfg, world), checkpoint.room_left(folder)
+        if not cfg.save_checkpoint:
+            decided[0] = (False, "off (save_checkpoint)")
+        elif need > free:
+            decided[0] = (False, f"not saved: it needs about {human_bytes(need)}, and the disk had "
+                                 f"{human_bytes(free)} free before the first step")
+        else:
+            decided[0] = (True, f"saved as the run finishes (about {human_bytes(need)})")
+    dist.broadcast_object_list(decided)
+    return decided[0]
 
 
 def resume(saved: dict, ddp: DDP, optimizer: torch.optim.Optimizer, choice: registry.HookChoice,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -26,6 +27,9 @@ from commlab.workloads import BUILTIN
 # tens of seconds on a busy 2-core machine, then the person's module.
 TIMEOUT_S = 90.0
 MESSAGE_CHARS = 1500  # what a message quotes of the child's output
+# Set, with a value of its own, in the environment of every check's child: whatever the person's
+# code starts inherits it, and is ended with the check, however it detached.
+CHECK_ENV = "COMMLAB_WORKLOAD_CHECK"
 
 
 def check(cfg: RunConfig, timeout_s: float = TIMEOUT_S) -> RunConfig:
@@ -58,13 +62,15 @@ def _ask(job: dict, timeout_s: float) -> dict | str:
     """Run ``job`` in a child: its answer, or why it gave none (a message)."""
     with tempfile.TemporaryDirectory(prefix="commlab-probe-") as tmp:
         answer, log = Path(tmp) / "answer.json", Path(tmp) / "output.log"
-        env = {**procs.package_env(), "OMP_NUM_THREADS": "1"}
+        mark = secrets.token_hex(8)
+        env = {**procs.package_env(), "OMP_NUM_THREADS": "1", CHECK_ENV: mark}
         child = procs.spawn([sys.executable, "-m", __name__, str(answer), json.dumps(job)],
                             log=log, env=env)
         finished = procs.wait_until(lambda: child.poll() is not None, timeout_s)
         if not finished:  # not reaped yet, so the PID is still the child's: end it and its own
             procs.kill_tree(child.pid, grace_s=1)
         code = child.wait()
+        procs.terminate(procs.marked(CHECK_ENV, mark), grace_s=1)  # what it left, detached or not
         said = json.loads(answer.read_text()) if answer.exists() else None
         output = _tail(log)
     if said is not None:  # answered, even if the person's code then kept the process from ending

@@ -48,6 +48,7 @@ applies the recommendation's rule.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import itertools
@@ -81,6 +82,7 @@ DEFAULT_REPEATS = pareto.MIN_SEEDS  # the fewest seeds the recommendation decide
 DEFAULT_TOLERANCE_PCT = 5.0
 FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
 MAX_REPEATS = 100
+ADOPT_WAIT_S = 60.0  # how long a resume waits for a run of the sweep's last attempt to end
 
 
 # The sweep axes: the settings the table marks sweepable (``sweep=``), in its order, the compress
@@ -285,6 +287,7 @@ def eta(fraction: float, since: dict | None) -> float | None:
 # What sweep.json and state.json hold, as far as their readers rely on it (see store.load_json).
 PLAN = {"spec": dict, "labels?": [str]}
 STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
+         "replaced?": [{"run_dir?": str, "status?": str}],
          "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
          "since?": {"time": store.NUM, "fraction": store.NUM}}
 
@@ -430,15 +433,28 @@ def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
 def create(spec: SweepSpec) -> Sweep:
     """Validate the whole grid, then write the sweep's folder; raises ConfigError first."""
     configs = grid(spec)
-    _none_running(spec.base.runs_dir)
-    sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep", reserve=False))
-    # This process answers for the sweep until another executes it; sweep.json, the marker, last.
-    store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": [],
-                                                **procs.identity(os.getpid())})
-    store.write_json(sweep.file("sweep.json"), {
-        "spec": spec.to_dict(), "labels": [plan_label(c, spec) for c in configs],
-        "created_at": time.time()})
+    with one_at_a_time(spec.base.runs_dir):
+        _none_running(spec.base.runs_dir)
+        sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep", reserve=False))
+        # This process answers for the sweep until another executes it; sweep.json, the marker, last.
+        store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": [],
+                                                    **procs.identity(os.getpid())})
+        store.write_json(sweep.file("sweep.json"), {
+            "spec": spec.to_dict(), "labels": [plan_label(c, spec) for c in configs],
+            "created_at": time.time()})
     return sweep
+
+
+@contextlib.contextmanager
+def one_at_a_time(runs_dir):
+    """The check that no sweep is running and the claim of the next, as one step: processes that
+    create or resume a sweep at the same instant take turns here (a lock file in the sweeps
+    folder), so that the second sees the first's claim and is refused."""
+    root = Path(runs_dir) / SWEEPS
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".claim.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _none_running(runs_dir) -> None:
@@ -479,11 +495,15 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
     configs = sweep.configs()
     spec = sweep.spec()
     labels = [plan_label(c, spec) for c in configs]
-    done = {i: e for i, e in enumerate(sweep.state().get("runs", []))
-            if e.get("run_dir") and Run(e["run_dir"]).status() == "finished"}
+    state = sweep.state()
+    before = [{**e, "status": Run(e["run_dir"]).status()} if e.get("run_dir") else e
+              for e in state.get("runs", [])]
+    done = {i: e for i, e in enumerate(before) if e.get("status") == "finished"}
+    # A run of an earlier attempt that did not finish runs again; its folder stays, listed here.
+    replaced = state.get("replaced", []) + [e for i, e in enumerate(before) if e.get("run_dir") and i not in done]
     since = {"time": time.time(), "fraction": len(done) / len(configs) if configs else 1.0}
     entries: list[dict] = [done.get(i, {"label": labels[i]}) for i in range(len(configs))]
-    _write_state(sweep, status="running", since=since, runs=_started(entries),
+    _write_state(sweep, status="running", since=since, runs=_started(entries), replaced=replaced,
                  **procs.identity(os.getpid()))
     stopped = False
     exiting: list = []
@@ -504,7 +524,9 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             stopped = True
             break
         report(i, "starting", 0)
-        run = launch(cfg, request_id=f"{sweep.id}-{i}-{int(since['time'])}")
+        # The run dies with this process (its supervisor watches it): a sweep killed mid-run
+        # leaves no run training on that a resume would start a second beside.
+        run = launch(cfg, request_id=f"{sweep.id}-{i}-{int(since['time'])}", owner=f"sweep {sweep.id}")
         entries[i] = {"label": labels[i], "run_dir": str(run.path), "status": run.status()}
         _write_state(sweep, index=i, runs=_started(entries))
 
@@ -549,6 +571,12 @@ def _resumable(sweep: Sweep) -> None:
         raise ConfigError({"resume": f"sweep {sweep.id} is {status}: only a stopped or lost sweep "
                                      f"resumes (`commlab sweep --show {sweep.id}` prints its result)"})
     _none_running(sweep.path.parent.parent)
+    # A run of a sweep whose process died is stopped by its supervisor within a second or two
+    # (launch.json's owner): wait for that, never start its setting again beside it.
+    for run in sweep.runs():
+        if run.is_running() and run.wait(timeout=ADOPT_WAIT_S) in store.GOING:
+            raise ConfigError({"resume": f"run {run.id} of sweep {sweep.id} still runs after "
+                                         f"{ADOPT_WAIT_S:g} s: stop it (commlab runs) before resuming"})
     sweep.file("stop").unlink(missing_ok=True)
 
 
@@ -556,15 +584,17 @@ def resume(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
            should_stop: Callable[[], bool] | None = None,
            cluster: quality.Cluster = quality.Cluster()) -> str:
     """Execute a stopped or lost sweep again here: its finished runs are kept, the rest run."""
-    _resumable(sweep)
-    _write_state(sweep, status="running", **procs.identity(os.getpid()))
+    with one_at_a_time(sweep.path.parent.parent):
+        _resumable(sweep)
+        _write_state(sweep, status="running", **procs.identity(os.getpid()))
     return execute(sweep, on_progress, should_stop, cluster=cluster)
 
 
 def start_resume(sweep: Sweep) -> Sweep:
     """``resume`` in a detached process (the UI)."""
-    _resumable(sweep)
-    _spawn(sweep)
+    with one_at_a_time(sweep.path.parent.parent):
+        _resumable(sweep)
+        _spawn(sweep)
     return sweep
 
 
