@@ -14,6 +14,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from commlab import workloads
 from commlab.config import ConfigError, RunConfig
 from commlab.engine import checkpoint, store
+from commlab.hook_specs import SPECS
 
 
 def _rows(t: torch.Tensor) -> set[bytes]:
@@ -122,13 +123,28 @@ def test_powersgd_state_round_trips_through_a_checkpoint(tmp_path):
     a.rng.randint(1_000_000_000)  # advanced, as a run advances it
     a.iter, a.error_dict, a.q_memory_dict = 12, {0: torch.randn(5)}, {1: torch.randn(3)}
     path = tmp_path / "s.pt"
-    torch.save({"hook": checkpoint.hook_state(a)}, path)
+    torch.save({"hook": checkpoint.hook_state(a, SPECS["powersgd"])}, path)
     b = PowerSGDState(None, matrix_approximation_rank=2, random_seed=7)
     checkpoint.restore_hook_state(b, torch.load(path, weights_only=True)["hook"])
     assert b.iter == 12 and torch.equal(b.error_dict[0], a.error_dict[0])
     assert torch.equal(b.q_memory_dict[1], a.q_memory_dict[1])
     assert b.rng.randint(1_000_000_000) == a.rng.randint(1_000_000_000)
-    assert checkpoint.hook_state(None) is None
+    assert checkpoint.hook_state(None, SPECS["allreduce"]) is None
+
+
+def test_a_compressor_state_round_trips_through_a_checkpoint(tmp_path):
+    from commlab.hooks.compressors import RandomKState
+
+    a = RandomKState(None, compress_ratio=0.1, random_seed=3)
+    a.uniform(torch.zeros(4)), torch.rand(2, generator=a.shared_generator)  # advanced, as a run advances them
+    a.iter, a.error_dict = 5, {0: torch.randn(6)}
+    path = tmp_path / "s.pt"
+    torch.save({"hook": checkpoint.hook_state(a, SPECS["randomk"])}, path)
+    b = RandomKState(None, compress_ratio=0.1, random_seed=3)
+    checkpoint.restore_hook_state(b, torch.load(path, weights_only=True)["hook"])
+    assert b.iter == 5 and torch.equal(b.error_dict[0], a.error_dict[0])
+    assert torch.equal(b.uniform(torch.zeros(4)), a.uniform(torch.zeros(4)))
+    assert torch.equal(torch.rand(2, generator=b.shared_generator), torch.rand(2, generator=a.shared_generator))
 
 
 def _finished_run(tmp_path, **cfg):
@@ -139,16 +155,32 @@ def _finished_run(tmp_path, **cfg):
     return run_dir
 
 
+def _checkpoint_files(run_dir, cfg: RunConfig, step: int) -> None:
+    """What a run of ``cfg`` saves after ``step``, written as its ranks would."""
+    state = PowerSGDState(None)
+    model = workloads.load(cfg.workload).model
+    for rank in range(cfg.world_size):
+        saved = {"rank": rank, "world_size": cfg.world_size, "step": step, "hook_name": cfg.hook,
+                 "hook": checkpoint.hook_state(state, SPECS[cfg.hook]), "rng": torch.get_rng_state()}
+        if rank == 0:
+            saved |= {"model": model.state_dict(), "optimizer": {}}
+        torch.save(saved, checkpoint.rank_file(run_dir, rank))
+
+
 def test_a_resume_is_checked_before_anything_starts(tmp_path):
-    run_dir = _finished_run(tmp_path, steps=10, hook="powersgd", world_size=2)
+    run_dir = _finished_run(tmp_path, steps=10, hook="powersgd", world_size=2, workload="mlp")
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         checkpoint.resume_config(run_dir)
     store.write_json(run_dir / "checkpoint.json", {"step": 9, "world_size": 2})
     (run_dir / "checkpoint").mkdir()
     (run_dir / "checkpoint" / "rank0.pt").write_bytes(b"")
-    with pytest.raises(ConfigError, match="no complete checkpoint"):  # rank 1's file is missing
+    with pytest.raises(ConfigError, match="checkpoint/rank0.pt cannot be read"):  # opened, not just seen
         checkpoint.resume_config(run_dir)
-    (run_dir / "checkpoint" / "rank1.pt").write_bytes(b"")
+    _checkpoint_files(run_dir, RunConfig(hook="powersgd", world_size=2, workload="mlp"), step=9)
+    (run_dir / "checkpoint" / "rank1.pt").unlink()
+    with pytest.raises(ConfigError, match="checkpoint/rank1.pt is missing"):
+        checkpoint.resume_config(run_dir)
+    _checkpoint_files(run_dir, RunConfig(hook="powersgd", world_size=2, workload="mlp"), step=9)
     cfg = checkpoint.resume_config(run_dir)
     assert cfg.steps == 20 and cfg.hook == "powersgd"  # as many steps again by default
     assert checkpoint.resume_config(run_dir, steps=15, eval_every=5, hook=None).eval_every == 5

@@ -32,6 +32,7 @@ import errno
 import itertools
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -201,11 +202,14 @@ def file_errors(cfg: RunConfig, run_dir: Path, record: dict) -> str | None:
                 "ranks: a checkpoint continues on as many ranks as saved it")
     spec = SPECS[cfg.hook]
     for rank in range(cfg.world_size):
-        name = f"{FOLDER}/rank{rank}.pt"
-        try:
-            saved = torch.load(rank_file(run_dir, rank), map_location="cpu", weights_only=True, mmap=True)
-        except FileNotFoundError:
+        name, path = f"{FOLDER}/rank{rank}.pt", rank_file(run_dir, rank)
+        if not path.exists():
             return f"{name} is missing: the checkpoint is incomplete"
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive, its index at the end
+            return (f"{name} cannot be read (not a complete zip archive, {path.stat().st_size:,} bytes): "
+                    "a truncated file, or not a checkpoint")
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # whatever the file is, it is named and refused
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             return f"{name} cannot be read ({first}): a truncated file, or not a checkpoint"

@@ -28,11 +28,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from commlab.hook_specs import SPECS
+from commlab.hook_specs import ALLGATHER, ALLREDUCE, SPECS
 from commlab.hooks.groups import group_of
 from commlab.workloads import stream_seed
-
-ALLREDUCE, ALLGATHER = "allreduce", "allgather"
 
 
 # --------------------------------------------------------------------------- wire formats
