@@ -89,7 +89,7 @@ def test_a_checkpoint_of_another_hook_is_named(powersgd_run, allreduce_run, tmp_
     folder = _copy(source, tmp_path, f"{saved_by}_as_{hook}")
     _retag(folder, hook=hook)
     said = _refused(folder, capsys)
-    assert f"holds a {saved_by} run's state, the run is {hook}: the hook cannot change on resume" in said
+    assert f"was saved by a run of {saved_by}, this run is {hook}: the hook cannot change on resume" in said
 
 
 @pytest.mark.slow

@@ -221,8 +221,8 @@ def file_errors(cfg: RunConfig, run_dir: Path, record: dict) -> str | None:
         if saved["step"] != record["step"]:
             return f"{name} is of step {saved['step']}, {RECORD} says {record['step']}: files of two checkpoints"
         if saved.get("hook_name", cfg.hook) != cfg.hook:
-            return (f"{name} holds a {saved['hook_name']} run's state, the run is {cfg.hook}: the hook "
-                    "cannot change on resume")
+            return (f"{name} was saved by a run of {saved['hook_name']}, this run is {cfg.hook}: the "
+                    "hook cannot change on resume")
         kept = sorted(saved.get("hook") or {})
         if kept != sorted(spec.keeps):
             holds = f"a state of {', '.join(kept)}" if kept else "no hook state"
