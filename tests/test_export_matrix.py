@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from commlab.config import RunConfig
-from commlab.hook_specs import COMPRESSOR, HOOKS, SPECS, WRAPPERS, hooks_of
+from commlab.hook_specs import COMPRESSOR, HOOKS, SPECS, WHOLE_STATE, WRAPPERS, hooks_of
 from commlab.hooks import registry
 from commlab.tune import export
 from commlab.tune.export import Target
@@ -456,7 +456,7 @@ def test_every_cell_uses_commlabs_piece_exactly_where_pytorchs_fails(fmt, backen
             backend == "gloo" or hook == "post_localsgd"))
         assert ("cpu=True" in text) == (fmt == "accelerate" and backend == "gloo")
         assert "impl=" not in text and "impl=" not in " ".join(export.notes(cfg, Target(backend=backend)))
-        assert ("comm_hook_state" in text) == (hook in ("powersgd", "batched_powersgd") or hook in hooks_of(COMPRESSOR))
+        assert ("comm_hook_state" in text) == (SPECS[hook].checkpoint == WHOLE_STATE)
         assert ("localsgd" in text) == (hook == "post_localsgd") and "Checkpoint" in text
 
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # a copy of the project, its CLI and a real run
 
-TOY_MODULE = '''"""A toy hook: an averaging allreduce whose state keeps a ratio (for the test of a new hook)."""
+TOY_MODULE = '''"""A toy hook: an averaging allreduce whose state keeps a number of levels (for the test of a new hook)."""
 import torch
 import torch.distributed as dist
 
@@ -24,8 +24,8 @@ from commlab.hooks.groups import group_of
 
 
 class ToyState:
-    def __init__(self, process_group, ratio):
-        self.process_group, self.ratio = process_group, ratio
+    def __init__(self, process_group, levels):
+        self.process_group, self.levels = process_group, levels
 
 
 def toy_hook(state: ToyState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -35,7 +35,7 @@ def toy_hook(state: ToyState, bucket: dist.GradBucket) -> torch.futures.Future[t
 '''
 # The row, written into the table's tuple (after its last row) as a person would add it.
 TOY_ROW = '''    HookSpec("toy", COMPRESSOR, "toy_hook", None, f"{OURS}.toy",
-             state=Build("ToyState", {"ratio": "compress_ratio"}), exports=("ToyState",)),
+             state=Build("ToyState", {"levels": "qsgd_levels"}), exports=("ToyState",)),
 '''
 END_OF_TABLE = "\n)}\n\nWRAPPER_SPECS"
 CHECK = '''
@@ -46,7 +46,7 @@ from commlab.tune import export, sweep, whatif
 from commlab.ui import form
 import commlab.hooks as library
 
-cfg = RunConfig(hook="toy", compress_ratio=0.05)
+cfg = RunConfig(hook="toy", qsgd_levels=15)
 assert not cfg.errors(), cfg.errors()
 out = {
     "axes": [s.name for s in sweep.hook_axes("toy")],
@@ -86,12 +86,12 @@ def test_a_toy_hook_is_one_module_and_one_row(tmp_path):
     done = _run(copy, "-c", CHECK)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.splitlines()[-1])
-    assert out["axes"] == ["compress_ratio", "wrapper"] and out["form"] == ["compress_ratio"]
+    assert out["axes"] == ["qsgd_levels", "wrapper"] and out["form"] == ["qsgd_levels"]
     for fmt, text in out["exports"].items():
         if fmt in ("ddp", "lightning", "accelerate"):
-            assert "commlab_hooks.toy_hook" in text and "ToyState(" in text and "ratio=0.05" in text, text
+            assert "commlab_hooks.toy_hook" in text and "ToyState(" in text and "levels=15" in text, text
     assert out["traffic"] == ["all_reduce", 0, 1] and out["library"] == "toy_hook"
-    assert out["label"] == "toy compress_ratio=0.05"
+    assert out["label"] == "toy qsgd_levels=15"
 
     hooks = _run(copy, "-m", "commlab", "hooks", "--backend", "gloo")
     assert hooks.returncode == 0 and "toy_hook" in hooks.stdout, hooks.stdout + hooks.stderr
