@@ -229,3 +229,26 @@ def test_the_hooks_hot_path_imports_no_analysis_beyond_ring_and_metrics():
     heavy = {"numpy", "pandas", "torch", "scipy"}
     assert not {m.split(".")[0] for m in _imports_at_load("commlab.analysis.metrics")} & heavy
     assert not {m.split(".")[0] for m in _imports_at_load("commlab.analysis.ring")} & heavy
+
+
+# ============================================================================ the live charts' points
+def test_the_live_charts_draw_a_bounded_number_of_points_and_keep_a_spike(tmp_path):
+    """A 100,000-step run: the live view's frame holds a bounded number of rows however long the
+    run, every one of the latest steps, and the history's extremes (a spike's shape survives)."""
+    n = 100_000
+    records = [{"step": s, "loss": 2.0 - s / n, "step_s": 0.02 + (1.5 if s == 43_210 else 0.0), "t": s * 0.02,
+                "payload_bytes": 1000, "plain_bytes": 4000, "compression_ratio": 4.0, "hook_s": 0.01}
+               for s in range(n)]
+    run = _run_folder(tmp_path, "20260101-000000-long-beef", RunConfig(runs_dir=str(tmp_path)), records)
+    view = ui_runs.LiveView(run.path)
+    assert view.poll() == n
+    frame = view.frame()
+    assert len(frame) <= len(ui_runs.CHARTED) * ui_runs.CHART_POINTS and len(frame) < 5_000
+    assert list(frame["step"][-ui_runs.RECENT_POINTS:]) == list(range(n - ui_runs.RECENT_POINTS, n))
+    assert 43_210 in set(frame["step"]) and frame["step_s"].max() == pytest.approx(1.52)
+    assert frame["step"].is_monotonic_increasing
+    assert len(view.frame(bounded=False)) == n
+    short = _run_folder(tmp_path, "20260101-000000-short-beef", RunConfig(runs_dir=str(tmp_path)), records[:500])
+    view = ui_runs.LiveView(short.path)
+    view.poll()
+    assert len(view.frame()) == 500  # a short run: every point

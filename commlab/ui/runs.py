@@ -9,11 +9,35 @@ import shutil
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from commlab.analysis import metrics
 from commlab.config import default_runs_dir, label_of
 from commlab.engine import store
 from commlab.engine.launch import open_run, workers_alive
 from commlab.hook_specs import spec_of
+
+# The live charts' points per line, however long the run (W&B shows at most 1,500 a line,
+# TensorBoard keeps a 1,000-point reservoir): the history downsampled by min/max-preselected LTTB
+# (tsdownsample), which keeps a spike's shape, and the latest steps every one.
+CHART_POINTS = 1500
+RECENT_POINTS = 300
+CHARTED = ("loss", "step_s", "hook_s", "plain_bytes", "payload_bytes", "compression_ratio")
+
+
+def chart_rows(steps: np.ndarray, columns: dict[str, np.ndarray], points: int = CHART_POINTS,
+               recent: int = RECENT_POINTS) -> np.ndarray:
+    """The indices of the rows a chart draws: every row of a short run; of a long one, for each
+    column the rows its downsampled history keeps, and the last ``recent`` rows, joined."""
+    n = len(steps)
+    if n <= points:
+        return np.arange(n)
+    head = n - recent
+    from tsdownsample import NaNMinMaxLTTBDownsampler
+
+    kept = [NaNMinMaxLTTBDownsampler().downsample(steps[:head], y[:head], n_out=points - recent).astype(np.int64)
+            for y in columns.values()]
+    return np.unique(np.concatenate([*kept, np.arange(head, n)]))
 
 
 class LiveView:
@@ -23,12 +47,18 @@ class LiveView:
         self.run = open_run(path)
         self._tail = self.run.metrics_tail()
         self.rows: list[dict] = []
+        self._charted: dict[str, list] = {}  # step and CHARTED, by column
         self._evals_tail = self.run.evals_tail()
         self.evals: list[dict] = []  # the held-out evaluations so far (``RunFolder.evals``)
 
     def poll(self) -> int:
         new = self._tail.read_new()
         self.rows.extend(new)
+        if new and not self._charted:  # every record has the first one's fields (store.step_check)
+            self._charted = {k: [] for k in ("step", *CHARTED) if k in new[0]}
+        for r in new:  # the charted columns, kept as they come: a refresh reads them whole
+            for k, column in self._charted.items():
+                column.append(r.get(k))
         self.evals.extend(self._evals_tail.read_new())
         return len(new)
 
@@ -44,10 +74,16 @@ class LiveView:
         """Lines of metrics.jsonl skipped so far: not step records (``store.step_check``)."""
         return self._tail.skipped
 
-    def frame(self):
+    def frame(self, bounded: bool = True):
+        """The rows as a DataFrame; ``bounded``: only those the live charts draw (``chart_rows``),
+        so that what a refresh builds and sends does not grow with the run."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows)
+        if not bounded or len(self.rows) <= CHART_POINTS:
+            return pd.DataFrame(self.rows)
+        steps = np.asarray(self._charted["step"], dtype=np.int64)
+        columns = {k: np.asarray(v, dtype=float) for k, v in self._charted.items() if k != "step"}
+        return pd.DataFrame([self.rows[i] for i in chart_rows(steps, columns)])
 
     def implementation(self) -> dict:
         """Which hook implementation ran and why (planned, until rank 0 reports it)."""
