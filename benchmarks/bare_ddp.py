@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import workloads
 from commlab.engine.teardown import end_process_group
+from commlab.seeds import stream_seed
 
 
 def ddp_on_gloo(workload: str, batch_size: int, seed: int, bucket_cap_mb: float):
@@ -28,7 +29,7 @@ def ddp_on_gloo(workload: str, batch_size: int, seed: int, bucket_cap_mb: float)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
     work = workloads.load(workload, rank, world, batch_size, seed)
-    torch.manual_seed(workloads.stream_seed(seed, rank))
+    torch.manual_seed(stream_seed(seed, rank))
     return rank, work, DDP(work.model, bucket_cap_mb=bucket_cap_mb)
 
 

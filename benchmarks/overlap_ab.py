@@ -39,7 +39,7 @@ def main() -> None:
     rank, work, ddp = ddp_on_gloo(cfg.workload, cfg.batch_size, cfg.seed, cfg.bucket_cap_mb)
     world = dist.get_world_size()
     choice = registry.choose(cfg.with_overrides(overlap=True), "gloo")
-    # The blocking variant's hook, bound to overlap=False, on the same state.
+    # The blocking variant's function (overlap off), registered on the first choice's state.
     blocking = registry.choose(cfg.with_overrides(overlap=False), "gloo").hook
     link = Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us)
     counter = CollectiveCounter(link, world).install()

@@ -248,7 +248,7 @@ class RunConfig:
     optimizer: str = setting("adamw", choices=OPTIMIZERS, group="workload", help=(
         "The optimizer every rank steps with the averaged gradients."))
     seed: int = setting(0, group="workload", bounds=Bounds(0, 2**32 - 1, (
-        "it seeds torch and each rank's data generator (seed * 1000 + rank: workloads.stream_seed), as random_seed does "
+        "it seeds torch and each rank's data generator (seed * 1000 + rank: seeds.stream_seed), as random_seed does "
         "numpy's")), help=(
         "Seeds the initial weights (the same on every rank) and the data, so that runs with "
         "different hooks draw the same batches."))
@@ -269,8 +269,8 @@ class RunConfig:
         "Steps whose timeline is recorded on every rank (backward, each bucket's hook call, "
         "collectives, futures, the optimizer step) into timeline.json and trace.json (Chrome "
         f"trace); the default, 1, is the first step after DDP rebuilt its buckets. At most "
-        f"{MAX_TRACED_STEPS} steps; needs instrument on (off, the default traces nothing); steps past "
-        "the end are not traced."))
+        f"{MAX_TRACED_STEPS} steps; needs instrument on (off, the default records no timeline; "
+        "torch.profiler still profiles these steps); steps past the end are not traced."))
     torch_profiler: bool = setting(False, group="instrument", label="torch.profiler on the traced steps",
                                    help=(
         "Also profile the trace_steps with torch.profiler on every rank (CPU, and CUDA on a GPU: "

@@ -89,12 +89,11 @@ class HookSpec:
     averager: Build | None = None  # run after every optimizer step (post-local SGD's)
     bound: Mapping[str, str] = field(default_factory=dict)  # keyword -> setting, bound after (state, bucket)
     blocking: str | None = None  # commlab's variant that waits in the hook, run with `overlap` off
-    reads_also: tuple[str, ...] = ()  # settings it reads besides those its builds and bindings name
     wrap_refusal: str | None = None  # why no compress wrapper may wrap it; None: one may
     checkpoint: str = NO_STATE  # NO_STATE, WHOLE_STATE or STEP_COUNTS
     checkpoint_why: str = ""  # how its state survives a checkpoint, in the exports' words
     keeps: tuple[str, ...] = ()  # the state's fields that change as it runs: what a lab checkpoint holds
-    resumable: bool = True  # whether a run of it can be continued from its checkpoint
+    not_resumable: str | None = None  # why a run of it cannot be continued from its checkpoint
     layerwise: bool = False  # compresses layer by layer by PowerSGD's rule (layers.json applies)
     pitfalls: bool = False  # PowerSGD's memories are watched for its pitfalls (commlab.hooks.pitfalls)
     starts: str | None = None  # the setting naming the step it starts at: plain allreduce before
@@ -125,7 +124,7 @@ class HookSpec:
 
     def reads(self) -> tuple[str, ...]:
         """Every setting building and running it reads, declared (the wrapper where one may wrap it)."""
-        names = [*(("wrapper",) if self.wrappable else ()), *self.reads_also,
+        names = [*(("wrapper",) if self.wrappable else ()),
                  *(self.state.reads() if self.state else ()), *(self.averager.reads() if self.averager else ()),
                  *self.bound.values(), *(("overlap",) if self.blocking else ())]
         return tuple(dict.fromkeys(names))
@@ -137,7 +136,8 @@ class HookSpec:
 
 @dataclass(frozen=True)
 class WrapperSpec:
-    """A compress wrapper around a hook (PyTorch's fp16 and bf16)."""
+    """A compress wrapper around a hook (PyTorch's fp16 and bf16): a piece of a configuration as
+    a hook is, with the fields the planning reads of either."""
 
     name: str
     attr: str
@@ -145,6 +145,10 @@ class WrapperSpec:
     variant: str | None = None
     fails: Mapping[str, str] = field(default_factory=dict)
     accelerate: str = "NO"
+    one_bucket_works: tuple[str, ...] = ()
+    fails_at_compression: bool = False
+    exports: tuple[str, ...] = ()
+    commlab_only = False  # PyTorch has both wrappers
 
     def module(self, commlab: bool) -> str:
         return self.variant if commlab and self.variant else self.stock
@@ -261,7 +265,9 @@ SPECS: dict[str, HookSpec] = {s.name: s for s in (
                                                       "warmup_steps": "averager_warmup_steps"},
                             module="torch.distributed.algorithms.model_averaging.averagers",
                             group_keyword=True),
-             checkpoint=STEP_COUNTS, resumable=False, starts="start_localSGD_iter",
+             checkpoint=STEP_COUNTS, starts="start_localSGD_iter",
+             not_resumable=("the checkpoint holds no PostLocalSGDState iteration or averager step, so the "
+                            "resumed run would start local SGD over"),
              rules=(_SUBGROUPS_DIVIDE,)),
     # The classic compressors: commlab's alone (commlab.hooks.compressors)
     _compressor("topk", "TopKState", _SPARSE),

@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from commlab.seeds import stream_seed
+
 CONTRACT = ("a workload function must return (model, batches): model a torch.nn.Module, batches a "
             "callable that yields (inputs, targets) tensors for this rank (integer targets: "
             "cross-entropy; float targets: mean squared error); optionally a third item, "
@@ -45,12 +47,6 @@ EVAL_STREAM = 999
 EVAL_METRICS = ("accuracy", "bits_per_char")  # reported beside the held-out loss
 
 Batches = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
-
-
-def stream_seed(seed: int, stream: int) -> int:
-    """The seed of one of a run's random streams: each rank's (its data, its randomness after the
-    shared initial weights; ``stream`` its rank) and the held-out set's (``EVAL_STREAM``)."""
-    return seed * 1000 + stream
 
 
 @dataclass

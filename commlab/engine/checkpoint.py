@@ -29,7 +29,9 @@ Resuming gives the trajectory of an uninterrupted run, bit for bit, because the 
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
+import json
 import os
 import shutil
 import zipfile
@@ -73,7 +75,9 @@ def _plain(value):
     return value
 
 
-def restore_hook_state(state: object, saved: dict | None) -> None:
+def restore_hook_state(state: object, saved: dict | None, device: torch.device | str = "cpu") -> None:
+    """The state's fields put back, its memories onto ``device`` (a checkpoint is loaded onto the
+    CPU; on NCCL the hook adds them to CUDA tensors)."""
     for name, value in (saved or {}).items():
         current = getattr(state, name)
         if isinstance(current, np.random.RandomState):
@@ -82,7 +86,15 @@ def restore_hook_state(state: object, saved: dict | None) -> None:
         elif isinstance(current, torch.Generator):
             current.set_state(value)
         else:
-            setattr(state, name, value)
+            setattr(state, name, _onto(value, device))
+
+
+def _onto(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _onto(v, device) for k, v in value.items()}
+    return value
 
 
 def room_needed(model: torch.nn.Module, cfg: RunConfig, world: int) -> int:
@@ -157,11 +169,11 @@ def checkpoint_record(run_dir: str | os.PathLike) -> dict:
     return store.read_json(Path(run_dir) / RECORD, {}, RECORD_KIND)
 
 
-def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike) -> dict[str, str]:
-    """Why ``cfg`` cannot continue the run in ``run_dir``, by field; empty when it can.  Before
-    anything starts every rank's file is opened (``weights_only``) and must be that rank's, of
-    the recorded step, of this hook with the state its spec keeps, and (rank 0's) of a model of
-    this workload's shapes (``file_errors``)."""
+def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike, files: bool = True) -> dict[str, str]:
+    """Why ``cfg`` cannot continue the run in ``run_dir``, by field; empty when it can.  With
+    ``files`` (as ``launch.prepare`` checks before anything starts) every rank's file is opened
+    (``weights_only``) and must be that rank's, of the recorded step, of this hook with the state
+    its spec keeps, and (rank 0's) of a model of this workload's shapes (``file_errors``)."""
     source = store.RunFolder(run_dir)
     if not source.exists():
         return {"resume": f"{run_dir} is not a commlab run folder (no config.json)"}
@@ -180,15 +192,13 @@ def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike) -> dict[str, str]:
                     f"{', '.join(FREE)} may change)"
               for name, value in cfg.to_dict().items() if name not in FREE and old.get(name) != value}
     spec = SPECS.get(cfg.hook)
-    if spec is not None and not spec.resumable:  # its state counts steps this checkpoint lacks
-        errors.setdefault("hook", f"{cfg.hook} cannot be resumed yet: the checkpoint holds no "
-                                  f"{spec.state.attr} iteration or averager step, so the resumed "
-                                  "run would start local SGD over")
+    if spec is not None and spec.not_resumable:
+        errors.setdefault("hook", f"{cfg.hook} cannot be resumed yet: {spec.not_resumable}")
     done = record["step"] + 1
     if cfg.steps <= done:
         errors["steps"] = (f"must be more than the {done} steps the checkpoint holds, got "
                            f"{cfg.steps}: a resumed run's steps count from the first run's step 0")
-    if not errors:
+    if files and not errors:
         why = file_errors(cfg, Path(run_dir), record)
         if why:
             errors["resume"] = f"{run_dir}: {why}; nothing was started"
@@ -196,7 +206,17 @@ def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike) -> dict[str, str]:
 
 
 def file_errors(cfg: RunConfig, run_dir: Path, record: dict) -> str | None:
-    """Why the checkpoint's files cannot continue ``cfg``: the first thing that does not fit."""
+    """Why the checkpoint's files cannot continue ``cfg``: the first thing that does not fit.
+    Asked twice of the same files (``resume_config``, then ``launch.prepare``), it opens them and
+    builds the workload's model once."""
+    stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in sorted((run_dir / FOLDER).glob("rank*.pt")))
+    return _file_errors(cfg.to_json(), str(run_dir.resolve()), json.dumps(record), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_errors(cfg_json: str, run_dir: str, record_json: str, stamp: tuple) -> str | None:
+    cfg, run_dir, record = RunConfig.from_json(cfg_json), Path(run_dir), json.loads(record_json)
     if record["world_size"] != cfg.world_size:
         return (f"{RECORD} holds {record['world_size']} ranks' files, the run has {cfg.world_size} "
                 "ranks: a checkpoint continues on as many ranks as saved it")
@@ -224,6 +244,9 @@ def file_errors(cfg: RunConfig, run_dir: Path, record: dict) -> str | None:
             return (f"{name} was saved by a run of {saved['hook_name']}, this run is {cfg.hook}: the "
                     "hook cannot change on resume")
         kept = sorted(saved.get("hook") or {})
+        if "hook_name" not in saved and not kept and spec.keeps:
+            return (f"{name} was saved before the lab's checkpoints held {cfg.hook}'s state: resumed, "
+                    f"its {', '.join(spec.keeps)} would start over")
         if kept != sorted(spec.keeps):
             holds = f"a state of {', '.join(kept)}" if kept else "no hook state"
             wants = f"{spec.state.attr}'s {', '.join(spec.keeps)}" if spec.keeps else "no state"
@@ -260,13 +283,13 @@ def resume_config(run_dir: str | os.PathLike, **overrides) -> RunConfig:
     """The config that continues the run in ``run_dir``: its own, with ``overrides``; without
     ``steps``, it trains as many steps again.  ConfigError when it cannot continue it."""
     source = store.RunFolder(run_dir)
-    errors = resume_errors(source.config() if source.exists() else RunConfig(), run_dir)
+    errors = resume_errors(source.config() if source.exists() else RunConfig(), run_dir, files=False)
     if "resume" in errors:
         raise ConfigError({"resume": errors["resume"]})
     done = checkpoint_record(run_dir)["step"] + 1
     given = {k: v for k, v in overrides.items() if v is not None}
     cfg = source.config().with_overrides(**{"steps": 2 * done, **given})
-    errors = resume_errors(cfg, run_dir)
+    errors = resume_errors(cfg, run_dir)  # the files too, once: refused here before anything starts
     if errors:
         raise ConfigError(errors)
     return cfg

@@ -67,8 +67,8 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
     from commlab.hooks import registry
 
     workload_probe.check(cfg.check())  # a user's workload runs in a child, never here
-    if resume is not None and checkpoint.resume_errors(cfg, resume):
-        raise ConfigError(checkpoint.resume_errors(cfg, resume))
+    if resume is not None and (errors := checkpoint.resume_errors(cfg, resume)):
+        raise ConfigError(errors)
     backend, why = resolve_backend(cfg)
     impl, impl_reason = registry.plan(cfg, backend)
     run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())

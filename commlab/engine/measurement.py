@@ -58,8 +58,8 @@ class Measurement(Unmeasured):
     """The hook wrapped and every collective counted, over the emulated link the settings name."""
 
     def __init__(self, cfg, choice, names_by_ptr: dict[int, str], compressed: set[str], world: int,
-                 first: int, device: torch.device):
-        self.cfg, self.first, self.world = cfg, first, world
+                 first: int, device: torch.device, rank: int):
+        self.cfg, self.first, self.world, self.rank = cfg, first, world, rank
         self.counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us),
                                          world).install()
         self.instrument = HookInstrument(choice.hook, self.counter, names_by_ptr, compressed, world,
@@ -106,7 +106,7 @@ class Measurement(Unmeasured):
                "hook_s": rec.hook_s, **timing, "measure_bytes": nbytes["measure"],
                "powersgd_iter": getattr(state, "iter", None)}
         errors = None
-        if self.measuring:
+        if self.measuring and self.rank == 0:  # rank 0 records them (the error feedback's norm syncs)
             errors = {"step": step, "measure_bytes": nbytes["measure"], "buckets": rec.bucket_errors,
                       "layers": rec.layer_errors, "ef_residual_norm": error_feedback_norm(state)}
         layout = sorted(rec.layouts, key=lambda b: b["index"]) if rec.layouts else None

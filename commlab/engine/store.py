@@ -293,15 +293,20 @@ def keep_tail(path: Path, limit: int, keep: int) -> int:
         size = os.path.getsize(path)
         if size <= limit:
             return 0
+        cut = size - keep
+        head = f"[commlab: the first {cut:,} bytes of this log were cut; it keeps its last {keep:,}]\n".encode()
         with open(path, "r+b") as f:
-            f.seek(size - keep)
-            tail = f.read()
-            head = (f"[commlab: the first {size - len(tail):,} bytes of this log were cut; it keeps "
-                    f"its last {keep:,}]\n").encode()
+            f.seek(cut)
+            tail = f.read()  # to the end as it is now
+            end = cut + len(tail)
             f.seek(0)
             f.write(head + tail)
-            f.truncate()
-        return size - len(tail)
+            f.seek(end)
+            tail = f.read()  # what the writers appended meanwhile, moved down too
+            f.seek(len(head) + end - cut)
+            f.write(tail)
+            f.truncate()  # a line appended between that read and this is lost: a window of microseconds
+        return cut
     except OSError:
         return 0
 

@@ -35,6 +35,7 @@ from commlab.engine.measurement import Measurement, Unmeasured
 from commlab.engine.rank0 import NoRecord, Rank0Record
 from commlab.engine.teardown import end_process_group
 from commlab.hooks import comm_thread, registry
+from commlab.seeds import stream_seed
 
 
 def train(run_dir: Path) -> None:
@@ -113,7 +114,8 @@ class Job:
 
 def setup(run_dir: Path) -> Job:
     """The process group, the workload, DDP, the hook (measured, unless instrument is off), the
-    optimizer, and a resumed run's checkpoint; the hook is registered last."""
+    optimizer, and a resumed run's checkpoint, then the hook registered; and whether the disk has
+    room for the checkpoint."""
     folder = store.RunFolder(run_dir)
     cfg, launch = folder.config(), folder.launch_info()
     backend = launch["backend"]
@@ -126,7 +128,7 @@ def setup(run_dir: Path) -> Job:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=2 * cfg.stall_timeout_s + 30))
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
-    torch.manual_seed(workloads.stream_seed(cfg.seed, rank))  # each rank its own randomness from here on
+    torch.manual_seed(stream_seed(cfg.seed, rank))  # each rank its own randomness from here on
     saved = checkpoint.load(launch["resumed_from"], rank) if launch.get("resumed_from") else None
     model = work.model.to(device)
     shapes = named_shapes(model)
@@ -139,7 +141,7 @@ def setup(run_dir: Path) -> Job:
     if cfg.instrument:
         names = {p.data_ptr(): n for n, p in model.named_parameters()}
         compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()
-        measure = Measurement(cfg, choice, names, compressed, world, first, device)
+        measure = Measurement(cfg, choice, names, compressed, world, first, device, rank)
     optimizer = make_optimizer(cfg, ddp.parameters())
     batches = resume(saved, ddp, optimizer, choice, work, device) if saved else work.batches()
     ddp.register_comm_hook(choice.state, measure.hook)
@@ -173,9 +175,10 @@ def resume(saved: dict, ddp: DDP, optimizer: torch.optim.Optimizer, choice: regi
     hook's restored memories meet the layout they were made in (``commlab.engine.checkpoint``)."""
     ddp.module.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
-    torch.set_rng_state(saved["rng"])
-    checkpoint.restore_hook_state(choice.state, saved["hook"])
-    return checkpoint.continue_batches(ddp, work.batches(), saved["step"] + 1, device)
+    checkpoint.restore_hook_state(choice.state, saved["hook"], device)
+    batches = checkpoint.continue_batches(ddp, work.batches(), saved["step"] + 1, device)
+    torch.set_rng_state(saved["rng"])  # after the rebuild pass, whose forward may draw (dropout)
+    return batches
 
 
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -195,8 +198,10 @@ def profiled(job: Job, step: int):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     profiler = torch.profiler.profile(activities=activities)
     profiler.start()
-    yield
-    profiler.stop()
+    try:
+        yield
+    finally:
+        profiler.stop()
     job.folder.file(store.PROFILER).mkdir(exist_ok=True)
     profiler.export_chrome_trace(str(job.folder.file(f"{store.PROFILER}/step{step}.rank{job.rank}.json")))
 

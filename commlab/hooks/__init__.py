@@ -11,8 +11,9 @@ As a library, with PyTorch's signatures, for production code on Gloo (the export
 Post-local SGD needs nothing of commlab: PyTorch's hook, state and averager work on Gloo once the
 state is given subgroups (its row of ``commlab.hook_specs`` says so; the exports write it so).
 Importing these needs torch and nothing of the lab (no streamlit, plotly or pandas).  What is
-offered here is read off the hook table (``commlab.hook_specs``): every function commlab has a
-variant or the only implementation of, and its state class.
+offered here is read off the hook table (``commlab.hook_specs``): each hook's function where
+commlab has a variant or the only implementation (PyTorch's name and signature; the lab's blocking
+variants stay in ``powersgd``), and its state class.
 
 - ``registry``: config -> (state, hook), PyTorch's where it works on the backend, as each hook's
   row says; pure planning functions for the CLI and the UI.
@@ -38,7 +39,7 @@ from commlab.hook_specs import SPECS, WRAPPER_SPECS
 # public name -> the module of this package that defines it: each variant's function, its state
 # class (the spec's ``exports``), and the one hook all the compressors share.
 _EXPORTS = {name: spec.variant for spec in (*SPECS.values(), *WRAPPER_SPECS.values()) if spec.variant
-            for name in (spec.attr, *getattr(spec, "exports", ()))}
+            for name in (spec.attr, *spec.exports)}
 _EXPORTS["compressor_hook"] = f"{__name__}.compressors"
 __all__ = list(_EXPORTS)
 

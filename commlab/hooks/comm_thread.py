@@ -18,8 +18,9 @@ on every rank, since DDP hands every rank the same buckets in the same order.
 
 A body that fails fails its hook's future (DDP raises it in backward); every body queued after
 it is failed unrun, because the ranks' collective order is lost by then.  ``close()`` ends the
-thread.  A hook called with ``overlap=False`` runs its body in place instead (the blocking variant,
-kept for comparison; ``run_in_place`` runs a deferred rest at once).
+thread.  The blocking variants (``powersgd.blocking_powerSGD_hook``, the lab's ``overlap`` off)
+run their bodies in place instead, kept for comparison; ``run_in_place`` runs a deferred rest at
+once.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from commlab.hook_specs import ALLGATHER, ALLREDUCE, SPECS
 from commlab.hooks.groups import group_of
-from commlab.workloads import stream_seed
+from commlab.seeds import stream_seed
 
 
 # --------------------------------------------------------------------------- wire formats

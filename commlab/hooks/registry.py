@@ -29,7 +29,6 @@ from commlab.hook_specs import HOOKS, SPECS, WRAPPER_SPECS, WRAPPERS, Build, Hoo
 BACKENDS = RESOLVED_BACKENDS  # a plan is made for the backend a run resolved "auto" to
 ONE_BUCKET_ONLY = "one bucket only"
 NONE_IN_PYTORCH = "none in PyTorch"
-UNWRAPPED = tuple(h for h, s in SPECS.items() if not s.wrappable)  # no compress wrapper may wrap these
 
 
 @dataclass
@@ -65,10 +64,6 @@ def _kind(part: Part) -> str:
     return "hook" if isinstance(part, HookSpec) else "wrapper"
 
 
-def _commlab_only(part: Part) -> bool:
-    return part.stock is None
-
-
 def _check(hook: str, wrapper: str, backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid backends are: {', '.join(BACKENDS)}")
@@ -80,7 +75,7 @@ def _check(hook: str, wrapper: str, backend: str) -> None:
 def _commlab_parts(hook: str, wrapper: str, impl: str, backend: str) -> list[Part]:
     """The pieces for which commlab's variant runs (always, for those PyTorch has none of)."""
     parts = _parts(hook, wrapper)
-    only = [p for p in parts if _commlab_only(p)]
+    only = [p for p in parts if p.commlab_only]
     if impl == "stock":
         return only
     ours = [p for p in parts if p.variant is not None]
@@ -95,7 +90,7 @@ def _plan(hook: str, wrapper: str, impl: str, backend: str) -> tuple[str, str]:
     parts = _parts(hook, wrapper)
     problems = [p.fails[backend] for p in parts if backend in p.fails]
     ours = _commlab_parts(hook, wrapper, impl, backend)
-    if _commlab_only(SPECS[hook]):
+    if SPECS[hook].commlab_only:
         return "commlab", (f"PyTorch has no {name}: commlab's issues every collective from the hook "
                            "body, in bucket order, so it is safe on every backend")
     note = SPECS[hook].note
@@ -131,10 +126,10 @@ def stock_warning(cfg: RunConfig, backend: str) -> str | None:
         why = part.fails.get(backend)
         if not why:
             continue
-        if backend in getattr(part, "one_bucket_works", ()):
+        if backend in part.one_bucket_works:
             advice = ("run with bucket_cap_mb large enough to hold every gradient in one bucket, "
                       "or impl=auto")
-        elif getattr(part, "fails_at_compression", False):
+        elif part.fails_at_compression:
             advice = f"the run fails at step {getattr(cfg, part.starts)}; use impl=auto or commlab"
         else:
             advice = "the run fails before its first step; use impl=auto or commlab"
@@ -152,7 +147,7 @@ def support_table(backend: str) -> list[dict]:
                 works: bool | str = NONE_IN_PYTORCH
             elif not fails:
                 works = True
-            elif all(backend in getattr(p, "one_bucket_works", ()) for p in fails):
+            elif all(backend in p.one_bucket_works for p in fails):
                 works = ONE_BUCKET_ONLY
             else:
                 works = False
@@ -209,7 +204,7 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
     hook = _function(spec, commlab_hook)
     if commlab_hook and spec.blocking and not cfg.overlap:
         hook = getattr(importlib.import_module(spec.variant), spec.blocking)
-    bound = {k: getattr(cfg, s) for k, s in spec.bound.items()}
+    bound = hook_args(cfg)
     if bound:  # bound, under the hook's own name: DDP logs the hook by it
         hook = functools.update_wrapper(functools.partial(hook, **bound), hook)
     if cfg.wrapper != "none":

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from commlab import workloads
 from commlab.analysis import ring
 from commlab.config import ConfigError
 from commlab.engine.ranks import DEFAULT_TIMEOUT_S, run_ranks
+from commlab.seeds import stream_seed
 
 OPS = ("sum", "avg", "max", "min", "product")
 MAX_WORLD_SIZE = 8
@@ -547,7 +547,7 @@ def _grad_rank(rank: int, world_size: int, report, steps: int, lr: float, seed: 
               "no_allreduce": copy.deepcopy(base)}
     optimizers = {k: torch.optim.SGD(m.parameters(), lr=lr) for k, m in models.items()}
     teacher = torch.randn(8, 1, generator=torch.Generator().manual_seed(seed))
-    data = torch.Generator().manual_seed(workloads.stream_seed(seed, rank))  # each rank sees its own data
+    data = torch.Generator().manual_seed(stream_seed(seed, rank))  # each rank sees its own data
 
     def params():
         return {k: torch.nn.utils.parameters_to_vector(m.parameters()).tolist()

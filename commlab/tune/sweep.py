@@ -556,7 +556,11 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
         run.wait()
     final = "stopped" if stopped else "finished"
     _write_state(sweep, status=final, ended_at=time.time())
-    store.write_json(sweep.file(RESULT), store.finite(sweep.report(cluster)))
+    try:
+        store.write_json(sweep.file(RESULT), store.finite(sweep.report(cluster)))
+    except Exception as e:  # the runs and the state are kept: `commlab sweep --show` asks again
+        store.write_json(sweep.file(RESULT), {"error": f"{type(e).__name__}: {e}"})
+        raise
     return final
 
 
@@ -571,19 +575,27 @@ def _resumable(sweep: Sweep) -> None:
         raise ConfigError({"resume": f"sweep {sweep.id} is {status}: only a stopped or lost sweep "
                                      f"resumes (`commlab sweep --show {sweep.id}` prints its result)"})
     _none_running(sweep.path.parent.parent)
-    # A run of a sweep whose process died is stopped by its supervisor within a second or two
-    # (launch.json's owner): wait for that, never start its setting again beside it.
-    for run in sweep.runs():
-        if run.is_running() and run.wait(timeout=ADOPT_WAIT_S) in store.GOING:
-            raise ConfigError({"resume": f"run {run.id} of sweep {sweep.id} still runs after "
-                                         f"{ADOPT_WAIT_S:g} s: stop it (commlab runs) before resuming"})
+    going = [run.id for run in sweep.runs() if run.is_running()]
+    if going:
+        raise ConfigError({"resume": f"run {going[0]} of sweep {sweep.id} still runs: stop it "
+                                     "(commlab runs) before resuming"})
     sweep.file("stop").unlink(missing_ok=True)
+
+
+def _last_attempt_ended(sweep: Sweep) -> None:
+    """A run of a sweep whose process died is stopped by its supervisor within a second or two
+    (launch.json's owner): wait for that, outside the claim, so that a resume never starts its
+    setting again beside it (``_resumable`` refuses one still going)."""
+    for run in sweep.runs():
+        if run.is_running():
+            run.wait(timeout=ADOPT_WAIT_S)
 
 
 def resume(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
            should_stop: Callable[[], bool] | None = None,
            cluster: quality.Cluster = quality.Cluster()) -> str:
     """Execute a stopped or lost sweep again here: its finished runs are kept, the rest run."""
+    _last_attempt_ended(sweep)
     with one_at_a_time(sweep.path.parent.parent):
         _resumable(sweep)
         _write_state(sweep, status="running", **procs.identity(os.getpid()))
@@ -592,6 +604,7 @@ def resume(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
 
 def start_resume(sweep: Sweep) -> Sweep:
     """``resume`` in a detached process (the UI)."""
+    _last_attempt_ended(sweep)
     with one_at_a_time(sweep.path.parent.parent):
         _resumable(sweep)
         _spawn(sweep)

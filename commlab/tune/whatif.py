@@ -244,11 +244,11 @@ def _averages(cfg: dict) -> bool:
 
 
 def _local_sgd_from(cfg: dict) -> int:
-    """Post-local SGD's first step with local steps and averaging both on (0 for other hooks)."""
+    """Post-local SGD's first step with averaging on too (its local steps start at its spec's
+    ``starts``, which ``metrics.first_steady_step`` counts); 0 for hooks that average nothing."""
     if not _averages(cfg):
         return 0
-    spec = spec_of(cfg)
-    return max(cfg.get(spec.starts, 0), cfg.get(spec.averager.settings["warmup_steps"], 0))
+    return cfg.get(spec_of(cfg).averager.settings["warmup_steps"], 0)
 
 
 def _first_step(cfg: dict, skip: int) -> int:
