@@ -57,7 +57,7 @@ class Rank0Record(NoRecord):
             "instrumented": cfg.instrument, "emulated_link": {
                 "bandwidth_gbps": cfg.emulate_bandwidth_gbps, "latency_us": cfg.emulate_latency_us}
             if (cfg.emulate_bandwidth_gbps or cfg.emulate_latency_us) else None,
-            "checkpoint": job.checkpoint_note, "started_at": time.time()})
+            "checkpoint": job.checkpoint_note, "phases": job.phases, "started_at": time.time()})
         store.write_json(folder.file("layers.json"), [
             {**d.as_dict(), "applies": job.choice.spec.layerwise} for d in job.rule.layers])
         self.metrics = store.JsonlWriter(folder.file("metrics.jsonl"))
@@ -133,7 +133,8 @@ class Rank0Record(NoRecord):
     def finished(self, step: int) -> None:
         lost = self.job.cfg.save_checkpoint and not self.job.save_checkpoint  # no room for it
         note = {"note": f"checkpoint {self.job.checkpoint_note}"} if lost else {}
-        store.write_json(self.folder.file("status.json"), {"status": "finished", "step": step, **note})
+        store.write_json(self.folder.file("status.json"), {"status": "finished", "step": step, **note,
+                                                           "at": time.time()})
 
     def end(self) -> None:
         """The bucket file again, with DDP's logging data as the run ended; a trace window the

@@ -88,7 +88,7 @@ class Watch:
         self.folder, self.child, self.stop_requested = folder, child, stop_requested
         torchrun = procs.identity(child.pid)
         self.me = {**procs.identity(os.getpid()), "torchrun_pid": torchrun["pid"],
-                   "torchrun_create_time": torchrun["create_time"]}
+                   "torchrun_create_time": torchrun["create_time"], "up_at": time.time()}
         self.cfg = folder.config()
         self.owner = folder.launch_info().get("owner")  # a process the run must not outlive
         self.workers: dict[int, float] = {}  # pid -> create time, so a reused PID is never taken for one
@@ -175,8 +175,11 @@ def _failure(folder: store.RunFolder, returncode: int | None) -> dict:
         return {"status": "failed", "failed_rank": gone, "traceback": tail,
                 "error": f"rank {gone} ended without an error report (killed, or it crashed "
                          f"outside Python); rank {first.get('rank')} then failed: {first.get('error')}"}
+    # torchrun stamps a failure to the second, and ends the survivors of a failed rank with
+    # SIGTERM: within one second, a rank killed otherwise (SIGKILL, a crash) failed first, then any
+    # signal before an exit code.
     seen = sorted(store.read_json(folder.file("torchrun.json"), {}).get("failures", []),
-                  key=lambda f: (f.get("time", 0), f.get("exitcode", 0) >= 0))  # signals first
+                  key=lambda f: (f.get("time", 0), f.get("signal") == "SIGTERM", f.get("exitcode", 0) >= 0))
     if seen:
         first = seen[0]
         how = f"signal {first['signal']}" if first.get("exitcode", 0) < 0 else f"code {first.get('exitcode')}"

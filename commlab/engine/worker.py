@@ -37,6 +37,10 @@ from commlab.engine.teardown import end_process_group
 from commlab.hooks import comm_thread, registry
 from commlab.seeds import stream_seed
 
+# When this rank reached each phase of its start (wall clock): rank 0 records them in meta.json, for
+# benchmarks/startup.py beside the processes' create times.
+PHASES: dict[str, float] = {}
+
 
 def train(run_dir: Path) -> None:
     job = setup(run_dir)
@@ -110,6 +114,7 @@ class Job:
     first: int  # the first step: 0, or the step after the checkpoint a resumed run goes on from
     save_checkpoint: bool  # the setting, unless the disk has no room for the checkpoint
     checkpoint_note: str  # what meta.json says of it
+    phases: dict  # when this rank reached each phase of its start (``PHASES``)
 
 
 def setup(run_dir: Path) -> Job:
@@ -126,6 +131,7 @@ def setup(run_dir: Path) -> Job:
         torch.cuda.set_device(device)
     # Collectives time out too, as a backstop behind the supervisor, which calls the run stalled first.
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=2 * cfg.stall_timeout_s + 30))
+    PHASES["process_group"] = time.time()
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
     torch.manual_seed(stream_seed(cfg.seed, rank))  # each rank its own randomness from here on
@@ -146,8 +152,9 @@ def setup(run_dir: Path) -> Job:
     batches = resume(saved, ddp, optimizer, choice, work, device) if saved else work.batches()
     ddp.register_comm_hook(choice.state, measure.hook)
     save, note = room_for_checkpoint(cfg, folder, model, world)
+    PHASES["set_up"] = time.time()
     return Job(cfg, folder, backend, rank, world, device, work, model, ddp, choice, rule, optimizer,
-               measure, batches, first, save, note)
+               measure, batches, first, save, note, dict(PHASES))
 
 
 def room_for_checkpoint(cfg: RunConfig, folder: store.RunFolder, model: torch.nn.Module,
@@ -224,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun starts the workers in sessions of their own, so nothing that ends it ends them:
     # the kernel does.  torchrun itself dies with the supervisor (``procs.spawn(die_with_caller)``).
     procs.die_with_parent(int(os.environ.get(procs.LAUNCHER_ENV, os.getppid())))
+    PHASES["imported"] = time.time()  # the process started, torch and the lab imported
     try:
         train(run_dir)
     except BaseException as e:
