@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from commlab.config import RunConfig
-from commlab.engine import checkpoint as _checkpoint
 from commlab.engine import launch as _launch
 from commlab.engine.launch import Run, list_runs, open_run
 from commlab.engine.store import GOING, STOPPABLE
@@ -32,7 +31,9 @@ def resume(run_dir, request_id: str | None = None, **overrides) -> Run:
     names it (``Run.resumed_from()``): its settings, with ``overrides`` of those that may change
     (``steps`` counts from its step 0; by default as many steps again).  ConfigError, naming the
     field, before anything starts when it cannot."""
-    return launch(_checkpoint.resume_config(run_dir, **overrides), request_id, resume=run_dir)
+    from commlab.engine.checkpoint import resume_config  # torch: only to open a checkpoint
+
+    return launch(resume_config(run_dir, **overrides), request_id, resume=run_dir)
 
 
 def run(cfg: RunConfig | None = None, timeout: float | None = None, **overrides) -> Run:

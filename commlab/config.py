@@ -636,7 +636,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def _workload_error(workload: str) -> str | None:
-    from commlab.workloads import spec_error
+    from commlab.workload_names import spec_error
 
     return spec_error(workload)
 

@@ -1,8 +1,17 @@
 """The accelerators this machine has, and the one rule that turns backend "auto" into a backend."""
 from __future__ import annotations
 
+import os
+import sys
+
+# A machine with none of these has no GPU driver, so torch would see no GPU: it is not imported to
+# say so (seconds, at every run's start).  NVIDIA's, AMD's (ROCm: torch.cuda too), WSL's.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
 
 def gpu_count() -> int:
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in GPU_DEVICE_FILES):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from commlab.seeds import stream_seed
+from commlab.workload_names import BUILTIN_NAMES, DESCRIPTIONS, spec_error  # noqa: F401 (re-exported)
 
 CONTRACT = ("a workload function must return (model, batches): model a torch.nn.Module, batches a "
             "callable that yields (inputs, targets) tensors for this rank (integer targets: "
@@ -302,12 +303,7 @@ def wide(rank: int = 0, world_size: int = 1, batch_size: int = 8, seed: int = 0,
 
 MODELS = {"charlm": CharLM, "mlp": mlp_model, "cnn": cnn_model, "wide": wide_model}
 BUILTIN = {"charlm": charlm, "mlp": mlp, "cnn": cnn, "wide": wide}
-DESCRIPTIONS = {
-    "charlm": "character-level transformer language model on Python's standard library source",
-    "mlp": "multilayer perceptron classifying synthetic data from a random linear teacher",
-    "cnn": "small convnet classifying procedurally generated pictures of four shapes",
-    "wide": "four 1024x1024 linear layers, small batch: communication dominates the step",
-}
+assert tuple(BUILTIN) == BUILTIN_NAMES  # named, and described, in commlab.workload_names
 
 
 # ---------------------------------------------------------------------------- loading
@@ -351,27 +347,6 @@ def load(spec: str, rank: int = 0, world_size: int = 1, batch_size: int | None =
             and callable(out[1]) and (len(out) == 2 or out[2] is None or callable(out[2]))):
         raise ValueError(f"workload {spec!r} returned {type(out).__name__}; {CONTRACT}")
     return Workload(*out)
-
-
-SPEC_CHARS = 256  # no module:function is longer
-
-
-def spec_error(spec: str) -> str | None:
-    """Why this is not a workload's name, or None, said of the name (its caller quotes it).  It
-    imports and runs nothing, so that a server may ask; ``check`` runs the workload, in a child
-    process (``commlab.engine.workload_probe``)."""
-    if spec in BUILTIN:
-        return None
-    if len(spec) > SPEC_CHARS:
-        return f"is {len(spec):,} characters long: no module:function is longer than {SPEC_CHARS}"
-    module_name, colon, fn_name = spec.partition(":")
-    if not colon:
-        return (f"is not a workload; use a built-in ({', '.join(BUILTIN)}) or module:function "
-                "for your own")
-    if not (all(part.isidentifier() for part in module_name.split(".")) and fn_name.isidentifier()):
-        return ("is not module:function: both must be Python names (a dotted module path, e.g. "
-                "mypackage.models:make)")
-    return None
 
 
 # How long the check draws batches to see that there are enough for the run: a real loader may

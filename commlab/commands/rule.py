@@ -38,11 +38,11 @@ def _rule(args) -> int:
 
 
 def register(sub) -> None:
-    from commlab.workloads import MODELS
+    from commlab.workload_names import BUILTIN_NAMES  # the parser of every command: no torch
 
     p = sub.add_parser("rule", help="which layers PowerSGD compresses, from shapes alone")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", choices=list(MODELS),
+    src.add_argument("--workload", choices=list(BUILTIN_NAMES),
                      help="a built-in workload (built on the meta device)")
     src.add_argument("--module", metavar="MODULE:FUNCTION", help="your module:function workload")
     src.add_argument("--checkpoint", metavar="FILE",

@@ -70,13 +70,16 @@ def _heldout_text(payload: dict) -> str:
 def _run(args: argparse.Namespace) -> int:
     from commlab.api import launch
     from commlab.commands import emit
-    from commlab.engine.checkpoint import resume_config
 
     if args.resume and args.config:
         raise ConfigError({"config": "--resume continues a run with its own settings: give the "
                                      "ones to change (steps, eval_every, ...) as flags"})
-    cfg = (resume_config(args.resume, **{s.name: getattr(args, s.name, None) for s in settings()})
-           if args.resume else config_from_args(args).check())
+    if args.resume:
+        from commlab.engine.checkpoint import resume_config  # torch: only to open a checkpoint
+
+        cfg = resume_config(args.resume, **{s.name: getattr(args, s.name, None) for s in settings()})
+    else:
+        cfg = config_from_args(args).check()
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
     # while the run is still being started (the handle does not exist yet).
     pressed = []
@@ -95,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"run {run.id}: {cfg.label()} on {cfg.world_size} {info['backend']} rank(s) "
               f"({info['hook_impl']} implementation) -> {run.path}", file=sys.stderr)
         _follow(run, cfg.steps)
-    run.wait()
+    run.wait(processes=False)  # its end is recorded: the command returns while the processes exit
     payload = result_payload(run)
     text = result_text(payload) + _heldout_text(payload)
     if payload["error"]:

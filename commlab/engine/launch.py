@@ -63,12 +63,15 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
     ``owner``: what this process is (``"sweep <id>"``), when the run must not outlive it.
     Raises ConfigError."""
     from commlab.config import ConfigError
-    from commlab.engine import checkpoint, workload_probe
+    from commlab.engine import workload_probe
     from commlab.hooks import registry
 
     workload_probe.check(cfg.check())  # a user's workload runs in a child, never here
-    if resume is not None and (errors := checkpoint.resume_errors(cfg, resume)):
-        raise ConfigError(errors)
+    if resume is not None:
+        from commlab.engine import checkpoint  # torch: only to open a checkpoint's files
+
+        if errors := checkpoint.resume_errors(cfg, resume):
+            raise ConfigError(errors)
     backend, why = resolve_backend(cfg)
     impl, impl_reason = registry.plan(cfg, backend)
     run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())
@@ -91,16 +94,18 @@ class Run(store.RunFolder):
         """Still going: starting, running or orphaned."""
         return self.status() in store.GOING
 
-    def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> str:
+    def wait(self, timeout: float | None = None, poll_s: float = 0.2, processes: bool = True) -> str:
         """Block until the run ends (or ``timeout`` seconds pass); returns its status.  An
-        orphaned run is stopped: with no supervisor, nothing would ever end it or record its end."""
+        orphaned run is stopped: with no supervisor, nothing would ever end it or record its end.
+        ``processes`` False returns once the end is recorded, while the run's processes exit (a
+        second or more: their teardown; the supervisor sees them all gone)."""
         def ended() -> bool:
             status = self.status()
             if status == "orphaned":
                 self.stop()
             return status not in store.GOING
 
-        if procs.wait_until(ended, timeout, poll_s):
+        if procs.wait_until(ended, timeout, poll_s) and processes:
             self._wait_for_supervisor()
         return self.status()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from commlab.config import ConfigError, RunConfig
 from commlab.engine import procs
-from commlab.workloads import BUILTIN
+from commlab.workload_names import BUILTIN_NAMES as BUILTIN
 
 # A guard against a hang, not an expected duration: the child imports torch, which has taken
 # tens of seconds on a busy 2-core machine, then the person's module.

@@ -17,7 +17,8 @@ from commlab.config import GROUPS, RunConfig, Setting, applies, settings
 from commlab.engine import launch as engine
 from commlab.engine import workload_probe
 from commlab.hook_specs import POWERSGD_SETTINGS
-from commlab.workloads import BUILTIN, DESCRIPTIONS
+from commlab.workload_names import BUILTIN_NAMES as BUILTIN
+from commlab.workload_names import DESCRIPTIONS
 
 # The Launch form's four columns, each a stack of the table's groups.
 COLUMNS = (("hook", "job"), ("powersgd", "localsgd", "compressors"), ("workload",), ("instrument",))
