@@ -37,8 +37,8 @@ from commlab.engine.teardown import end_process_group
 from commlab.hooks import comm_thread, registry
 from commlab.seeds import stream_seed
 
-# When this rank reached each phase of its start (wall clock): rank 0 records them in meta.json, for
-# benchmarks/startup.py beside the processes' create times.
+# When this rank reached each phase of its start (wall clock): rank 0 records them in meta.json,
+# where benchmarks/startup.py reads them.
 PHASES: dict[str, float] = {}
 
 
