@@ -104,6 +104,9 @@ def test_an_orphaned_run_is_said_so_and_stop_ends_it(tmp_path):
     store.write_json(folder.file("supervisor.json"), {
         **dead, "torchrun_pid": None, "worker_pids": [worker.pid],
         "worker_create_times": {str(worker.pid): alive["create_time"]}})
+    # A forked child shows its parent's command line until it has exec'd (on a busy machine, a
+    # while): what proves it the run's is the folder in its own.
+    procs.wait_until(lambda: me in psutil.Process(worker.pid).cmdline(), 30)
     r = open_run(folder.path)
     rec = r.status_record()
     assert rec["status"] == "orphaned" and "Stop ends them" in rec["error"], rec
