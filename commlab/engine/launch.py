@@ -20,6 +20,7 @@ from pathlib import Path
 from commlab.config import RunConfig, default_runs_dir
 from commlab.devices import pick_backend
 from commlab.engine import procs, store
+from commlab.engine.pool import submit_argv as pool_submit_argv
 from commlab.engine.ranks import loopback_interface
 
 
@@ -56,11 +57,13 @@ def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
 
 
 def prepare(cfg: RunConfig, request_id: str | None = None,
-            resume: str | os.PathLike | None = None, owner: str | None = None) -> store.RunFolder:
+            resume: str | os.PathLike | None = None, owner: str | None = None,
+            pool: str | os.PathLike | None = None) -> store.RunFolder:
     """Validate, then create the run folder, status ``starting`` and owned by this process until
     ``start`` hands it to a supervisor; config.json, the marker, last.  ``resume``: the folder of
     a finished run this one continues from its checkpoint (``commlab.engine.checkpoint``).
     ``owner``: what this process is (``"sweep <id>"``), when the run must not outlive it.
+    ``pool``: the folder of warm ranks (``commlab.engine.pool``) that runs it, in place of torchrun.
     Raises ConfigError."""
     from commlab.config import ConfigError
     from commlab.engine import workload_probe
@@ -80,7 +83,9 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
         "resumed_from": str(Path(resume).resolve()) if resume is not None else None,
-        "command": torchrun_command(cfg, run_dir.resolve()), "created_at": time.time(),
+        "command": (pool_submit_argv(pool, run_dir.resolve()) if pool is not None
+                    else torchrun_command(cfg, run_dir.resolve())),
+        "pool": str(Path(pool).resolve()) if pool is not None else None, "created_at": time.time(),
         "launcher": procs.identity(os.getpid()),
         "owner": {**procs.identity(os.getpid()), "what": owner} if owner else None})
     store.write_json(run_dir / "config.json", cfg.to_dict())
@@ -124,11 +129,13 @@ class Run(store.RunFolder):
 
 
 def start(cfg: RunConfig, request_id: str | None = None,
-          resume: str | os.PathLike | None = None, owner: str | None = None) -> Run:
+          resume: str | os.PathLike | None = None, owner: str | None = None,
+          pool: str | os.PathLike | None = None) -> Run:
     """Start a run in the background and return its folder at once, status ``starting``;
     ``resume``: continue the finished run in that folder (see ``prepare``).  The run outlives
     this process, unless ``owner`` names what this process is (``"sweep <id>"``): then its
-    supervisor stops it once this process has ended.
+    supervisor stops it once this process has ended.  ``pool``: run it on warm ranks
+    (``commlab.engine.pool``).
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
     a second browser tab, another process at the same moment) returns the run the first one
@@ -142,7 +149,7 @@ def start(cfg: RunConfig, request_id: str | None = None,
         if first:
             return Run(first)  # started (or being started) by the first call: never a second supervisor
     try:
-        folder = prepare(cfg, request_id, resume, owner)
+        folder = prepare(cfg, request_id, resume, owner, pool)
     except BaseException:
         if claim:
             claim.unlink(missing_ok=True)  # nothing was started: the id is free again

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import math
 import os
 import sys
@@ -43,6 +44,21 @@ PHASES: dict[str, float] = {}
 
 
 def train(run_dir: Path) -> None:
+    """One run, start to end, in a process group of its own (``commlab.engine.pool`` keeps one
+    group for many runs and calls ``run``)."""
+    folder = store.RunFolder(run_dir)
+    # Collectives time out too, as a backstop behind the supervisor, which calls the run stalled first.
+    timeout = datetime.timedelta(seconds=2 * folder.config().stall_timeout_s + 30)
+    dist.init_process_group(folder.launch_info()["backend"], timeout=timeout)
+    PHASES["process_group"] = time.time()
+    run(run_dir)
+    end_process_group()
+
+
+def run(run_dir: Path) -> None:
+    """One run in the process group this process has joined: setup, the loop, rank 0's record;
+    everything it changed in the process undone as it ends (the communication thread closed, the
+    collectives' counter removed, its objects dropped)."""
     job = setup(run_dir)
     cfg, measure = job.cfg, job.measure
     record = Rank0Record(job) if job.rank == 0 else NoRecord()
@@ -69,7 +85,7 @@ def train(run_dir: Path) -> None:
     comm_thread.close()  # idle by now: DDP waited for every hook's future
     measure.close()
     del job, measure, record  # nothing of Gloo's may outlive its process group
-    end_process_group()
+    gc.collect()
 
 
 def train_step(job: Job, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -118,9 +134,9 @@ class Job:
 
 
 def setup(run_dir: Path) -> Job:
-    """The process group, the workload, DDP, the hook (measured, unless instrument is off), the
-    optimizer, and a resumed run's checkpoint, then the hook registered; and whether the disk has
-    room for the checkpoint."""
+    """In the process group joined: the workload, DDP, the hook (measured, unless instrument is
+    off), the optimizer, and a resumed run's checkpoint, then the hook registered; and whether the
+    disk has room for the checkpoint."""
     folder = store.RunFolder(run_dir)
     cfg, launch = folder.config(), folder.launch_info()
     backend = launch["backend"]
@@ -129,9 +145,6 @@ def setup(run_dir: Path) -> Job:
     device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # Collectives time out too, as a backstop behind the supervisor, which calls the run stalled first.
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=2 * cfg.stall_timeout_s + 30))
-    PHASES["process_group"] = time.time()
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
     torch.manual_seed(stream_seed(cfg.seed, rank))  # each rank its own randomness from here on
@@ -235,14 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(run_dir)
     except BaseException as e:
-        if not isinstance(e, KeyboardInterrupt):
-            rank = int(os.environ.get("RANK", 0))
-            store.write_json(run_dir / f"rank{rank}.error.json", {
-                "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
-                "ranks_gone": _ranks_gone(rank, int(os.environ.get("WORLD_SIZE", 1))),
-                "traceback": traceback.format_exc()})
+        report_failure(run_dir, e)
         raise
     return 0
+
+
+def report_failure(run_dir: Path, e: BaseException) -> None:
+    """This rank's traceback into the run folder, with the ranks already gone (the supervisor
+    names the rank that failed first); called from the ``except`` that caught ``e``."""
+    if not isinstance(e, KeyboardInterrupt):
+        rank = int(os.environ.get("RANK", 0))
+        store.write_json(run_dir / f"rank{rank}.error.json", {
+            "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
+            "ranks_gone": _ranks_gone(rank, int(os.environ.get("WORLD_SIZE", 1))),
+            "traceback": traceback.format_exc()})
 
 
 if __name__ == "__main__":

@@ -490,7 +490,6 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
     (``Sweep.report`` with times predicted on ``cluster``) goes to result.json.
     """
     from commlab.engine.launch import Run
-    from commlab.engine.launch import start as launch
 
     configs = sweep.configs()
     spec = sweep.spec()
@@ -517,41 +516,43 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             p.eta_s = eta(p.fraction, since)
             on_progress(p)
 
-    for i, cfg in enumerate(configs):
-        if i in done:
-            continue
-        if stopped or stopping():
-            stopped = True
-            break
-        report(i, "starting", 0)
-        # The run dies with this process (its supervisor watches it): a sweep killed mid-run
-        # leaves no run training on that a resume would start a second beside.
-        run = launch(cfg, request_id=f"{sweep.id}-{i}-{int(since['time'])}", owner=f"sweep {sweep.id}")
-        entries[i] = {"label": labels[i], "run_dir": str(run.path), "status": run.status()}
-        _write_state(sweep, index=i, runs=_started(entries))
-
-        def look(run=run, i=i) -> bool:
-            """True once the run has ended, or was stopped here."""
-            nonlocal stopped
-            status = run.status()
-            if status not in store.GOING:
-                return True
-            if stopping():
+    launch = _Launcher(sweep, [c for i, c in enumerate(configs) if i not in done])
+    try:
+        for i, cfg in enumerate(configs):
+            if i in done:
+                continue
+            if stopped or stopping():
                 stopped = True
-                run.stop()
-                return True
-            report(i, status, len(run.metrics_records()))
-            return False
+                break
+            report(i, "starting", 0)
+            run = launch(cfg, request_id=f"{sweep.id}-{i}-{int(since['time'])}")
+            entries[i] = {"label": labels[i], "run_dir": str(run.path), "status": run.status()}
+            _write_state(sweep, index=i, runs=_started(entries))
 
-        procs.wait_until(look, interval=poll_s)
-        # The next run starts while this one's processes exit: they are past their last step,
-        # and their exit (seconds on a busy machine) overlaps the next one's start-up instead of
-        # idling the sweep.  Every one is waited for before the sweep ends.
-        status = run.wait() if stopped else run.status()
-        exiting.append(run)
-        entries[i]["status"] = status
-        _write_state(sweep, runs=_started(entries))
-        report(i, status, len(run.metrics_records()))
+            def look(run=run, i=i) -> bool:
+                """True once the run has ended, or was stopped here."""
+                nonlocal stopped
+                status = run.status()
+                if status not in store.GOING:
+                    return True
+                if stopping():
+                    stopped = True
+                    run.stop()
+                    return True
+                report(i, status, len(run.metrics_records()))
+                return False
+
+            procs.wait_until(look, interval=poll_s)
+            # The next run starts while this one's processes exit: they are past their last step,
+            # and their exit (seconds on a busy machine) overlaps the next one's start-up instead of
+            # idling the sweep.  Every one is waited for before the sweep ends.
+            status = run.wait() if stopped else run.status()
+            exiting.append(run)
+            entries[i]["status"] = status
+            _write_state(sweep, runs=_started(entries))
+            report(i, status, len(run.metrics_records()))
+    finally:
+        launch.close()
     for run in exiting:
         run.wait()
     final = "stopped" if stopped else "finished"
@@ -562,6 +563,34 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
         store.write_json(sweep.file(RESULT), {"error": f"{type(e).__name__}: {e}"})
         raise
     return final
+
+
+class _Launcher:
+    """Starts a sweep's runs: on warm ranks (``commlab.engine.pool``) when more than one is to
+    run, the pool started again after a run that ended it (a failure, a stall, a Stop); each run
+    dies with this process (its supervisor watches it), so a sweep killed mid-run leaves no run
+    training on that a resume would start a second beside."""
+
+    def __init__(self, sweep: Sweep, todo: list[RunConfig]):
+        from commlab.engine.launch import resolve_backend
+        from commlab.engine.pool import Pool
+
+        self.sweep = sweep
+        self.pool = (Pool(sweep.file("pool"), todo[0].world_size, resolve_backend(todo[0])[0])
+                     if len(todo) > 1 else None)
+
+    def __call__(self, cfg: RunConfig, request_id: str):
+        from commlab.engine.launch import start, worker_env
+
+        pool = self.pool if self.pool is not None and self.pool.fits(cfg) else None
+        if pool is not None and not pool.alive():
+            pool.start(worker_env(cfg))
+        return start(cfg, request_id=request_id, owner=f"sweep {self.sweep.id}",
+                     pool=pool.path if pool is not None else None)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
 
 def _started(entries: list[dict]) -> list[dict]:

@@ -1,0 +1,90 @@
+"""Warm ranks (commlab/engine/pool.py): runs on a pool of ranks started once give the numbers of
+the same runs started cold, bit for bit (plain allreduce and PowerSGD with several buckets, the
+session's cold runs; a compressor); a run that fails ends as such, named, and the pool starts
+again for the next; a Stop ends the run and the pool; nothing is left running."""
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from commlab.config import RunConfig
+from commlab.engine.launch import start, worker_env
+from commlab.engine.pool import Pool
+
+pytestmark = pytest.mark.slow  # a pool of real ranks
+
+
+def _numbers(run) -> list[tuple]:
+    return [(r["step"], r["loss"], r.get("payload_bytes"), r.get("plain_bytes")) for r in run.metrics_records()]
+
+
+def _pool(tmp_path, cfg: RunConfig) -> Pool:
+    pool = Pool(tmp_path / "pool", cfg.world_size, "gloo")
+    pool.start(worker_env(cfg))
+    return pool
+
+
+def _pool_processes(pool: Pool) -> list:
+    torchrun = pool.path.joinpath("pool.json")
+    import json
+
+    pid = json.loads(torchrun.read_text())["torchrun"]["pid"]
+    try:
+        return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.timeout(900)
+def test_warm_runs_give_the_numbers_of_cold_ones_bit_for_bit(powersgd_run, allreduce_run, tmp_path):
+    cold = [powersgd_run, allreduce_run]
+    cfgs = [RunConfig.from_dict({**r.config_dict(), "runs_dir": str(tmp_path)}) for r in cold]
+    topk = RunConfig(hook="topk", workload="mlp", steps=8, bucket_cap_mb=0.001, runs_dir=str(tmp_path))
+    cold.append(start(topk))
+    assert cold[-1].wait(600) == "finished", cold[-1].status_record()
+    pool = _pool(tmp_path, topk)
+    try:
+        for cfg, cold_run in zip([*cfgs, topk], cold):
+            warm = start(cfg, pool=pool.path)
+            assert warm.wait(600) == "finished", warm.status_record()
+            assert warm.launch_info()["pool"] == str(pool.path.resolve())
+            assert _numbers(warm) == _numbers(cold_run), cfg.hook
+            assert pool.alive()  # the same ranks, run after run
+    finally:
+        pool.close()
+    assert not pool.alive() and not _pool_processes(pool)
+
+
+@pytest.mark.timeout(900)
+def test_a_failing_run_ends_named_and_the_pool_starts_again_for_the_next(tmp_path):
+    crashing = RunConfig(workload="tests.misbehaving_workloads:crashing", steps=50, runs_dir=str(tmp_path))
+    fine = RunConfig(workload="mlp", steps=3, runs_dir=str(tmp_path))
+    pool = _pool(tmp_path, fine)
+    try:
+        failed = start(crashing, pool=pool.path)
+        assert failed.wait(600) == "failed"
+        rec = failed.status_record()
+        assert rec["failed_rank"] == 1 and "ran out of data on purpose" in rec["error"], rec
+        assert not pool.alive()  # a rank failed inside the run: the pool ended with it
+        pool.start(worker_env(fine))
+        nxt = start(fine, pool=pool.path)
+        assert nxt.wait(600) == "finished", nxt.status_record()
+    finally:
+        pool.close()
+    assert not _pool_processes(pool)
+
+
+@pytest.mark.timeout(900)
+def test_a_stop_ends_the_run_and_the_pool(tmp_path):
+    long = RunConfig(workload="mlp", steps=100_000, runs_dir=str(tmp_path))
+    pool = _pool(tmp_path, long)
+    try:
+        run = start(long, pool=pool.path)
+        from commlab.engine import procs
+
+        assert procs.wait_until(lambda: len(run.metrics_records()) > 3, 600), run.status_record()
+        assert run.stop() == "stopped"
+        assert procs.wait_until(lambda: not pool.alive(), 30)
+    finally:
+        pool.close()
+    assert not _pool_processes(pool)
