@@ -9,7 +9,8 @@ import pytest
 
 from commlab.config import RunConfig
 from commlab.engine.launch import start, worker_env
-from commlab.engine.pool import Pool
+from commlab.engine import procs
+from commlab.engine.pool import Pool, torchrun_of
 
 pytestmark = pytest.mark.slow  # a pool of real ranks
 
@@ -25,10 +26,7 @@ def _pool(tmp_path, cfg: RunConfig) -> Pool:
 
 
 def _pool_processes(pool: Pool) -> list:
-    torchrun = pool.path.joinpath("pool.json")
-    import json
-
-    pid = json.loads(torchrun.read_text())["torchrun"]["pid"]
+    pid = torchrun_of(pool.path)["pid"]
     try:
         return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -43,6 +41,7 @@ def test_warm_runs_give_the_numbers_of_cold_ones_bit_for_bit(powersgd_run, allre
     cold.append(start(topk))
     assert cold[-1].wait(600) == "finished", cold[-1].status_record()
     pool = _pool(tmp_path, topk)
+    ranks = set()
     try:
         for cfg, cold_run in zip([*cfgs, topk], cold):
             warm = start(cfg, pool=pool.path)
@@ -50,6 +49,8 @@ def test_warm_runs_give_the_numbers_of_cold_ones_bit_for_bit(powersgd_run, allre
             assert warm.launch_info()["pool"] == str(pool.path.resolve())
             assert _numbers(warm) == _numbers(cold_run), cfg.hook
             assert pool.alive()  # the same ranks, run after run
+            ranks = ranks or set(warm.supervisor()["worker_pids"])
+            assert set(warm.supervisor()["worker_pids"]) == ranks and len(ranks) == cfg.world_size
     finally:
         pool.close()
     assert not pool.alive() and not _pool_processes(pool)
@@ -80,11 +81,13 @@ def test_a_stop_ends_the_run_and_the_pool(tmp_path):
     pool = _pool(tmp_path, long)
     try:
         run = start(long, pool=pool.path)
-        from commlab.engine import procs
-
         assert procs.wait_until(lambda: len(run.metrics_records()) > 3, 600), run.status_record()
+        ranks = {p.pid for p in _pool_processes(pool)[1:]}
+        # Its supervisor knows the pool's ranks as the run's, for a Stop (and a person) to see.
+        assert set(run.supervisor()["worker_pids"]) == ranks and len(ranks) == long.world_size
         assert run.stop() == "stopped"
         assert procs.wait_until(lambda: not pool.alive(), 30)
+        assert not [pid for pid in ranks if psutil.pid_exists(pid)]
     finally:
         pool.close()
     assert not _pool_processes(pool)

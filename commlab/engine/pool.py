@@ -74,7 +74,7 @@ class Pool:
         """Ask the ranks to leave after the run in hand; end them if they do not; reap torchrun."""
         if self.alive():
             (self.path / "close").touch()
-            pid = _torchrun(self.path)["pid"]
+            pid = torchrun_of(self.path)["pid"]
             if not procs.wait_until(lambda: not self.alive(), timeout):
                 procs.kill_tree(pid)
         child, self._child = getattr(self, "_child", None), None
@@ -82,12 +82,13 @@ class Pool:
             child.wait(timeout=10)
 
 
-def _torchrun(pool_dir: Path) -> dict:
+def torchrun_of(pool_dir: Path) -> dict:
+    """The identity (pid, create_time) of the torchrun serving ``pool_dir``; {} before one."""
     return store.read_json(pool_dir / "pool.json", {}).get("torchrun", {})
 
 
 def _alive(pool_dir: Path) -> bool:
-    torchrun = _torchrun(pool_dir)
+    torchrun = torchrun_of(pool_dir)
     return procs.alive(torchrun.get("pid"), torchrun.get("create_time"))
 
 
@@ -102,7 +103,7 @@ def submit(pool_dir: Path, run_dir: Path) -> int:
 
     def end_the_pool(*_) -> None:  # its ranks are inside this run: nothing else ends it
         if _alive(pool_dir):
-            procs.kill_tree(_torchrun(pool_dir)["pid"], grace_s=2)
+            procs.kill_tree(torchrun_of(pool_dir)["pid"], grace_s=2)
         raise SystemExit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, end_the_pool)

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from commlab.engine import procs, store
+from commlab.engine.pool import torchrun_of as pool_torchrun
 
 POLL_S = 0.2
 # Listing the process tree reads every process on the machine (2.6 ms of CPU with 137 of them,
@@ -60,7 +61,10 @@ def supervise(run_dir: Path) -> int:
         ending = {"status": "failed", "error": f"the supervisor failed, so it ended the run: "
                                                f"{type(e).__name__}: {e}"}
     if child is not None:
-        _end_all(child, watch.workers if watch else {})
+        # The ranks are ended unless the command ended well: a cold run's are gone by then, and a
+        # run on warm ranks leaves its pool's for the next run.
+        ended_well = ending is None and child.returncode == 0
+        _end_all(child, watch.workers if watch and not ended_well else {})
     _record_end(folder, ending, child.returncode if child else None)
     return 0
 
@@ -91,6 +95,11 @@ class Watch:
                    "torchrun_create_time": torchrun["create_time"], "up_at": time.time()}
         self.cfg = folder.config()
         self.owner = folder.launch_info().get("owner")  # a process the run must not outlive
+        # Whose children the ranks are: torchrun's, or on warm ranks the pool's torchrun's.
+        pool = folder.launch_info().get("pool")
+        served = pool_torchrun(Path(pool)) if pool else {}
+        self.ranks_parent = (child.pid if not pool else served["pid"]
+                             if procs.alive(served.get("pid"), served.get("create_time")) else None)
         self.workers: dict[int, float] = {}  # pid -> create time, so a reused PID is never taken for one
         self.last_progress, self.last_size, self.crash_seen = time.time(), 0, None
         self.next_listing = 0.0
@@ -107,7 +116,8 @@ class Watch:
             return True
         now = time.time()
         if len(self.workers) < self.cfg.world_size or now >= self.next_listing:
-            known = {p.pid: p.create_time() for p in procs.tree(self.child.pid)[1:]}
+            known = ({p.pid: p.create_time() for p in procs.tree(self.ranks_parent)[1:]}
+                     if self.ranks_parent else {})
             if known.keys() - self.workers.keys():
                 self.workers |= known
                 self._record()
