@@ -3,7 +3,7 @@
     python -m commlab.engine.torchrun --nproc-per-node 3 --rdzv-backend c10d \
         --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 tests/hook_matrix.py OUT.json
 
-(tests/test_engine.py builds that line with the engine's ``launch.torchrun_argv``, as runs do.)
+(tests/test_engine.py builds that line with the engine's ``commands.torchrun_argv``, as runs do.)
 
 One torchrun job covers every combination (start-up costs seconds here).  Rank 0 writes, per
 combination: the implementation used, the number of buckets after DDP's rebuild, the bytes

@@ -8,8 +8,8 @@ import psutil
 import pytest
 
 from commlab.config import RunConfig
-from commlab.engine.launch import start, worker_env
 from commlab.engine import procs
+from commlab.engine.launch import start, worker_env
 from commlab.engine.pool import Pool, torchrun_of
 
 pytestmark = pytest.mark.slow  # a pool of real ranks

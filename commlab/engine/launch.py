@@ -1,6 +1,6 @@
 """Starting and stopping runs.
 
-``torchrun_command`` is pure and tested on its own, as Accelerate builds its launch command;
+The commands are pure (``commlab.engine.commands``) and tested on their own;
 ``start`` is the one place that starts a run: it writes the run folder's first files (status
 ``starting``, launch.json with the exact command) and spawns a detached supervisor
 (``commlab.engine.supervisor``), whose PID and create time it records at once; the supervisor
@@ -20,7 +20,7 @@ from pathlib import Path
 from commlab.config import RunConfig, default_runs_dir
 from commlab.devices import pick_backend
 from commlab.engine import procs, store
-from commlab.engine.pool import submit_argv as pool_submit_argv
+from commlab.engine.commands import run_argv, submit_argv
 from commlab.engine.ranks import loopback_interface
 
 
@@ -31,16 +31,7 @@ def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
 
 def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:
     """The exact argv that runs a run's workers (recorded in launch.json, run by the supervisor)."""
-    return torchrun_argv(cfg.world_size, ["-m", "commlab.engine.worker", str(run_dir)], python)
-
-
-def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable) -> list[str]:
-    """torchrun (its stores kept on loopback, see ``commlab.engine.torchrun``) running
-    ``program`` on ``nproc`` ranks: one node, rendezvous at 127.0.0.1 on a free port, no restarts."""
-    return [python, "-m", "commlab.engine.torchrun",
-            "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-            "--max-restarts", "0", "--monitor-interval", "0.5", *program]
+    return run_argv(cfg.world_size, run_dir, python)
 
 
 def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
@@ -83,7 +74,7 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
         "resumed_from": str(Path(resume).resolve()) if resume is not None else None,
-        "command": (pool_submit_argv(pool, run_dir.resolve()) if pool is not None
+        "command": (submit_argv(pool, run_dir.resolve()) if pool is not None
                     else torchrun_command(cfg, run_dir.resolve())),
         "pool": str(Path(pool).resolve()) if pool is not None else None, "created_at": time.time(),
         "launcher": procs.identity(os.getpid()),

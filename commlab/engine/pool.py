@@ -29,7 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+from commlab.devices import pick_backend
 from commlab.engine import procs, store
+from commlab.engine.commands import pool_argv
 
 POLL_S = 0.02  # rank 0, between runs: how soon it sees the next
 SUBMIT_POLL_S = 0.1  # a run's command, while the run trains: how soon it sees the run done
@@ -45,9 +47,7 @@ class Pool:
 
     def fits(self, cfg) -> bool:
         """Whether a run of ``cfg`` can run here: the same ranks and backend."""
-        from commlab.engine.launch import resolve_backend
-
-        return cfg.world_size == self.world_size and resolve_backend(cfg)[0] == self.backend
+        return cfg.world_size == self.world_size and pick_backend(cfg.backend, cfg.world_size)[0] == self.backend
 
     def alive(self) -> bool:
         return _alive(self.path)
@@ -55,16 +55,13 @@ class Pool:
     def start(self, env: dict) -> None:
         """A new torchrun job serving this folder, dying with this process; the old queue cleared
         (and the old job, ended, reaped)."""
-        from commlab.engine.launch import torchrun_argv
-
         self.close()
         for sub in ("queue", "done"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
             for f in (self.path / sub).iterdir():
                 f.unlink()
         (self.path / "close").unlink(missing_ok=True)
-        argv = torchrun_argv(self.world_size, ["-m", __name__, "serve", str(self.path.resolve())])
-        child = procs.spawn(argv, log=self.path / "launcher.log", die_with_caller=True,
+        child = procs.spawn(pool_argv(self.world_size, self.path), log=self.path / "launcher.log", die_with_caller=True,
                             env={**env, procs.TORCHRUN_RECORD_ENV: str(self.path / "torchrun.json")})
         store.write_json(self.path / "pool.json", {"world_size": self.world_size, "backend": self.backend,
                                                    "torchrun": procs.identity(child.pid)})
@@ -90,11 +87,6 @@ def torchrun_of(pool_dir: Path) -> dict:
 def _alive(pool_dir: Path) -> bool:
     torchrun = torchrun_of(pool_dir)
     return procs.alive(torchrun.get("pid"), torchrun.get("create_time"))
-
-
-def submit_argv(pool_dir: str | os.PathLike, run_dir: str | os.PathLike) -> list[str]:
-    """The command a pooled run's supervisor runs in place of torchrun (launch.json's)."""
-    return [sys.executable, "-m", __name__, "submit", str(Path(pool_dir).resolve()), str(run_dir)]
 
 
 # ---------------------------------------------------------------------------- a run's command
