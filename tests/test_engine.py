@@ -51,7 +51,7 @@ def test_torchrun_command_is_loopback_and_exact(tmp_path):
     assert cmd == ["py", "-m", "commlab.engine.torchrun", "--nnodes", "1", "--nproc-per-node", "3",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                    "--local-addr", "127.0.0.1", "--max-restarts",
-                   "0", "--monitor-interval", "0.5", "-m", "commlab.engine.worker", str(tmp_path)]
+                   "0", "--monitor-interval", "0.2", "-m", "commlab.engine.worker", str(tmp_path)]
 
 
 def test_powersgd_run_folder(powersgd_run):

@@ -13,7 +13,7 @@ def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable) 
     return [python, "-m", "commlab.engine.torchrun",
             "--nnodes", "1", "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-            "--max-restarts", "0", "--monitor-interval", "0.5", *program]
+            "--max-restarts", "0", "--monitor-interval", "0.2", *program]
 
 
 def run_argv(world_size: int, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:

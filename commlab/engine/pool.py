@@ -160,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    procs.exit_now(main())  # a failure raises out of main: Python reports it and exits 1

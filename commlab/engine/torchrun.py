@@ -14,7 +14,6 @@ that each can die with it; and when the workers fail, torchrun's own record of h
 (exit code or signal, when it saw it) is written to the file ``procs.TORCHRUN_RECORD_ENV`` names, if it is set.
 """
 import os
-import sys
 from pathlib import Path
 
 import torch.distributed as dist
@@ -58,4 +57,4 @@ def _write_record(path: str, e: ChildFailedError) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    procs.exit_now(main())  # a failure raises out of main: Python reports it and exits 1

@@ -265,4 +265,4 @@ def report_failure(run_dir: Path, e: BaseException) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    procs.exit_now(main())  # a failure raises out of main: Python reports it and exits 1
