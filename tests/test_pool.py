@@ -91,3 +91,20 @@ def test_a_stop_ends_the_run_and_the_pool(tmp_path):
     finally:
         pool.close()
     assert not _pool_processes(pool)
+
+
+@pytest.mark.timeout(900)
+def test_a_comparison_runs_its_hooks_on_one_pool_and_leaves_nothing(tmp_path, capsys):
+    from commlab.cli import main
+    from commlab.engine.launch import POOLS, list_runs
+
+    assert main(["compare", "--hooks", "allreduce,noop", "--workload", "mlp", "--steps", "3",
+                 "--eval-every", "0", "--runs-dir", str(tmp_path), "--json"]) == 0
+    runs = list_runs(tmp_path)
+    assert sorted(r.config().hook for r in runs) == ["allreduce", "noop"]
+    assert all(r.status() == "finished" for r in runs), [r.status_record() for r in runs]
+    assert len({r.launch_info()["pool"] for r in runs} - {None}) == 1  # both on the same ranks
+    assert {r.launch_info()["owner"]["what"] for r in runs} == {"comparison"}
+    ranks = {pid for r in runs for pid in r.supervisor()["worker_pids"]}
+    assert len(ranks) == 2 and not [pid for pid in ranks if psutil.pid_exists(pid)]
+    assert not list((tmp_path / POOLS).iterdir())  # its pool's folder went with it

@@ -44,19 +44,21 @@ def _hooks(text: str) -> list[str]:
 
 
 def _run_hooks(args: argparse.Namespace) -> list:
-    from commlab.api import run
+    from commlab.engine.launch import Batch
 
     base = config_from_args(args, axes=("hook",))
     # Every configuration is checked before the first run starts.
     configs = [base.with_overrides(hook=h).check() for h in _hooks(args.hook)]
     done = []
-    for i, cfg in enumerate(configs, 1):
-        print(f"[{i}/{len(configs)}] {cfg.label()}: {cfg.steps} steps on {cfg.world_size} ranks",
-              file=sys.stderr, flush=True)
-        r = run(cfg)
-        if r.status() != "finished":
-            print(f"  {r.id} ended {r.status()}: {r.status_record().get('error')}", file=sys.stderr)
-        done.append(r)
+    with Batch("comparison", warm=len(configs) > 1) as batch:
+        for i, cfg in enumerate(configs, 1):
+            print(f"[{i}/{len(configs)}] {cfg.label()}: {cfg.steps} steps on {cfg.world_size} ranks",
+                  file=sys.stderr, flush=True)
+            r = batch.start(cfg)
+            r.wait()
+            if r.status() != "finished":
+                print(f"  {r.id} ended {r.status()}: {r.status_record().get('error')}", file=sys.stderr)
+            done.append(r)
     return done
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +23,10 @@ from commlab.config import RunConfig, default_runs_dir
 from commlab.devices import pick_backend
 from commlab.engine import procs, store
 from commlab.engine.commands import run_argv, submit_argv
+from commlab.engine.pool import Pool
 from commlab.engine.ranks import loopback_interface
+
+POOLS = ".pools"  # in the runs folder: the warm ranks of a comparison or a headroom measurement
 
 
 def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
@@ -159,6 +164,54 @@ def start(cfg: RunConfig, request_id: str | None = None,
             "status": "failed", "step": None, "error": f"the supervisor could not be started: {e!r}"})
         raise
     return Run(folder.path)
+
+
+class Batch:
+    """Runs that one process starts one after another (a sweep, a comparison, a headroom
+    measurement), each an ordinary run (``start``) but on warm ranks (``commlab.engine.pool``):
+    the pool for its world size and backend is started at the first run that needs it and again
+    after a run that ended it (a failure, a stall, a Stop); one pool at a time, so that idle ranks
+    never hold memory beside a run's.  Every run dies with this process (``owner``), as its pool
+    does.  ``warm`` False starts every run cold (one run gains nothing from a pool).  ``folder``
+    keeps the pools' folders (a sweep's); by default a folder under the runs folder, removed by
+    ``close``.  A context manager: ``close`` ends the pool and waits for it."""
+
+    def __init__(self, owner: str, folder: str | os.PathLike | None = None, warm: bool = True):
+        self.owner, self.folder, self.warm = owner, folder, warm
+        self.pool: Pool | None = None
+        self._made: Path | None = None  # a folder of its own, removed by close
+
+    def start(self, cfg: RunConfig, request_id: str | None = None) -> Run:
+        pool = self._pool(cfg) if self.warm else None
+        return start(cfg, request_id=request_id, owner=self.owner, pool=pool.path if pool else None)
+
+    def _pool(self, cfg: RunConfig) -> Pool:
+        world, backend = cfg.world_size, resolve_backend(cfg)[0]
+        if self.pool is not None and (self.pool.world_size, self.pool.backend) != (world, backend):
+            self.pool.close()
+            self.pool = None
+        if self.pool is None:
+            if self.folder is None:
+                (Path(cfg.runs_dir) / POOLS).mkdir(parents=True, exist_ok=True)
+                self.folder = self._made = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-",
+                                                                 dir=Path(cfg.runs_dir) / POOLS))
+            self.pool = Pool(Path(self.folder) / f"{world}-{backend}", world, backend)
+        if not self.pool.alive():
+            self.pool.start(worker_env(cfg))
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        if self._made is not None:
+            shutil.rmtree(self._made, ignore_errors=True)
+            self.folder = self._made = None
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _claim_path(runs_dir: str | os.PathLike, request_id: str) -> Path:

@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-from commlab.devices import pick_backend
 from commlab.engine import procs, store
 from commlab.engine.commands import pool_argv
 
@@ -44,10 +43,6 @@ class Pool:
 
     def __init__(self, path: str | os.PathLike, world_size: int, backend: str):
         self.path, self.world_size, self.backend = Path(path), world_size, backend
-
-    def fits(self, cfg) -> bool:
-        """Whether a run of ``cfg`` can run here: the same ranks and backend."""
-        return cfg.world_size == self.world_size and pick_backend(cfg.backend, cfg.world_size)[0] == self.backend
 
     def alive(self) -> bool:
         return _alive(self.path)

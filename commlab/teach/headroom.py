@@ -93,22 +93,23 @@ def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2
     base = {"workload": workload, "steps": steps, "world_size": world_size, **settings}
     configs = {hook: RunConfig.from_dict({**base, "hook": hook}, "headroom settings").check()
                for hook in ("allreduce", "noop")}
+    from commlab.engine.launch import Batch
+
     times, run_ids = {}, {}
-    for hook, cfg in configs.items():
-        run = _run_to_end(cfg, timeout_s)
-        steady = metrics.steady_rows(run.metrics_records(), run.config_dict(), warmup=skip)
-        if not steady:
-            raise RuntimeError(f"the {hook} run has no steady step from step {skip} on (run folder "
-                               f"{run.path})")
-        times[hook], run_ids[hook] = metrics.median(steady, "step_s"), run.id
+    with Batch("headroom measurement") as batch:  # the two runs on the same warm ranks
+        for hook, cfg in configs.items():
+            run = _run_to_end(batch, cfg, timeout_s)
+            steady = metrics.steady_rows(run.metrics_records(), run.config_dict(), warmup=skip)
+            if not steady:
+                raise RuntimeError(f"the {hook} run has no steady step from step {skip} on (run folder "
+                                   f"{run.path})")
+            times[hook], run_ids[hook] = metrics.median(steady, "step_s"), run.id
     return Headroom(workload, world_size, steps, skip, times["allreduce"], times["noop"],
                     **read_headroom(times["allreduce"], times["noop"]), run_ids=run_ids)
 
 
-def _run_to_end(cfg, timeout_s: float):
-    from commlab.engine.launch import start as launch
-
-    run = launch(cfg)
+def _run_to_end(batch, cfg, timeout_s: float):
+    run = batch.start(cfg)
     try:
         status = run.wait(timeout_s)
     except BaseException:  # interrupted (Ctrl-C, a page left, a test timeout): stop the run too

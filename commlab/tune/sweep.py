@@ -489,7 +489,7 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
     between polls beside the stop flag (a CLI's Ctrl-C, a test).  As it ends, what it found
     (``Sweep.report`` with times predicted on ``cluster``) goes to result.json.
     """
-    from commlab.engine.launch import Run
+    from commlab.engine.launch import Batch, Run
 
     configs = sweep.configs()
     spec = sweep.spec()
@@ -516,7 +516,9 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             p.eta_s = eta(p.fraction, since)
             on_progress(p)
 
-    launch = _Launcher(sweep, [c for i, c in enumerate(configs) if i not in done])
+    # Its runs die with this process (their supervisors watch it), so a sweep killed mid-run
+    # leaves no run training on that a resume would start a second beside.
+    launch = Batch(f"sweep {sweep.id}", sweep.file("pool"), warm=len(configs) - len(done) > 1)
     try:
         for i, cfg in enumerate(configs):
             if i in done:
@@ -525,7 +527,7 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
                 stopped = True
                 break
             report(i, "starting", 0)
-            run = launch(cfg, request_id=f"{sweep.id}-{i}-{int(since['time'])}")
+            run = launch.start(cfg, request_id=f"{sweep.id}-{i}-{int(since['time'])}")
             entries[i] = {"label": labels[i], "run_dir": str(run.path), "status": run.status()}
             _write_state(sweep, index=i, runs=_started(entries))
 
@@ -563,34 +565,6 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
         store.write_json(sweep.file(RESULT), {"error": f"{type(e).__name__}: {e}"})
         raise
     return final
-
-
-class _Launcher:
-    """Starts a sweep's runs: on warm ranks (``commlab.engine.pool``) when more than one is to
-    run, the pool started again after a run that ended it (a failure, a stall, a Stop); each run
-    dies with this process (its supervisor watches it), so a sweep killed mid-run leaves no run
-    training on that a resume would start a second beside."""
-
-    def __init__(self, sweep: Sweep, todo: list[RunConfig]):
-        from commlab.engine.launch import resolve_backend
-        from commlab.engine.pool import Pool
-
-        self.sweep = sweep
-        self.pool = (Pool(sweep.file("pool"), todo[0].world_size, resolve_backend(todo[0])[0])
-                     if len(todo) > 1 else None)
-
-    def __call__(self, cfg: RunConfig, request_id: str):
-        from commlab.engine.launch import start, worker_env
-
-        pool = self.pool if self.pool is not None and self.pool.fits(cfg) else None
-        if pool is not None and not pool.alive():
-            pool.start(worker_env(cfg))
-        return start(cfg, request_id=request_id, owner=f"sweep {self.sweep.id}",
-                     pool=pool.path if pool is not None else None)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
 
 
 def _started(entries: list[dict]) -> list[dict]:
