@@ -63,30 +63,67 @@ def one_run(argv: list[str], runs_dir: Path) -> dict[str, float]:
             "returned": returned}
 
 
+COLD_RUNS = """
+import sys
+from commlab.engine.launch import Batch
+from commlab.tune import sweep as sw
+spec = sw.SweepSpec.from_dict(__import__("json").loads(sys.argv[1]))
+with Batch("benchmark", warm=False) as batch:
+    for cfg in sw.grid(spec):
+        batch.start(cfg).wait(processes=False)
+"""
+
+
 def sweep_cost(n: int, argv: list[str], rounds: int) -> None:
-    """A sweep of ``n`` runs against one run of the same job, ABAB."""
+    """A sweep of ``n`` runs (on warm ranks) against the same ``n`` runs started cold one after
+    another (as sweeps ran before warm ranks) and against one run of the same job, in turn."""
     sweep_argv = [*argv, "--matrix-approximation-rank", "1", "--start-powersgd-iter", "0",
                   "--no-use-error-feedback", "--no-warm-start", "--repeats", str(n), "--no-baseline"]
-    one, whole, overhead = [], [], []
+    took: dict[str, list[float]] = {"one run": [], "sweep, warm ranks": [], "the same runs, cold": []}
+    overhead: dict[str, list[float]] = {k: [] for k in took}
+    between: list[float] = []
     with tempfile.TemporaryDirectory(prefix="commlab-sweep-cost-") as tmp:
         for k in range(rounds):
             runs_dir = Path(tmp) / str(k)
-            t0 = time.monotonic()
-            subprocess.run([sys.executable, "-m", "commlab", "run", *argv, "--runs-dir", str(runs_dir),
-                            "--json"], capture_output=True, check=True, cwd=ROOT, timeout=600)
-            one.append(time.monotonic() - t0)
-            t0 = time.monotonic()
-            subprocess.run([sys.executable, "-m", "commlab", "sweep", *sweep_argv, "--runs-dir",
-                            str(runs_dir / "sweep"), "--json"], capture_output=True, check=True, cwd=ROOT,
-                           timeout=1800)
-            whole.append(time.monotonic() - t0)
-            trained = sum(store.RunFolder(p).metrics_records()[-1]["t"]
-                          for p in (runs_dir / "sweep").glob("2*") if (p / "config.json").exists())
-            overhead.append((whole[-1] - trained) / n)
-    print(f"\nsweep of {n} runs of {argv[argv.index('--steps') + 1]} steps against one run, {rounds} rounds:")
-    print(f"  one run {statistics.median(one):.1f} s; the sweep {statistics.median(whole):.1f} s = "
-          f"{statistics.median(w / o for w, o in zip(whole, one)):.2f}x one run; overhead per run "
-          f"{statistics.median(overhead):.1f} s")
+            jobs = {
+                "one run": ([sys.executable, "-m", "commlab", "run", *argv, "--json"], runs_dir / "one"),
+                "sweep, warm ranks": ([sys.executable, "-m", "commlab", "sweep", *sweep_argv, "--json"],
+                                      runs_dir / "warm"),
+                "the same runs, cold": ([sys.executable, "-c", COLD_RUNS, json.dumps(_spec(sweep_argv, runs_dir / "cold"))],
+                                        runs_dir / "cold")}
+            for name, (command, where) in jobs.items():
+                if "--json" in command:
+                    command = [*command, "--runs-dir", str(where)]
+                t0 = time.monotonic()
+                subprocess.run(command, capture_output=True, check=True, cwd=ROOT, timeout=1800)
+                took[name].append(time.monotonic() - t0)
+                runs = _runs(where)
+                trained = sum(r.metrics_records()[-1]["t"] for r in runs)
+                overhead[name].append((took[name][-1] - trained) / len(runs))
+                if name == "sweep, warm ranks":
+                    between += [b.meta()["phases"]["set_up"] - a.status_record()["at"] for a, b in zip(runs, runs[1:])]
+    one = statistics.median(took["one run"])
+    print(f"\n{n} runs of {argv[argv.index('--steps') + 1]} steps, {rounds} rounds, medians "
+          f"(load {os.getloadavg()[0]:.1f}):")
+    for name in took:
+        print(f"  {name:<22} {statistics.median(took[name]):6.1f} s = {statistics.median(took[name]) / one:4.2f}x "
+              f"one run; beyond its steps {statistics.median(overhead[name]):.2f} s a run")
+    print(f"  on warm ranks, from a run's recorded end to the next one set up: median "
+          f"{statistics.median(between):.2f} s (max {max(between):.2f})")
+
+
+def _spec(sweep_argv: list[str], runs_dir: Path) -> dict:
+    from commlab.cli import build_parser
+    from commlab.commands.sweep import spec_from_args
+
+    args = build_parser().parse_args(["sweep", *sweep_argv, "--runs-dir", str(runs_dir)])
+    return spec_from_args(args).to_dict()
+
+
+def _runs(where: Path) -> list:
+    """The run folders under ``where`` (a sweep's too), in the order they were started."""
+    runs = [store.RunFolder(p.parent) for p in where.glob("*/config.json")]
+    return sorted(runs, key=lambda r: r.launch_info()["created_at"])
 
 
 def main() -> None:

@@ -481,7 +481,7 @@ def _frame(rows: list[dict]):
 
 
 def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
-            should_stop: Callable[[], bool] | None = None, poll_s: float = 0.2,
+            should_stop: Callable[[], bool] | None = None, poll_s: float = 0.05,
             cluster: quality.Cluster = quality.Cluster()) -> str:
     """Run the sweep's runs here, one after another; returns "finished" or "stopped".
 
@@ -531,9 +531,11 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             entries[i] = {"label": labels[i], "run_dir": str(run.path), "status": run.status()}
             _write_state(sweep, index=i, runs=_started(entries))
 
-            def look(run=run, i=i) -> bool:
+            steps, steps_done = run.metrics_tail(keep=("step",)), 0  # read as they come: polled often
+
+            def look(run=run, i=i, steps=steps) -> bool:
                 """True once the run has ended, or was stopped here."""
-                nonlocal stopped
+                nonlocal stopped, steps_done
                 status = run.status()
                 if status not in store.GOING:
                     return True
@@ -541,7 +543,8 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
                     stopped = True
                     run.stop()
                     return True
-                report(i, status, len(run.metrics_records()))
+                steps_done += len(steps.read_new())
+                report(i, status, steps_done)
                 return False
 
             procs.wait_until(look, interval=poll_s)
