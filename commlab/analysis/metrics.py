@@ -38,7 +38,12 @@ def first_steady_step(cfg: dict, warmup: int = WARMUP_STEPS) -> int:
 def steady_rows(records: Sequence[dict], cfg: dict, warmup: int = WARMUP_STEPS) -> list[dict]:
     """A run's steady steps (see the module's docstring); empty while it has none."""
     first = first_steady_step(cfg, warmup)
-    return [r for r in records if r["step"] >= first and math.isfinite(r.get("loss", 0.0))]
+    return [r for r in records if is_steady(r, first)]
+
+
+def is_steady(record: dict, first: int) -> bool:
+    """Whether a step record is steady, ``first`` being ``first_steady_step``'s answer."""
+    return record["step"] >= first and math.isfinite(record.get("loss", 0.0))
 
 
 def median(rows: Sequence[dict], key: str) -> float | None:
@@ -57,7 +62,7 @@ def final_loss(records: Sequence[dict], window: int = 1) -> float | None:
 
 
 def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
-             bytes_over_run: bool = False) -> dict:
+             bytes_over_run: bool = False, steady: Sequence[dict] | None = None) -> dict:
     """A run's final_loss (``final_loss`` over ``final_window`` steps), median_step_s and
     bytes_per_step (medians over its steady steps), and steady_steps, how many those are.
 
@@ -66,8 +71,9 @@ def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
     steady steps come in (steady_steps 0 says they have not yet).  ``bytes_over_run`` divides all
     the bytes the hook handed over by all the steps instead: PowerSGD's allreduce steps before
     ``start_powerSGD_iter`` then count, as they must where that setting is compared (a sweep).
+    ``steady``: ``steady_rows(records, cfg)`` when the caller keeps them (a live view, as they come).
     """
-    steady = steady_rows(records, cfg)
+    steady = steady_rows(records, cfg) if steady is None else steady
     rows = steady or list(records)
     if bytes_over_run:
         nbytes = (sum(r.get("payload_bytes", 0) for r in records) / len(records)
@@ -92,13 +98,14 @@ def cumulative_compression_ratio(records: Sequence[dict]) -> float | None:
     return records[-1].get("compression_ratio") if records else None
 
 
-def steady_compression_ratio(records: Sequence[dict], cfg: dict) -> float | None:
+def steady_compression_ratio(records: Sequence[dict], cfg: dict,
+                             steady: Sequence[dict] | None = None) -> float | None:
     """Plain over sent bytes summed over the steady steps only: the ratio the hook runs at. For
     the per-tensor PowerSGD hook it equals the rule's prediction from the shapes (both count P
     and Q, (n + m)·r elements, for a compressed tensor and every element of the others); the
     batched hook compresses a whole bucket as one padded square matrix instead, so its ratio
-    differs. None without steady steps or instrumentation."""
-    steady = steady_rows(records, cfg)
+    differs. None without steady steps or instrumentation.  ``steady``: as ``headline``'s."""
+    steady = steady_rows(records, cfg) if steady is None else steady
     if not steady or "plain_bytes" not in steady[0]:
         return None
     sent = sum(r["payload_bytes"] for r in steady)

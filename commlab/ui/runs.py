@@ -41,24 +41,24 @@ def chart_rows(steps: np.ndarray, columns: dict[str, np.ndarray], points: int = 
 
 
 class LiveView:
-    """One run as it goes: ``poll`` appends only the metric lines written since the last poll."""
+    """One run as it goes: ``poll`` appends only the metric lines written since the last poll, and
+    a refresh's work (``headline``, ``frame``) does not grow with the run's length."""
 
     def __init__(self, path: str | Path):
         self.run = open_run(path)
         self._tail = self.run.metrics_tail()
         self.rows: list[dict] = []
-        self._charted: dict[str, list] = {}  # step and CHARTED, by column
+        self._steady: list[dict] = []  # metrics.steady_rows of rows, kept as they come
+        self._first_steady = metrics.first_steady_step(self.run.config_dict())
+        self._charted = _Columns()  # step and CHARTED
         self._evals_tail = self.run.evals_tail()
         self.evals: list[dict] = []  # the held-out evaluations so far (``RunFolder.evals``)
 
     def poll(self) -> int:
         new = self._tail.read_new()
         self.rows.extend(new)
-        if new and not self._charted:  # every record has the first one's fields (store.step_check)
-            self._charted = {k: [] for k in ("step", *CHARTED) if k in new[0]}
-        for r in new:  # the charted columns, kept as they come: a refresh reads them whole
-            for k, column in self._charted.items():
-                column.append(r.get(k))
+        self._steady.extend(r for r in new if metrics.is_steady(r, self._first_steady))
+        self._charted.extend(new, ("step", *CHARTED))
         self.evals.extend(self._evals_tail.read_new())
         return len(new)
 
@@ -75,15 +75,18 @@ class LiveView:
         return self._tail.skipped
 
     def frame(self, bounded: bool = True):
-        """The rows as a DataFrame; ``bounded``: only those the live charts draw (``chart_rows``),
-        so that what a refresh builds and sends does not grow with the run."""
+        """The rows as a DataFrame; ``bounded``: only those the live charts draw (``chart_rows``)
+        and only the charted columns, so that what a refresh builds and sends does not grow with
+        the run."""
         import pandas as pd
 
-        if not bounded or len(self.rows) <= CHART_POINTS:
+        if not bounded:
             return pd.DataFrame(self.rows)
-        steps = np.asarray(self._charted["step"], dtype=np.int64)
-        columns = {k: np.asarray(v, dtype=float) for k, v in self._charted.items() if k != "step"}
-        return pd.DataFrame([self.rows[i] for i in chart_rows(steps, columns)])
+        columns = self._charted.arrays()
+        if len(self.rows) <= CHART_POINTS:
+            return pd.DataFrame(columns)
+        kept = chart_rows(columns["step"], {k: v for k, v in columns.items() if k != "step"})
+        return pd.DataFrame({k: v[kept] for k, v in columns.items()})
 
     def implementation(self) -> dict:
         """Which hook implementation ran and why (planned, until rank 0 reports it)."""
@@ -100,7 +103,7 @@ class LiveView:
         rows seen so far."""
         rows, cfg = self.rows, self.run.config_dict()
         last = rows[-1] if rows else {}
-        figures = metrics.headline(rows, cfg)
+        figures = metrics.headline(rows, cfg, steady=self._steady)
         return {"step": last.get("step"), "steps_planned": cfg.get("steps"),
                 # steps count from 0: a run whose last step is 199 has done 200
                 "steps_done": last["step"] + 1 if rows else 0,
@@ -108,10 +111,35 @@ class LiveView:
                 "bytes_per_step": figures["bytes_per_step"], "steady_steps": figures["steady_steps"],
                 "plain_bytes_per_step": last.get("plain_bytes"),
                 "compression_ratio": metrics.cumulative_compression_ratio(rows),
-                "steady_compression_ratio": metrics.steady_compression_ratio(rows, cfg),
+                "steady_compression_ratio": metrics.steady_compression_ratio(rows, cfg, self._steady),
                 # the latest held-out evaluation and its step (None before the first)
                 **store.heldout(self.evals),
                 "heldout_step": self.evals[-1]["step"] if self.evals else None}
+
+
+class _Columns:
+    """Numeric columns of step records, grown in place (doubling), each read as a NumPy array
+    without a copy of the history."""
+
+    def __init__(self):
+        self._data: dict[str, np.ndarray] = {}
+        self._n = 0
+
+    def extend(self, records: list[dict], keys: tuple[str, ...]) -> None:
+        if not records:
+            return
+        if not self._data:  # every record has the first one's fields (store.step_check)
+            self._data = {k: np.empty(1024, dtype=np.int64 if k == "step" else float)
+                          for k in keys if k in records[0]}
+        n = self._n + len(records)
+        for k, column in self._data.items():
+            if n > len(column):
+                column = self._data[k] = np.resize(column, max(n, 2 * len(column)))
+            column[self._n:n] = [np.nan if r.get(k) is None else r[k] for r in records]
+        self._n = n
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: v[:self._n] for k, v in self._data.items()}
 
 
 def pitfall_lines(records: list[dict]) -> list[str]:
