@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import model_io, workloads
-from commlab.analysis.rule import RuleSummary, apply_rule, named_shapes
+from commlab.analysis.rule import RuleSummary, apply_rule, layouts, named_shapes
 from commlab.analysis.units import human_bytes
 from commlab.config import RunConfig
 from commlab.engine import checkpoint, procs, store
@@ -143,7 +143,7 @@ def setup(run_dir: Path) -> Job:
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
               bucket_cap_mb=cfg.bucket_cap_mb)
     choice = registry.choose(cfg, backend)
-    rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate)
+    rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate, layouts(model))
     first = saved["step"] + 1 if saved else 0  # a resumed run goes on with the first one's steps
     measure = Unmeasured(choice.hook)
     if cfg.instrument:
