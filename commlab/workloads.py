@@ -375,7 +375,8 @@ def _by_name(spec: str, parts: dict) -> Workload:
                          f"it may hold {', '.join(PARTS)} (model and batches required)")
     if not isinstance(parts.get("model"), nn.Module):
         got = type(parts.get("model")).__name__ if "model" in parts else "nothing"
-        raise ValueError(f"workload {spec!r}: 'model' must be a torch.nn.Module, got {got}")
+        raise ValueError(f"workload {spec!r} returned a dict whose 'model' is {got}, not a "
+                         f"torch.nn.Module; {CONTRACT}")
     for name in PARTS[1:]:
         if not callable(parts.get(name)) and (name == "batches" or parts.get(name) is not None):
             raise ValueError(f"workload {spec!r}: {name!r} must be callable, got "
