@@ -12,7 +12,8 @@ character); floats are written with ``repr``; no file names a path of the export
 
 Formats: json and toml (load back to the same ``RunConfig``, less the lab's runs folder), ddp
 (plain ``register_comm_hook``), lightning (``DDPStrategy``), accelerate
-(``DistributedDataParallelKwargs``), torchrun (one node and several), slurm (a batch script).
+(``DistributedDataParallelKwargs``), trainer (Hugging Face's ``Trainer``: a callback registers the
+hook on the DDP model Accelerate prepared), torchrun (one node and several), slurm (a batch script).
 Every hook is exported with its state built from the run's settings: PowerSGD's, the compressors'
 (commlab's, PyTorch has none), post-local SGD's with its subgroups and its ``PeriodicModelAverager``
 stepped after ``optimizer.step()`` as PyTorch's documentation shows.
