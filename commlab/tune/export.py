@@ -557,7 +557,10 @@ def trainer_snippet(cfg: RunConfig, target: Target, source: str | None = None) -
              "    def on_train_begin(self, args, trainer_state, control, **kwargs):\n"
              "        model = self.trainer.model_wrapped  # DistributedDataParallel once Accelerate prepared it\n"
              "        if isinstance(model, DistributedDataParallel):\n"
-             + textwrap.indent(code.register("model"), " " * 12))
+             + textwrap.indent(code.register("model"), " " * 12)
+             + "        elif args.world_size > 1:  # FSDP or DeepSpeed: DDP's comm hooks do not apply there\n"
+             "            raise RuntimeError(f\"the comm hook needs DistributedDataParallel, and this run \"\n"
+             "                               f\"wrapped the model in {type(model).__name__}\")\n")
     if code.averager:
         text += ("\n    def on_optimizer_step(self, args, trainer_state, control, **kwargs):\n"
                  "        averager.average_parameters(self.trainer.model_wrapped.parameters())\n")
