@@ -57,8 +57,7 @@ def main() -> None:
     t_start = time.perf_counter()
     for step in range(a.steps):
         lab = a.lab_steps == "alternate" and side(step) == 0
-        x, y = next(batches)
-        loss = workloads.loss_fn(model(x), y)
+        loss = work.loss_of(model, next(batches))
         if lab:
             mean_loss = loss.detach().clone()
             loss_work = dist.all_reduce(mean_loss, async_op=True)

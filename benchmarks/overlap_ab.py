@@ -24,7 +24,6 @@ import torch.distributed as dist
 from bare_ddp import ddp_on_gloo  # benchmarks/
 from ratios import side
 
-from commlab import workloads
 from commlab.config import RunConfig
 from commlab.engine.teardown import end_process_group
 from commlab.engine.worker import make_optimizer
@@ -57,8 +56,7 @@ def main() -> None:
         # Between steps nothing is in flight: DDP waited for every future in backward.
         current[0] = blocking if schedule[step] == "blocking" else choice.hook
         counter.link = Link() if schedule[step] == "unlinked" else link
-        x, y = next(batches)
-        loss = workloads.loss_fn(ddp(x), y)
+        loss = work.loss_of(ddp, next(batches))
         mean_loss = loss.detach().clone()
         with counter.category(OTHER):
             loss_work = dist.all_reduce(mean_loss, async_op=True)

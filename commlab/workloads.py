@@ -2,16 +2,23 @@
 
 The contract for a user's workload: a function callable with no required arguments that returns
 ``(model, batches)``, where ``model`` is a ``torch.nn.Module`` and ``batches`` is a callable
-returning an iterator of ``(inputs, targets)`` for this rank.  Integer targets train with
-cross-entropy, float targets with mean squared error.  If the function accepts any of the keyword
-arguments ``rank``, ``world_size``, ``batch_size`` or ``seed``, the lab passes them.
+returning an iterator of batches for this rank: ``(inputs, targets)``, or a dict of keyword
+arguments for the model (``model(**batch)``; with ``labels`` in it the model's own loss trains).
+Integer targets train with cross-entropy, float targets with mean squared error, of the model's
+logits; the outputs the ecosystem returns (a tensor, ``.loss``, ``.logits``, a tuple) are read by
+``commlab.model_io``.  If the function accepts any of the keyword arguments ``rank``,
+``world_size``, ``batch_size`` or ``seed``, the lab passes them.
 
 Held-out data (optional): return ``(model, batches, eval_batches)``, where ``eval_batches`` is a
-callable returning a finite iterable of ``(inputs, targets)`` that no rank trains on.  Rank 0
+callable returning a finite iterable of batches (of the same kinds) that no rank trains on.  Rank 0
 draws it once (at most ``MAX_EVAL_BATCHES`` batches) and evaluates the model on all of it every
 ``eval_every`` steps and after the last: the loss, and the accuracy for integer targets.  A
 workload without it trains as before, with no held-out evaluation.  A resumed run draws and
 discards the batches the first run trained on (``batches`` must give the same stream again).
+
+A loss of its own (optional), for a model whose loss is neither of the lab's: return a dict by
+name, ``{"model": ..., "batches": ..., "eval_batches": ..., "loss": ...}`` (only the first two
+required), where ``loss(outputs, batch)`` returns the scalar tensor backward starts from.
 
 The built-in workloads' held-out sets are fixed and disjoint from training: ``charlm`` evaluates
 on other standard-library files than it trains on (loss and bits per character), ``mlp``,
@@ -34,39 +41,44 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from commlab import model_io
 from commlab.seeds import stream_seed
 from commlab.workload_names import BUILTIN_NAMES, DESCRIPTIONS, spec_error  # noqa: F401 (re-exported)
 
 CONTRACT = ("a workload function must return (model, batches): model a torch.nn.Module, batches a "
-            "callable that yields (inputs, targets) tensors for this rank (integer targets: "
-            "cross-entropy; float targets: mean squared error); optionally a third item, "
-            "eval_batches, a callable that yields the held-out (inputs, targets)")
+            "callable that yields batches for this rank, (inputs, targets) tensors (integer "
+            "targets: cross-entropy; float targets: mean squared error) or a dict of keyword "
+            "arguments for the model (with 'labels': the model's own loss); optionally a third "
+            "item, eval_batches, a callable that yields the held-out batches; or a dict of those "
+            "by name, which may add loss, a callable loss(outputs, batch) -> scalar tensor")
+# The names a workload's dict may hold (see the module's docstring); the first two are required.
+PARTS = ("model", "batches", "eval_batches", "loss")
 MAX_EVAL_BATCHES = 1000  # a held-out set is drawn once and kept: an endless one is cut here
 # The data stream of held-out samples of the generated workloads: training draws stream ``rank``
 # (``stream_seed``), below the 64 ranks a run may have, so no rank ever draws this one.
 EVAL_STREAM = 999
 EVAL_METRICS = ("accuracy", "bits_per_char")  # reported beside the held-out loss
 
-Batches = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+# A batch is (inputs, targets) or a dict of keyword arguments (``commlab.model_io``).
+Batches = Callable[[], Iterable]
 
 
 @dataclass
 class Workload:
     model: nn.Module
-    batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+    batches: Callable[[], Iterator]
     eval_batches: Batches | None = None  # the held-out set; None: the run evaluates nothing
     # What is reported beside the held-out loss (one of EVAL_METRICS); None: the accuracy for
     # integer targets, nothing for float ones.
     eval_metric: str | None = None
+    loss: model_io.Loss | None = None  # the workload's own loss(outputs, batch); None: the lab's
+
+    def loss_of(self, model, batch) -> torch.Tensor:
+        """The training loss of ``model`` (the DDP wrapper in a run) on one batch."""
+        return model_io.forward_loss(model, batch, self.loss)[0]
 
 
-def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    if targets.is_floating_point():
-        return F.mse_loss(output, targets)
-    return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
-
-
-def held_out(work: Workload) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+def held_out(work: Workload) -> list | None:
     """The workload's held-out batches, drawn once (at most MAX_EVAL_BATCHES); None without any."""
     if work.eval_batches is None:
         return None
@@ -77,32 +89,35 @@ def held_out(work: Workload) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
 
 
 def evaluate(model: nn.Module, batches: list, metric: str | None = None,
-             device: torch.device | str = "cpu") -> dict:
-    """The model's loss on the held-out ``batches`` (the mean over every target, as ``loss_fn``
-    takes it over a batch) and ``metric``: the accuracy (default for integer targets), or the
-    bits per character (the loss in bits).  The model is left in the mode it was in."""
+             device: torch.device | str = "cpu", loss: model_io.Loss | None = None) -> dict:
+    """The model's loss on the held-out ``batches`` (each batch's loss weighted by its targets'
+    elements, ``model_io.weight``: the mean over every target, as the loss takes it over a
+    batch) and ``metric``: the accuracy (default for integer targets, where the outputs give
+    logits), or the bits per character (the loss in bits).  ``loss`` is the workload's own, as in
+    training.  The model is left in the mode it was in."""
     was_training = model.training
     model.eval()
-    total = correct = count = 0
+    total = count = 0
+    hits: int | None = 0
     try:
         with torch.no_grad():
-            for x, y in batches:
-                x, y = x.to(device), y.to(device)
-                out = model(x)
-                total += float(loss_fn(out, y)) * y.numel()
-                count += y.numel()
-                if not y.is_floating_point():
-                    correct += int((out.reshape(-1, out.shape[-1]).argmax(-1) == y.reshape(-1)).sum())
+            for batch in batches:
+                batch = model_io.to_device(batch, device)
+                value, out = model_io.forward_loss(model, batch, loss)
+                weight = model_io.weight(batch)
+                total += float(value) * weight
+                count += weight
+                hit = model_io.correct(out, batch)
+                hits = None if hit is None or hits is None else hits + hit
     finally:
         model.train(was_training)
-    loss = total / count
-    integer = not batches[0][1].is_floating_point()
-    metric = metric or ("accuracy" if integer else None)
-    if metric == "accuracy":
-        return {"loss": loss, "accuracy": correct / count}
+    loss_value = total / count
+    metric = metric or ("accuracy" if hits is not None else None)
+    if metric == "accuracy" and hits is not None:
+        return {"loss": loss_value, "accuracy": hits / count}
     if metric == "bits_per_char":
-        return {"loss": loss, "bits_per_char": loss / math.log(2)}
-    return {"loss": loss}
+        return {"loss": loss_value, "bits_per_char": loss_value / math.log(2)}
+    return {"loss": loss_value}
 
 
 # ---------------------------------------------------------------------------- charlm
@@ -343,10 +358,31 @@ def load(spec: str, rank: int = 0, world_size: int = 1, batch_size: int | None =
         raise ValueError(f"workload {spec!r} raised {type(e).__name__}: {e}") from None
     if isinstance(out, Workload):
         return out
+    if isinstance(out, dict):
+        return _by_name(spec, out)
     if not (isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], nn.Module)
             and callable(out[1]) and (len(out) == 2 or out[2] is None or callable(out[2]))):
         raise ValueError(f"workload {spec!r} returned {type(out).__name__}; {CONTRACT}")
     return Workload(*out)
+
+
+def _by_name(spec: str, parts: dict) -> Workload:
+    """A workload returned as a dict (``PARTS``): unknown names are refused, not ignored, so that
+    a misspelt ``loss`` does not train silently with the lab's."""
+    unknown = [k for k in parts if k not in PARTS]
+    if unknown:
+        raise ValueError(f"workload {spec!r} returned a dict with {', '.join(map(repr, unknown))}: "
+                         f"it may hold {', '.join(PARTS)} (model and batches required)")
+    if not isinstance(parts.get("model"), nn.Module):
+        got = type(parts.get("model")).__name__ if "model" in parts else "nothing"
+        raise ValueError(f"workload {spec!r} returned a dict whose 'model' is {got}, not a "
+                         f"torch.nn.Module; {CONTRACT}")
+    for name in PARTS[1:]:
+        if not callable(parts.get(name)) and (name == "batches" or parts.get(name) is not None):
+            raise ValueError(f"workload {spec!r}: {name!r} must be callable, got "
+                             f"{type(parts.get(name)).__name__}; {CONTRACT}")
+    return Workload(parts["model"], parts["batches"], parts.get("eval_batches"),
+                    loss=parts.get("loss"))
 
 
 # How long the check draws batches to see that there are enough for the run: a real loader may
@@ -357,9 +393,9 @@ DRAW_FOR_S = 10.0
 def check(spec: str, *, rank: int = 0, world_size: int = 1, batch_size: int | None = None,
           seed: int = 0, steps: int = 1) -> str | None:
     """Why this workload cannot train, or None: it is loaded as rank ``rank`` is, and must have
-    parameters, batches of (inputs, targets) tensors whose shapes fit the loss, and at least
-    ``steps`` of them (counted for ``DRAW_FOR_S`` seconds at most).  Runs the user's code: call
-    it in a process of its own."""
+    parameters, batches the model takes and a loss can be made of (``model_io.loss_error``), and
+    at least ``steps`` of them (counted for ``DRAW_FOR_S`` seconds at most).  Runs the user's
+    code: call it in a process of its own."""
     try:
         w = load(spec, rank, world_size, batch_size, seed)
     except ValueError as e:
@@ -367,14 +403,15 @@ def check(spec: str, *, rank: int = 0, world_size: int = 1, batch_size: int | No
     if not any(p.requires_grad for p in w.model.parameters()):
         return (f"workload {spec!r}: the model has no parameter that requires a gradient: DDP "
                 "has nothing to average")
-    error, batches = _first_batch_error(spec, w.model, w.batches, "batches()", "a batch")
+    error, batches = _first_batch_error(spec, w, w.batches, "batches()", "a batch")
     return error or _held_out_error(spec, w) or _too_few(spec, batches, steps)
 
 
-def _first_batch_error(spec: str, model, make, source: str, what: str, prefix: str = ""):
-    """Why the first batch of ``make()``'s iterator cannot train or be evaluated (it must be an
-    (inputs, targets) pair of tensors the model takes and the loss can compare), or None; and the
-    iterator, to draw on."""
+def _first_batch_error(spec: str, w: Workload, make, source: str, what: str, prefix: str = ""):
+    """Why the first batch of ``make()``'s iterator cannot train or be evaluated (a kind of batch
+    ``model_io`` knows, that the model takes and a loss can be made of), or None; and the
+    iterator, to draw on.  A training batch runs with gradients on, as in training: its loss must
+    reach the parameters."""
     batches = iter(())
     try:
         batches = iter(make())
@@ -383,17 +420,18 @@ def _first_batch_error(spec: str, model, make, source: str, what: str, prefix: s
         return f"workload {spec!r}: {source} yielded nothing; {CONTRACT}", batches
     except Exception as e:
         return f"workload {spec!r}: drawing {what} raised {type(e).__name__}: {e}", batches
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
-            and all(isinstance(t, torch.Tensor) for t in batch)):
-        return (f"workload {spec!r}: {what} must be an (inputs, targets) pair of tensors; "
-                f"{CONTRACT}"), batches
-    try:
-        with torch.no_grad():
-            output = model(batch[0])
-    except Exception as e:
-        return (f"workload {spec!r}: the model raised {type(e).__name__} on {what}'s inputs: "
-                f"{e}"), batches
-    msg = loss_mismatch(output, batch[1])
+    msg = model_io.batch_error(batch)
+    if msg:
+        return f"workload {spec!r}: {prefix}{msg}; {CONTRACT}", batches
+    training = not prefix
+    called = " (called as model(**batch))" if model_io.is_keywords(batch) else "'s inputs"
+    with torch.set_grad_enabled(training):
+        try:
+            output = model_io.call(w.model, batch)
+        except Exception as e:
+            return (f"workload {spec!r}: the model raised {type(e).__name__} on {what}{called}: "
+                    f"{e}"), batches
+        msg = model_io.loss_error(output, batch, w.loss, need_grad=training)
     return (f"workload {spec!r}: {prefix}{msg}" if msg else None), batches
 
 
@@ -401,29 +439,8 @@ def _held_out_error(spec: str, w: Workload) -> str | None:
     """Why the workload's held-out set (if it has one) cannot be evaluated: its first batch."""
     if w.eval_batches is None:
         return None
-    return _first_batch_error(spec, w.model, w.eval_batches, "eval_batches()", "a held-out batch",
+    return _first_batch_error(spec, w, w.eval_batches, "eval_batches()", "a held-out batch",
                               prefix="held-out batch: ")[0]
-
-
-def loss_mismatch(output: object, targets: torch.Tensor) -> str | None:
-    """Why ``loss_fn`` cannot compare these two exactly (it would fail, or broadcast silently)."""
-    if not isinstance(output, torch.Tensor) or not output.is_floating_point():
-        return f"the model must return a floating-point tensor, got {type(output).__name__}"
-    if targets.is_floating_point():
-        if output.shape != targets.shape:
-            return (f"float targets of shape {tuple(targets.shape)} against outputs of shape "
-                    f"{tuple(output.shape)}: mean squared error needs equal shapes (it would "
-                    "broadcast them and train on the wrong thing)")
-        return None
-    classes = output.shape[-1] if output.dim() else 0
-    if output.dim() < 2 or output.numel() // max(classes, 1) != targets.numel():
-        return (f"integer targets of shape {tuple(targets.shape)} against outputs of shape "
-                f"{tuple(output.shape)}: cross-entropy needs outputs (..., classes) with one "
-                "target per row")
-    if targets.numel() and not 0 <= int(targets.min()) <= int(targets.max()) < classes:
-        return (f"integer targets must be class indices 0..{classes - 1} (the outputs' last "
-                f"dimension), got {int(targets.min())}..{int(targets.max())}")
-    return None
 
 
 def _too_few(spec: str, batches: Iterator, steps: int) -> str | None:

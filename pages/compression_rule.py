@@ -6,7 +6,7 @@ import tempfile
 import streamlit as st
 
 from commlab.analysis import shapes, units
-from commlab.analysis.rule import apply_rule
+from commlab.analysis.rule import IN_BY_OUT_NOTE, apply_rule
 from commlab.engine import workload_probe
 from commlab.figures import rule as figs
 from commlab.workloads import CONTRACT, DESCRIPTIONS, MODELS
@@ -20,8 +20,8 @@ def workload_shapes(spec: str) -> list:
 
 
 @st.cache_data(show_spinner="Building your model in a separate process…")
-def own_shapes(spec: str, stamp: tuple) -> list:  # stamp: a new answer once the module is edited
-    return workload_probe.shapes(spec)
+def own_shapes(spec: str, stamp: tuple) -> tuple:  # stamp: a new answer once the module is edited
+    return workload_probe.described(spec)
 
 
 @st.cache_data(show_spinner="Building the reference model on the meta device…")
@@ -39,14 +39,15 @@ def checkpoint_shapes(file_id: str, _upload) -> list:
         return shapes.from_checkpoint(path)
 
 
-def chosen_shapes() -> list:
-    """The shapes of whatever the person picked; stops the page with a message when there are none."""
+def chosen_shapes() -> tuple[list, dict]:
+    """The shapes of whatever the person picked, and the layouts of a person's model
+    (``analysis.rule.layouts``); stops the page with a message when there are none."""
     source = st.radio("Shapes from", SOURCES, horizontal=True)
     if source == SOURCES[0]:
         spec = st.selectbox("Workload", list(MODELS), format_func=lambda k: f"{k} — {DESCRIPTIONS[k]}")
-        return workload_shapes(spec)
+        return workload_shapes(spec), {}
     if source == SOURCES[1]:
-        return reference_shapes(st.selectbox("Reference model", list(shapes.REFERENCE_MODELS)))
+        return reference_shapes(st.selectbox("Reference model", list(shapes.REFERENCE_MODELS))), {}
     if source == SOURCES[2]:
         spec = st.text_input("module:function", placeholder="mypackage.train:workload", help=CONTRACT)
         if not spec.strip():
@@ -59,7 +60,7 @@ def chosen_shapes() -> list:
         st.info("Upload a checkpoint saved with torch.save(model.state_dict(), path); only its "
                 "tensors' shapes are read.")
         st.stop()
-    return checkpoint_shapes(upload.file_id, upload)
+    return checkpoint_shapes(upload.file_id, upload), {}
 
 
 st.title("Compression rule")
@@ -71,15 +72,17 @@ st.markdown(
     "A compressed layer sends P and Q, (n + m)·r elements.")
 
 try:
-    named = chosen_shapes()
+    named, layouts = chosen_shapes()
 except ValueError as e:
     st.error(str(e))
     st.stop()
+if layouts:
+    st.info(IN_BY_OUT_NOTE)
 
 c1, c2 = st.columns(2)
 rank = c1.slider("matrix_approximation_rank", 1, 64, 1)
 rate = c2.slider("min_compression_rate", 0.1, 10.0, 2.0, 0.1)
-summary = apply_rule(named, rank, rate)
+summary = apply_rule(named, rank, rate, layouts)
 sent = figs.step_bytes(summary)
 
 m1, m2, m3, m4 = st.columns(4)

@@ -11,7 +11,7 @@ from commlab.tune import export
 from commlab.ui import form, runs
 
 TITLES = {"json": "JSON", "toml": "TOML", "ddp": "Plain DDP", "lightning": "Lightning",
-          "accelerate": "Accelerate", "torchrun": "torchrun", "slurm": "SLURM"}
+          "accelerate": "Accelerate", "trainer": "HF Trainer", "torchrun": "torchrun", "slurm": "SLURM"}
 # What the form shows first: PowerSGD, the hook an export is usually for.
 PRESET = RunConfig(hook="powersgd")
 

@@ -105,7 +105,8 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
     ran = "ran" if impl["ran"] else "will run (planned: rank 0 has not reported yet)"
     shown = {k: lab_widgets.literal(impl[k]) for k in ("backend", "owner", "hook_impl", "hook_reason")}
     st.caption(f"Hook implementation that {ran} on {shown['backend']}: **{shown['owner']}** "
-               f"({shown['hook_impl']}). Why: {shown['hook_reason']}.")
+               f"({shown['hook_impl']}). Why: {shown['hook_reason']}."
+               + (f" Loss: {lab_widgets.literal(impl['loss'])}." if impl["loss"] else ""))
     if impl["warning"]:
         st.warning(lab_widgets.literal(impl["warning"]))
     if caught := view.pitfalls():

@@ -79,6 +79,8 @@ LONG_FIRST = [
     "tests/test_damaged.py::test_every_page_survives_the_damaged_folder",
     "tests/test_damaged.py::test_disk_full_mid_run_ends_it_failed_with_the_reason",
     "tests/test_notebook_01.py::",
+    "tests/test_hf_models.py::test_a_hugging_face_model_trains_unwrapped_with_powersgd_on_two_ranks",
+    "tests/test_hf_models.py::test_the_trainer_export_puts_the_hook_on_every_bucket_of_a_trainer_run",
     "tests/test_hooks.py::test_powersgd_matches_pytorch_on_one_bucket",  # its group
     "tests/test_engine.py::test_no_step_for_the_stall_timeout_is_stalled",
     "tests/test_engine.py::test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets",

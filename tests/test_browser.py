@@ -30,6 +30,7 @@ from test_app_pages import navigation  # app.py's table of sections and pages
 
 from commlab import api
 from commlab.engine import procs
+from commlab.tune import export
 from commlab.tune import sweep as sw
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -499,7 +500,7 @@ def drive_export(page, run) -> None:
     settings = run.config().to_dict()
     tabs = page.get_by_role("tab")
     names = tabs.all_inner_texts()
-    assert len(names) == 7, names
+    assert len(names) == len(export.FORMATS), names
     got = {}
     for name in names:
         tabs.filter(has_text=name).first.click()
@@ -516,7 +517,7 @@ def drive_export(page, run) -> None:
     assert config == {k: settings[k] for k in config}
     assert (config["hook"], config["bucket_cap_mb"]) == ("powersgd", 0.05)  # as Launch was given
     assert tomllib.loads(got["TOML"]) == config
-    for name in ("Plain DDP", "Lightning", "Accelerate"):
+    for name in ("Plain DDP", "Lightning", "Accelerate", "HF Trainer"):
         compile(got[name], name, "exec")
     for name in ("torchrun", "SLURM"):
         subprocess.run(["bash", "-n"], input=got[name], text=True, check=True)

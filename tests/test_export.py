@@ -335,13 +335,13 @@ def test_lightning_refuses_an_averager_warmup_it_cannot_carry_and_the_other_form
     with pytest.raises(ExportRefused, match=r"Lightning cannot express averager_warmup_steps=9 with "
                                             r"start_localSGD_iter=5: .*_enable_model_averaging"):
         export.render(cfg, "lightning", Target())
-    for fmt in ("ddp", "accelerate"):
+    for fmt in ("ddp", "accelerate", "trainer"):
         assert "warmup_steps=9," in export.render(cfg, fmt, Target()).text
 
 
 def test_post_local_sgd_is_refused_where_its_subgroups_cannot_cut_the_targets_ranks():
     cfg = RunConfig(hook="post_localsgd", localsgd_subgroup_size=2)
-    for fmt in ("ddp", "lightning", "accelerate", "torchrun", "slurm"):
+    for fmt in ("ddp", "lightning", "accelerate", "trainer", "torchrun", "slurm"):
         with pytest.raises(ExportRefused, match=r"localsgd_subgroup_size=2 does not divide the "
                                                 r"target's 3 ranks \(1 node\(s\) × 3 process"):
             export.render(cfg, fmt, Target(nproc_per_node=3))

@@ -527,7 +527,7 @@ def test_no_user_string_leaves_a_comment_or_literal_in_python(nasty):
     for backend in registry.BACKENDS:
         target = Target(backend=backend, nnodes=2, script=nasty, script_args=[nasty, "--x", nasty],
                         rdzv_endpoint=nasty + ":1")
-        for fmt in ("ddp", "lightning", "accelerate"):
+        for fmt in ("ddp", "lightning", "accelerate", "trainer"):
             _python_marker_positions(export.render(cfg, fmt, target, source=nasty).text)
 
 
@@ -552,7 +552,7 @@ def test_no_user_string_runs_in_the_shell_and_every_one_arrives_intact(tmp_path)
             assert argv[-len(NASTY) - 1:] == [NASTY[0], *NASTY], (fmt, argv)
         if fmt == "torchrun":
             assert runs[1][runs[1].index("--rdzv-endpoint") + 1] == NASTY[3] + ":1"
-    for fmt in ("ddp", "lightning", "accelerate"):  # the launch comments of the Python exports
+    for fmt in ("ddp", "lightning", "accelerate", "trainer"):  # the launch comments of the Python exports
         text = export.render(RunConfig(), fmt, target).text
         assert all(ln.startswith("#") or not re.search("PWNED|evil", ln) for ln in text.splitlines())
 
@@ -560,7 +560,7 @@ def test_no_user_string_runs_in_the_shell_and_every_one_arrives_intact(tmp_path)
 def test_floats_are_exact_and_no_file_names_a_path_of_this_machine(tmp_path):
     cfg = RunConfig(hook="powersgd", bucket_cap_mb=0.1 + 0.2, min_compression_rate=1.0000001,
                     orthogonalization_epsilon=1e-300, runs_dir=str(tmp_path / "my runs"))
-    for fmt in ("ddp", "lightning", "accelerate"):
+    for fmt in ("ddp", "lightning", "accelerate", "trainer"):
         text = export.render(cfg, fmt, Target()).text
         assert "bucket_cap_mb=0.30000000000000004" in text, fmt
         assert "min_compression_rate=1.0000001" in text and "1e-300" in text

@@ -161,6 +161,18 @@ WORKLOADS = {
             return torch.nn.Linear(8, 1), lambda: iter([(torch.randn(4, 8), torch.randn(4, 1))] * 3)
         def class_out_of_range():
             return torch.nn.Linear(8, 4), lambda: iter([(torch.randn(4, 8), torch.full((4,), 7))] * 1000)
+        def dict_without_labels():
+            return torch.nn.Linear(8, 2), lambda: iter([{"input": torch.randn(4, 8)}] * 1000)
+        def misspelt_loss():
+            return {"model": torch.nn.Linear(8, 2), "batches": lambda: iter([]), "los": print}
+        def vector_loss():
+            batches = lambda: iter([{"input": torch.randn(4, 8)}] * 1000)
+            return {"model": torch.nn.Linear(8, 2), "batches": batches, "loss": lambda out, b: out}
+        def string_output():
+            class Talks(torch.nn.Linear):
+                def forward(self, x):
+                    return ("logits", super().forward(x))
+            return Talks(8, 2), lambda: iter([(torch.randn(4, 8), torch.zeros(4).long())] * 1000)
         def good(batch_size=4):
             def batches():
                 while True:
@@ -187,6 +199,11 @@ def user_folder(tmp_path, monkeypatch):
     ("shapes:wrong_targets", "float targets of shape (16, 1) against outputs of shape (16, 4)"),
     ("shapes:few_batches", "ended after 3 batch(es), the run takes 10 steps"),
     ("shapes:class_out_of_range", "class indices 0..3"),
+    ("shapes:dict_without_labels", "a dict batch without 'labels' leaves nothing to compare"),
+    ("shapes:misspelt_loss", "returned a dict with 'los': it may hold model, batches, eval_batches, loss"),
+    ("shapes:vector_loss", "loss(outputs, batch) must be a floating-point scalar tensor (backward starts "
+                           "from it), got a tensor of shape (4, 2)"),
+    ("shapes:string_output", "got tuple of 2 (str, Tensor)"),
     ("nosuchmodule_xyz:make", "does not import"),
     ("collections:OrderedDict", "must return (model, batches)"),
     ("json:nothere", "has no function"),

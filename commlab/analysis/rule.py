@@ -28,6 +28,8 @@ class LayerDecision:
     compressed: bool
     numel_before: int
     numel_after: int
+    # How the tensor holds its matrix, where that is not the usual out × in (``layouts``); ""
+    layout: str = ""
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -45,7 +47,7 @@ def matrix_view(shape: Sequence[int]) -> tuple[int, int]:
 
 
 def decide(name: str, shape: Sequence[int], matrix_approximation_rank: int,
-           min_compression_rate: float) -> LayerDecision:
+           min_compression_rate: float, layout: str = "") -> LayerDecision:
     shape = tuple(int(s) for s in shape)
     numel = math.prod(shape) if shape else 1
     n, m = matrix_view(shape)
@@ -55,7 +57,7 @@ def decide(name: str, shape: Sequence[int], matrix_approximation_rank: int,
     # Scalars are left out: torch's hook would index shape[0] of a 0-d tensor.
     compressed = len(shape) > 0 and lhs < rhs
     after = (n + m) * r if compressed else numel
-    return LayerDecision(name, shape, n, m, r, lhs, rhs, compressed, numel, after)
+    return LayerDecision(name, shape, n, m, r, lhs, rhs, compressed, numel, after, layout)
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,9 @@ class RuleSummary:
 
 
 def apply_rule(named_shapes: Iterable[tuple[str, Sequence[int]]], matrix_approximation_rank: int,
-               min_compression_rate: float) -> RuleSummary:
-    layers = [decide(name, shape, matrix_approximation_rank, min_compression_rate)
+               min_compression_rate: float, layouts: dict[str, str] | None = None) -> RuleSummary:
+    layouts = layouts or {}
+    layers = [decide(name, shape, matrix_approximation_rank, min_compression_rate, layouts.get(name, ""))
               for name, shape in named_shapes]
     return RuleSummary(layers, sum(d.numel_before for d in layers), sum(d.numel_after for d in layers))
 
@@ -93,3 +96,27 @@ def apply_rule(named_shapes: Iterable[tuple[str, Sequence[int]]], matrix_approxi
 def named_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
     """Shapes of a model's trainable parameters, in registration order (works on meta tensors)."""
     return [(name, tuple(p.shape)) for name, p in model.named_parameters() if p.requires_grad]
+
+
+# Hugging Face's Conv1D (GPT-2's attention and MLP layers) is a linear layer that keeps its weight
+# as in × out (``nx`` × ``nf``), the transpose of nn.Linear's out × in.  PowerSGD reads shape[0]
+# as n all the same, so for it n is the layer's input features and m its output features; the
+# decision and the bytes are unchanged ((n + m)·r and n·m are symmetric), only P (n × r) and
+# Q (m × r) trade places.
+IN_BY_OUT = "in × out (Conv1D: n = in features, m = out features)"
+IN_BY_OUT_NOTE = ("Conv1D (Hugging Face's GPT-2 layers) keeps its weight as in × out, the transpose "
+                  "of nn.Linear's out × in: PowerSGD's n × m is in features × out features for it. "
+                  "The decision and the bytes are the same either way ((n + m)·r and n·m are "
+                  "symmetric); only P (n × r) and Q (m × r) trade places.")
+
+
+def layouts(model) -> dict[str, str]:
+    """The parameters whose matrix is stored in × out (Conv1D's weights), by name: ``IN_BY_OUT``.
+    Found by the module's own attributes, not by importing the library that defines it."""
+    found = {}
+    for prefix, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if (type(module).__name__ == "Conv1D" and weight is not None and weight.dim() == 2
+                and tuple(weight.shape) == (getattr(module, "nx", None), getattr(module, "nf", None))):
+            found[f"{prefix}.weight" if prefix else "weight"] = IN_BY_OUT
+    return found

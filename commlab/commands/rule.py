@@ -4,7 +4,7 @@ from __future__ import annotations
 
 def _rule(args) -> int:
     from commlab.analysis import shapes
-    from commlab.analysis.rule import apply_rule
+    from commlab.analysis.rule import IN_BY_OUT, IN_BY_OUT_NOTE, apply_rule
     from commlab.commands import emit
     from commlab.config import ConfigError, settings
     from commlab.engine import workload_probe
@@ -14,25 +14,29 @@ def _rule(args) -> int:
               if (msg := table[name].bounds.error(getattr(args, name)))}
     if errors:  # the settings table's bounds, as for a run
         raise ConfigError(errors)
+    layouts: dict[str, str] = {}
     try:
         if args.checkpoint:
             named = shapes.from_checkpoint(args.checkpoint)
         elif args.module:
-            named = workload_probe.shapes(args.module)  # a person's code runs in a child
+            named, layouts = workload_probe.described(args.module)  # a person's code runs in a child
         else:
             named = shapes.from_workload(args.workload)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError({"checkpoint" if args.checkpoint else "workload": str(e)}) from None
-    summary = apply_rule(named, args.matrix_approximation_rank, args.min_compression_rate)
+    summary = apply_rule(named, args.matrix_approximation_rank, args.min_compression_rate, layouts)
     lines = [f"{'layer':<40} {'shape':<18} {'n':>9} {'m':>11} {'r':>4} {'(n+m)r*c':>14} "
              f"{'n*m':>14}  decision"]
     for d in summary.layers:
         lines.append(f"{d.name:<40} {'x'.join(map(str, d.shape)) or 'scalar':<18} {d.n:>9,} "
                      f"{d.m:>11,} {d.r:>4} {d.lhs:>14,.0f} {d.rhs:>14,}  "
-                     f"{'compressed' if d.compressed else 'allreduced'}")
+                     f"{'compressed' if d.compressed else 'allreduced'}"
+                     + (" (n × m is in × out)" if d.layout == IN_BY_OUT else ""))
     lines.append(f"{summary.compressed_count:,}/{len(summary.layers):,} layers compressed; "
                  f"{summary.numel_before:,} -> {summary.numel_after:,} elements; "
                  f"predicted compression ratio {summary.predicted_ratio:.2f}")
+    if any(d.layout == IN_BY_OUT for d in summary.layers):
+        lines.append(IN_BY_OUT_NOTE)
     emit(args, summary.as_dict(), "\n".join(lines))
     return 0
 

@@ -55,7 +55,8 @@ def result_payload(run) -> dict:
                               "median_step_s", "bytes_per_step", "steady_compression_ratio",
                               "compression_ratio", "hook_impl",
                               "heldout_loss", "heldout_accuracy", "heldout_bits_per_char")} \
-        | {"evals": run.evals(), "resumed_from": run.resumed_from(), "error": s["error"]}
+        | {"evals": run.evals(), "resumed_from": run.resumed_from(), "error": s["error"],
+           "loss": run.meta().get("loss")}
 
 
 def _heldout_text(payload: dict) -> str:
@@ -123,7 +124,8 @@ def result_text(payload: dict) -> str:
         text += f", {metrics.STEADY_RATIO} {payload['steady_compression_ratio']:.2f}x"
     if payload["compression_ratio"] is not None:
         text += f" ({metrics.CUMULATIVE_RATIO} {payload['compression_ratio']:.2f}x)"
-    return text + f", hook implementation {payload['hook_impl']}"
+    text += f", hook implementation {payload['hook_impl']}"
+    return text + (f"; loss: {payload['loss']}" if payload.get("loss") else "")
 
 
 def _follow(run, steps: int) -> None:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commlab import workloads
+from commlab import model_io, workloads
 from commlab.config import ConfigError, RunConfig
 from commlab.engine import store
 from commlab.hook_specs import SPECS, HookSpec
@@ -147,17 +147,17 @@ def load(run_dir: str | os.PathLike, rank: int) -> dict:
     return saved
 
 
-def continue_batches(ddp: torch.nn.Module, batches, done: int, device: torch.device):
-    """The batches from step ``done`` on, after DDP has rebuilt its buckets (see the module's
-    docstring, 1 and 3): call it before registering the hook."""
-    it = iter(batches)
+def continue_batches(ddp: torch.nn.Module, work: workloads.Workload, done: int, device: torch.device):
+    """The workload's batches from step ``done`` on, after DDP has rebuilt its buckets (see the
+    module's docstring, 1 and 3): call it before registering the hook."""
+    it = iter(work.batches())
     for _ in range(done):
         next(it)
-    x, y = next(it)
-    workloads.loss_fn(ddp(x.to(device)), y.to(device)).backward()
+    batch = next(it)
+    work.loss_of(ddp, model_io.to_device(batch, device)).backward()
     for p in ddp.parameters():
         p.grad = None
-    return itertools.chain([(x, y)], it)
+    return itertools.chain([batch], it)
 
 
 # ---------------------------------------------------------------------------- checking (launcher)

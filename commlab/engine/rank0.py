@@ -54,6 +54,7 @@ class Rank0Record(NoRecord):
             "backend": job.backend, "world_size": job.world, "device": str(job.device),
             "hook_impl": job.choice.impl, "hook_name": job.choice.name, "hook_reason": job.choice.reason,
             "num_parameters": sum(p.numel() for p in job.model.parameters()),
+            "loss": job.loss_source,
             "instrumented": cfg.instrument, "emulated_link": {
                 "bandwidth_gbps": cfg.emulate_bandwidth_gbps, "latency_us": cfg.emulate_latency_us}
             if (cfg.emulate_bandwidth_gbps or cfg.emulate_latency_us) else None,
@@ -118,7 +119,8 @@ class Rank0Record(NoRecord):
         if not self.held_out or not ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
             return
         t_eval = time.perf_counter()
-        result = workloads.evaluate(self.job.model, self.held_out, self.job.work.eval_metric, self.job.device)
+        work = self.job.work
+        result = workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
         eval_s = time.perf_counter() - t_eval
         self.eval_total += eval_s
         self.evals.write({"step": step, **result, "eval_s": eval_s})

@@ -152,7 +152,7 @@ SUPERVISOR = {**OWNER, "torchrun_pid?": OPT_INT, "torchrun_create_time?": OPT_NU
 LAUNCH = {"backend?": OPT_STR, "hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "warning?": OPT_STR,
           "resumed_from?": OPT_STR,
           "request_id?": OPT_STR, "launcher?": OWNER, "supervisor?": OWNER, "command?": [str]}
-META = {"hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "backend?": OPT_STR}
+META = {"hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "backend?": OPT_STR, "loss?": OPT_STR}
 # config.json: each setting of the settings table with its kind (optional: older runs lack some).
 CONFIG = {f"{s.name}?": {"str": str, "int": int, "float": NUM, "bool": bool, "list[int]": [int]}[s.kind]
           for s in settings()}

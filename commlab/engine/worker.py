@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import itertools
 import math
 import os
 import sys
@@ -27,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from commlab import workloads
-from commlab.analysis.rule import RuleSummary, apply_rule, named_shapes
+from commlab import model_io, workloads
+from commlab.analysis.rule import RuleSummary, apply_rule, layouts, named_shapes
 from commlab.analysis.units import human_bytes
 from commlab.config import RunConfig
 from commlab.engine import checkpoint, procs, store
@@ -64,10 +65,10 @@ def run(run_dir: Path) -> None:
     record = Rank0Record(job) if job.rank == 0 else NoRecord()
     try:
         for step in range(job.first, cfg.steps):
-            x, y = (t.to(job.device) for t in next(job.batches))
+            batch = model_io.to_device(next(job.batches), job.device)
             measure.begin(step)
             with profiled(job, step):
-                loss, step_s = train_step(job, x, y)
+                loss, step_s = train_step(job, batch)
             record.timeline(step, measure.timeline())
             record.step(step, loss, step_s, measure.take(step, job.choice.state))
             if not math.isfinite(loss):  # every rank sees the same mean loss, and stops here
@@ -88,10 +89,10 @@ def run(run_dir: Path) -> None:
     gc.collect()
 
 
-def train_step(job: Job, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def train_step(job: Job, batch) -> tuple[float, float]:
     """One training step, the same on every rank: the loss averaged over the ranks, and its time."""
     t0 = time.perf_counter()
-    loss = workloads.loss_fn(job.ddp(x), y)
+    loss = job.work.loss_of(job.ddp, batch)
     # The mean loss over ranks: every rank then agrees on divergence at the same step.  Issued
     # before backward, so that it overlaps it, and before any hook's collective, so that every
     # rank issues it in the same place.
@@ -131,6 +132,7 @@ class Job:
     save_checkpoint: bool  # the setting, unless the disk has no room for the checkpoint
     checkpoint_note: str  # what meta.json says of it
     phases: dict  # when this rank reached each phase of its start (``PHASES``)
+    loss_source: str  # which loss trains (``model_io.loss_source``): meta.json says it
 
 
 def setup(run_dir: Path) -> Job:
@@ -154,7 +156,7 @@ def setup(run_dir: Path) -> Job:
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
               bucket_cap_mb=cfg.bucket_cap_mb)
     choice = registry.choose(cfg, backend)
-    rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate)
+    rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate, layouts(model))
     first = saved["step"] + 1 if saved else 0  # a resumed run goes on with the first one's steps
     measure = Unmeasured(choice.hook)
     if cfg.instrument:
@@ -162,12 +164,15 @@ def setup(run_dir: Path) -> Job:
         compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()
         measure = Measurement(cfg, choice, names, compressed, world, first, device, rank)
     optimizer = make_optimizer(cfg, ddp.parameters())
-    batches = resume(saved, ddp, optimizer, choice, work, device) if saved else work.batches()
+    batches = resume(saved, ddp, optimizer, choice, work, device) if saved else iter(work.batches())
+    first_batch = next(batches)  # which loss trains is said in meta.json, from the batches' kind
+    batches = itertools.chain([first_batch], batches)
     ddp.register_comm_hook(choice.state, measure.hook)
     save, note = room_for_checkpoint(cfg, folder, model, world)
     PHASES["set_up"] = time.time()
     return Job(cfg, folder, backend, rank, world, device, work, model, ddp, choice, rule, optimizer,
-               measure, batches, first, save, note, dict(PHASES))
+               measure, batches, first, save, note, dict(PHASES),
+               model_io.loss_source(first_batch, work.loss))
 
 
 def room_for_checkpoint(cfg: RunConfig, folder: store.RunFolder, model: torch.nn.Module,
@@ -196,7 +201,7 @@ def resume(saved: dict, ddp: DDP, optimizer: torch.optim.Optimizer, choice: regi
     ddp.module.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     checkpoint.restore_hook_state(choice.state, saved["hook"], device)
-    batches = checkpoint.continue_batches(ddp, work.batches(), saved["step"] + 1, device)
+    batches = checkpoint.continue_batches(ddp, work, saved["step"] + 1, device)
     torch.set_rng_state(saved["rng"])  # after the rebuild pass, whose forward may draw (dropout)
     return batches
 

@@ -50,12 +50,18 @@ def error(cfg: RunConfig, timeout_s: float = TIMEOUT_S) -> str | None:
 
 
 def shapes(spec: str, timeout_s: float = TIMEOUT_S) -> list[tuple[str, tuple[int, ...]]]:
-    """The parameter shapes of a user's ``module:function`` model, built in a child (the
-    Compression rule page and ``commlab rule --module``); ValueError says why there are none."""
+    """The parameter shapes of a user's ``module:function`` model, built in a child (a resume's
+    check); ValueError says why there are none."""
+    return described(spec, timeout_s)[0]
+
+
+def described(spec: str, timeout_s: float = TIMEOUT_S) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """The shapes and the layouts (``analysis.rule.layouts``) of a user's model, built in a child
+    (the Compression rule page and ``commlab rule --module``); ValueError says why there are none."""
     said = _ask({"ask": "shapes", "spec": spec}, timeout_s)
     if isinstance(said, str) or said["error"]:
         raise ValueError(said if isinstance(said, str) else said["error"])
-    return [(name, tuple(shape)) for name, shape in said["shapes"]]
+    return [(name, tuple(shape)) for name, shape in said["shapes"]], said.get("layouts", {})
 
 
 def _ask(job: dict, timeout_s: float) -> dict | str:
@@ -129,13 +135,14 @@ def _main(answer: str, job: str) -> None:
 
 
 def _shapes_here(spec: str) -> dict:
-    from commlab.analysis.rule import named_shapes
+    from commlab.analysis.rule import layouts, named_shapes
     from commlab.workloads import load
 
     try:
-        return {"error": None, "shapes": named_shapes(load(spec).model)}
+        model = load(spec).model
     except ValueError as e:
         return {"error": str(e), "shapes": []}
+    return {"error": None, "shapes": named_shapes(model), "layouts": layouts(model)}
 
 
 if __name__ == "__main__":

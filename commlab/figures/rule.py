@@ -26,9 +26,10 @@ def rule_frame(summary: RuleSummary) -> pd.DataFrame:
         "layer": d.name, "shape": "×".join(map(str, d.shape)) or "scalar", "n": d.n, "m": d.m,
         "r": d.r, "(n+m)·r·rate": d.lhs, "n·m": d.rhs, "compressed": d.compressed,
         "elements before": d.numel_before, "elements after": d.numel_after,
-        "saved": d.numel_before - d.numel_after} for d in summary.layers],
+        "saved": d.numel_before - d.numel_after, "n × m is": d.layout} for d in summary.layers],
         columns=["layer", "shape", "n", "m", "r", "(n+m)·r·rate", "n·m", "compressed",
-                 "elements before", "elements after", "saved"])
+                 "elements before", "elements after", "saved"]
+        + (["n × m is"] if any(d.layout for d in summary.layers) else []))
 
 
 def layer_kind(name: str) -> str:

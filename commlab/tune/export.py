@@ -12,7 +12,8 @@ character); floats are written with ``repr``; no file names a path of the export
 
 Formats: json and toml (load back to the same ``RunConfig``, less the lab's runs folder), ddp
 (plain ``register_comm_hook``), lightning (``DDPStrategy``), accelerate
-(``DistributedDataParallelKwargs``), torchrun (one node and several), slurm (a batch script).
+(``DistributedDataParallelKwargs``), trainer (Hugging Face's ``Trainer``: a callback registers the
+hook on the DDP model Accelerate prepared), torchrun (one node and several), slurm (a batch script).
 Every hook is exported with its state built from the run's settings: PowerSGD's, the compressors'
 (commlab's, PyTorch has none), post-local SGD's with its subgroups and its ``PeriodicModelAverager``
 stepped after ``optimizer.step()`` as PyTorch's documentation shows.
@@ -525,6 +526,54 @@ def accelerate_snippet(cfg: RunConfig, target: Target, source: str | None = None
                               "on resume, before register_comm_hook")
 
 
+# ============================================================================ Hugging Face Trainer
+TRAINER_WHY = ("Hugging Face's Trainer builds DDP through Accelerate with a "
+               "DistributedDataParallelKwargs of its own (Trainer._build_accelerator_args, from "
+               "TrainingArguments' ddp_* fields): TrainingArguments has no comm hook and Trainer "
+               "takes no kwargs handler of yours, so the callback below registers the hook on the "
+               "DDP model Accelerate prepared, when training begins (before the first backward).")
+
+
+def trainer_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
+    """``TrainingArguments`` (its ddp_* fields), the hook's state, and a ``TrainerCallback`` that
+    registers the hook on ``trainer.model_wrapped`` (the prepared DistributedDataParallel) at
+    ``on_train_begin``; post-local SGD's averager steps at ``on_optimizer_step``.  The state is
+    built beside the Trainer, where a checkpoint reaches it: ``TrainingArguments`` has started the
+    process group by then (Accelerate's PartialState), so subgroups can be made."""
+    chosen = choices(cfg, target.backend)
+    code = hook_code(cfg, chosen)
+    text = _comment(_header(cfg, target, source) + [TRAINER_WHY])
+    imports = ("from torch.nn.parallel import DistributedDataParallel",
+               "from transformers import Trainer, TrainerCallback, TrainingArguments")
+    text += _imports(chosen, imports + code.imports) + choice_line(cfg, target.backend)
+    ddp_args = ['output_dir="out"'] + (["use_cpu=True"] if target.backend != "nccl" else [])
+    if _bucket_cap(cfg):
+        ddp_args.append(f"ddp_bucket_cap_mb={cfg.bucket_cap_mb!r}")
+    text += (f"training_args = TrainingArguments({', '.join(ddp_args)})  # and your other arguments\n"
+             + code.setup() + "\n\n"
+             "class RegisterCommHook(TrainerCallback):\n"
+             "    def __init__(self, trainer):\n"
+             "        self.trainer = trainer\n\n"
+             "    def on_train_begin(self, args, trainer_state, control, **kwargs):\n"
+             "        model = self.trainer.model_wrapped  # DistributedDataParallel once Accelerate prepared it\n"
+             "        if isinstance(model, DistributedDataParallel):\n"
+             + textwrap.indent(code.register("model"), " " * 12)
+             + "        elif args.world_size > 1:  # FSDP or DeepSpeed: DDP's comm hooks do not apply there\n"
+             "            raise RuntimeError(f\"the comm hook needs DistributedDataParallel, and this run \"\n"
+             "                               f\"wrapped the model in {type(model).__name__}\")\n")
+    if code.averager:
+        text += ("\n    def on_optimizer_step(self, args, trainer_state, control, **kwargs):\n"
+                 "        averager.average_parameters(self.trainer.model_wrapped.parameters())\n")
+    text += "\n\n"
+    text += "trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset)  # your model and data\n"
+    text += "trainer.add_callback(RegisterCommHook(trainer))\n"
+    if code.averager:
+        text += f"averager = {code.averager}\n"
+    text += "trainer.train()\n"
+    text += _comment(accelerate_launch(cfg, target))
+    return text + _checkpoint(cfg, "trainer.model.state_dict()", "on resume, before trainer.train()")
+
+
 # ============================================================================ launch lines
 # With no endpoint given, the several-nodes line reads the first node's address from the shell.
 HEAD_NODE_ENDPOINT = f'"$HEAD_NODE:{RDZV_PORT}"'
@@ -631,6 +680,7 @@ FORMATS = {
     "ddp": (ddp_snippet, "ddp_comm_hook.py", "python", "text/x-python"),
     "lightning": (lightning_snippet, "lightning_strategy.py", "python", "text/x-python"),
     "accelerate": (accelerate_snippet, "accelerate_kwargs.py", "python", "text/x-python"),
+    "trainer": (trainer_snippet, "hf_trainer.py", "python", "text/x-python"),
     "torchrun": (torchrun_lines, "launch.sh", "bash", "text/x-shellscript"),
     "slurm": (slurm_script, "job.sbatch", "bash", "text/x-shellscript"),
 }

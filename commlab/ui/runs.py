@@ -96,7 +96,7 @@ class LiveView:
         return {"ran": bool(meta.get("hook_impl")), "hook_impl": impl,
                 "owner": {"stock": "PyTorch's", "commlab": "commlab's"}.get(impl, impl),
                 "hook_reason": source.get("hook_reason"), "backend": source.get("backend"),
-                "warning": planned.get("warning")}
+                "warning": planned.get("warning"), "loss": meta.get("loss")}
 
     def headline(self) -> dict:
         """The numbers above the charts: ``RunFolder.summary``'s (``metrics.headline``), from the
