@@ -23,6 +23,7 @@ from commlab.hook_specs import spec_of
 CHART_POINTS = 1500
 RECENT_POINTS = 300
 CHARTED = ("loss", "step_s", "hook_s", "plain_bytes", "payload_bytes", "compression_ratio")
+STEADY_FIGURES = ("step_s", "payload_bytes", "plain_bytes")  # what the headline reads of the steady steps
 
 
 def chart_rows(steps: np.ndarray, columns: dict[str, np.ndarray], points: int = CHART_POINTS,
@@ -48,17 +49,17 @@ class LiveView:
         self.run = open_run(path)
         self._tail = self.run.metrics_tail()
         self.rows: list[dict] = []
-        self._steady: list[dict] = []  # metrics.steady_rows of rows, kept as they come
+        self._steady = metrics.Columns(STEADY_FIGURES)  # metrics.steady_rows of rows, as they come
         self._first_steady = metrics.first_steady_step(self.run.config_dict())
-        self._charted = _Columns()  # step and CHARTED
+        self._charted = metrics.Columns(("step", *CHARTED))
         self._evals_tail = self.run.evals_tail()
         self.evals: list[dict] = []  # the held-out evaluations so far (``RunFolder.evals``)
 
     def poll(self) -> int:
         new = self._tail.read_new()
         self.rows.extend(new)
-        self._steady.extend(r for r in new if metrics.is_steady(r, self._first_steady))
-        self._charted.extend(new, ("step", *CHARTED))
+        self._steady.extend([r for r in new if metrics.is_steady(r, self._first_steady)])
+        self._charted.extend(new)
         self.evals.extend(self._evals_tail.read_new())
         return len(new)
 
@@ -115,31 +116,6 @@ class LiveView:
                 # the latest held-out evaluation and its step (None before the first)
                 **store.heldout(self.evals),
                 "heldout_step": self.evals[-1]["step"] if self.evals else None}
-
-
-class _Columns:
-    """Numeric columns of step records, grown in place (doubling), each read as a NumPy array
-    without a copy of the history."""
-
-    def __init__(self):
-        self._data: dict[str, np.ndarray] = {}
-        self._n = 0
-
-    def extend(self, records: list[dict], keys: tuple[str, ...]) -> None:
-        if not records:
-            return
-        if not self._data:  # every record has the first one's fields (store.step_check)
-            self._data = {k: np.empty(1024, dtype=np.int64 if k == "step" else float)
-                          for k in keys if k in records[0]}
-        n = self._n + len(records)
-        for k, column in self._data.items():
-            if n > len(column):
-                column = self._data[k] = np.resize(column, max(n, 2 * len(column)))
-            column[self._n:n] = [np.nan if r.get(k) is None else r[k] for r in records]
-        self._n = n
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {k: v[:self._n] for k, v in self._data.items()}
 
 
 def pitfall_lines(records: list[dict]) -> list[str]:
