@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -44,6 +45,8 @@ def main() -> None:
     p.add_argument("--window", type=float, default=10.0, help="seconds of steps measured at each")
     args = p.parse_args()
     marks = sorted(int(x) for x in args.at.split(","))
+    # A kill ends the run and the server too (the ``finally`` below runs on SIGTERM as on Ctrl-C).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="commlab-live-") as tmp:

@@ -1,8 +1,12 @@
 """Warm ranks (commlab/engine/pool.py): runs on a pool of ranks started once give the numbers of
 the same runs started cold, bit for bit (plain allreduce and PowerSGD with several buckets, the
 session's cold runs; a compressor); a run that fails ends as such, named, and the pool starts
-again for the next; a Stop ends the run and the pool; nothing is left running."""
+again for the next; a Stop ends the run and the pool; ``launch.Batch`` gives a run of another world
+size ranks of its own, one pool at a time, and a comparison's pool goes with it; nothing is left
+running."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import psutil
 import pytest
@@ -108,3 +112,21 @@ def test_a_comparison_runs_its_hooks_on_one_pool_and_leaves_nothing(tmp_path, ca
     ranks = {pid for r in runs for pid in r.supervisor()["worker_pids"]}
     assert len(ranks) == 2 and not [pid for pid in ranks if psutil.pid_exists(pid)]
     assert not list((tmp_path / POOLS).iterdir())  # its pool's folder went with it
+
+
+@pytest.mark.timeout(900)
+def test_a_run_of_another_world_size_gets_ranks_of_its_own(tmp_path):
+    from commlab.engine.launch import Batch
+
+    two, three = (RunConfig(workload="mlp", steps=2, world_size=n, eval_every=0, runs_dir=str(tmp_path))
+                  for n in (2, 3))
+    with Batch("test", tmp_path / "pools") as batch:
+        runs = [batch.start(two)]
+        assert runs[0].wait(600) == "finished", runs[0].status_record()
+        first = batch.pool
+        runs.append(batch.start(three))
+        assert runs[1].wait(600) == "finished", runs[1].status_record()
+        assert not first.alive() and batch.pool is not first  # one pool at a time
+    assert [len(r.supervisor()["worker_pids"]) for r in runs] == [2, 3]
+    assert [Path(r.launch_info()["pool"]).name for r in runs] == ["2-gloo", "3-gloo"]
+    assert not [pid for r in runs for pid in r.supervisor()["worker_pids"] if psutil.pid_exists(pid)]
