@@ -12,8 +12,12 @@ unchanged.  Clients (the workers) are untouched.
 Two additions for the engine: the workers learn this process's PID (``procs.LAUNCHER_ENV``), so
 that each can die with it; and when the workers fail, torchrun's own record of how each one ended
 (exit code or signal, when it saw it) is written to the file ``procs.TORCHRUN_RECORD_ENV`` names, if it is set.
+And one repair: torchrun's log folder, which it would leave in /tmp after every job, goes as it ends.
 """
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import torch.distributed as dist
@@ -41,12 +45,21 @@ def main() -> int:
     # (imported by name) and the workers' bootstrap store (looked up on torch.distributed).
     dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
     os.environ[procs.LAUNCHER_ENV] = str(os.getpid())
+    # Without --log-dir torchrun makes a folder in /tmp for each job and never removes it (955 of
+    # them in a day of tests here): it gets one that goes as torchrun ends.
+    logs = None
+    if not any(a.startswith(("--log-dir", "--log_dir")) for a in sys.argv[1:]):
+        logs = tempfile.mkdtemp(prefix="torchelastic_")
+        sys.argv[1:1] = ["--log-dir", logs]
     try:
         run.main()
     except ChildFailedError as e:
         if os.environ.get(procs.TORCHRUN_RECORD_ENV):
             _write_record(os.environ[procs.TORCHRUN_RECORD_ENV], e)
         raise
+    finally:
+        if logs:
+            shutil.rmtree(logs, ignore_errors=True)
     return 0
 
 
