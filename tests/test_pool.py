@@ -37,6 +37,18 @@ def _pool_processes(pool: Pool) -> list:
         return []
 
 
+def _gone(pids, within_s: float = 30) -> bool:
+    """Every one of ``pids`` ended (or a zombie): a pool's ranks die with its torchrun, a moment
+    after it (the kernel's signal on their parent's death)."""
+    def ended(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return procs.wait_until(lambda: all(ended(pid) for pid in pids), within_s)
+
+
 @pytest.mark.timeout(900)
 def test_warm_runs_give_the_numbers_of_cold_ones_bit_for_bit(powersgd_run, allreduce_run, tmp_path):
     cold = [powersgd_run, allreduce_run]
@@ -91,7 +103,7 @@ def test_a_stop_ends_the_run_and_the_pool(tmp_path):
         assert set(run.supervisor()["worker_pids"]) == ranks and len(ranks) == long.world_size
         assert run.stop() == "stopped"
         assert procs.wait_until(lambda: not pool.alive(), 30)
-        assert not [pid for pid in ranks if psutil.pid_exists(pid)]
+        assert _gone(ranks)
     finally:
         pool.close()
     assert not _pool_processes(pool)
@@ -110,7 +122,7 @@ def test_a_comparison_runs_its_hooks_on_one_pool_and_leaves_nothing(tmp_path, ca
     assert len({r.launch_info()["pool"] for r in runs} - {None}) == 1  # both on the same ranks
     assert {r.launch_info()["owner"]["what"] for r in runs} == {"comparison"}
     ranks = {pid for r in runs for pid in r.supervisor()["worker_pids"]}
-    assert len(ranks) == 2 and not [pid for pid in ranks if psutil.pid_exists(pid)]
+    assert len(ranks) == 2 and _gone(ranks)
     assert not list((tmp_path / POOLS).iterdir())  # its pool's folder went with it
 
 
@@ -129,4 +141,4 @@ def test_a_run_of_another_world_size_gets_ranks_of_its_own(tmp_path):
         assert not first.alive() and batch.pool is not first  # one pool at a time
     assert [len(r.supervisor()["worker_pids"]) for r in runs] == [2, 3]
     assert [Path(r.launch_info()["pool"]).name for r in runs] == ["2-gloo", "3-gloo"]
-    assert not [pid for r in runs for pid in r.supervisor()["worker_pids"] if psutil.pid_exists(pid)]
+    assert _gone({pid for r in runs for pid in r.supervisor()["worker_pids"]})
