@@ -245,6 +245,7 @@ def test_watch_panel_shows_the_run_folders_numbers(runs_dir, powersgd_run, monke
     assert meta["hook_impl"] == "commlab"  # PowerSGD on Gloo with several buckets
     assert (f"Hook implementation that ran on gloo: **commlab's** (commlab). "
             f"Why: {meta['hook_reason']}.") in texts(at)
+    assert f"Loss: {lab_widgets.literal(meta['loss'])}." in texts(at)  # which loss trained
 
     traces = {t["name"]: t for t in live_chart(at)["data"]}
     assert traces["loss"]["x"] == [r["step"] for r in rows]

@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 import lab_widgets
 from commlab.analysis import lowrank, shapes, units
-from commlab.analysis.rule import apply_rule
+from commlab.analysis.rule import IN_BY_OUT_NOTE, apply_rule
 from commlab.figures import lowrank as lowrank_figs
 from commlab.figures import rule as rule_figs
 from commlab.ui import runs
@@ -115,6 +115,10 @@ def test_rule_page_module_and_checkpoint_sources(monkeypatch, tmp_path):
     assert at.info and not at.dataframe  # nothing named yet
     widget(at.text_input, "module:function").set_value("commlab.workloads:cnn").run()
     check_rule_page(at, shapes.from_workload("cnn"), 1, 2.0)  # the same model, built-in
+    assert IN_BY_OUT_NOTE not in [i.value for i in at.info]
+    # GPT-2's Conv1D keeps its weight as in × out: the page says what n × m is for it.
+    widget(at.text_input, "module:function").set_value("tests.hf_workloads:gpt2").run()
+    assert not at.exception and IN_BY_OUT_NOTE in [i.value for i in at.info]
     widget(at.text_input, "module:function").set_value("no_such_module_here:fn").run()
     assert "does not import" in at.error[0].value
     # The person's code runs in a child: one that aborts ends the child, not the app.
