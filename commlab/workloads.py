@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from commlab import model_io
 from commlab.seeds import stream_seed
-from commlab.workload_names import BUILTIN_NAMES, DESCRIPTIONS, spec_error  # noqa: F401 (re-exported)
+from commlab.workload_names import BUILTIN_NAMES
 
 CONTRACT = ("a workload function must return (model, batches): model a torch.nn.Module, batches a "
             "callable that yields batches for this rank, (inputs, targets) tensors (integer "

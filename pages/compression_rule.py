@@ -9,7 +9,8 @@ from commlab.analysis import shapes, units
 from commlab.analysis.rule import IN_BY_OUT_NOTE, apply_rule
 from commlab.engine import workload_probe
 from commlab.figures import rule as figs
-from commlab.workloads import CONTRACT, DESCRIPTIONS, MODELS
+from commlab.workload_names import DESCRIPTIONS
+from commlab.workloads import CONTRACT, MODELS
 
 SOURCES = ("Built-in workload", "Reference model", "Your module:function", "Uploaded checkpoint")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ class Pool:
 
     def __init__(self, path: str | os.PathLike, world_size: int, backend: str):
         self.path, self.world_size, self.backend = Path(path), world_size, backend
+        self._child: subprocess.Popen | None = None  # the torchrun this object started
 
     def alive(self) -> bool:
         return _alive(self.path)
@@ -69,9 +71,9 @@ class Pool:
             pid = torchrun_of(self.path)["pid"]
             if not procs.wait_until(lambda: not self.alive(), timeout):
                 procs.kill_tree(pid)
-        child, self._child = getattr(self, "_child", None), None
-        if child is not None:
-            child.wait(timeout=10)
+        if self._child is not None:
+            self._child.wait(timeout=10)
+            self._child = None
 
 
 def torchrun_of(pool_dir: Path) -> dict:

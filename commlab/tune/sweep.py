@@ -555,7 +555,7 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             exiting.append(run)
             entries[i]["status"] = status
             _write_state(sweep, runs=_started(entries))
-            report(i, status, len(run.metrics_records()))
+            report(i, status, steps_done + len(steps.read_new()))
     finally:
         launch.close()
     for run in exiting:
