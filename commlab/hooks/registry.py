@@ -39,7 +39,7 @@ class HookChoice:
     name: str  # readable, e.g. "fp16_compress_wrapper(powerSGD_hook)"
     reason: str  # why this implementation was chosen, one sentence
     spec: HookSpec  # everything else the lab knows of the hook
-    averager: object = None  # post-local SGD's PeriodicModelAverager: average_parameters() after each step
+    averager: object = None  # post-local SGD's PeriodicModelAverager, DiLoCo's state: average_parameters() after each step
 
 
 def hook_name(hook: str, wrapper: str = "none") -> str:
@@ -212,6 +212,8 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
         hook = _function(wrapper, wrapper in ours)(hook)
     module = spec.module(commlab_hook)
     state = build(spec.state, module, cfg, process_group) if spec.state else process_group
-    averager = build(spec.averager, module, cfg, process_group) if spec.averager else None
+    averager = None
+    if spec.averager:  # DiLoCo's state is its averager (its Build is the state's): one object
+        averager = state if spec.averager == spec.state else build(spec.averager, module, cfg, process_group)
     return HookChoice(state, hook, impl, hook_name(cfg.hook, cfg.wrapper), reason, spec, averager)
 
