@@ -1,0 +1,130 @@
+"""DiLoCo (commlab.hooks.diloco) against a float64 reference of its update, on 2 and 3 real Gloo
+ranks, in each precision of its outer collective: the replicas identical after every outer step,
+the parameters and the outer momentum buffer as Nesterov SGD on the averaged pseudo-gradient says.
+
+The ranks are this file run by torchrun (one job of 3 ranks; the 2-rank check on a group of two):
+
+    python -m torch.distributed.run --nproc-per-node 3 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 tests/test_diloco.py
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from commlab.hook_specs import OUTER_PRECISIONS
+from commlab.hooks.diloco import INT8_LEVELS, DiLoCoState
+
+SHAPES = ((5, 3), (4,), (2, 2))  # the last never moves: a zero pseudo-gradient (int8's zero scale)
+H, ROUNDS, LR, MOMENTUM = 3, 3, 0.7, 0.9
+EPS = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
+
+
+def _delta(rank: int, step: int, i: int, shape) -> torch.Tensor:
+    """Rank ``rank``'s inner update of parameter ``i`` at ``step``, as float32 (what it subtracts)."""
+    if i == len(SHAPES) - 1:
+        return torch.zeros(shape)
+    g = torch.Generator().manual_seed(10_000 * rank + 100 * step + i)
+    return (0.1 * torch.randn(shape, generator=g, dtype=torch.float64)).float()
+
+
+def _wire_mean(pseudo: list[list[torch.Tensor]], precision: str, world: int) -> list[torch.Tensor]:
+    """The float64 mean over ranks of each tensor, as the precision sends it: fp32/bf16/fp16 cast
+    and divided by the ranks (summed exactly here), int8 by its codes and per-tensor scale."""
+    out = []
+    for i in range(len(SHAPES)):
+        total = torch.zeros(SHAPES[i], dtype=torch.float64)
+        for r in range(world):
+            x = pseudo[r][i].float()
+            if precision == "int8":
+                scale = x.abs().max() / INT8_LEVELS
+                codes = torch.round(x / scale).clamp(-INT8_LEVELS, INT8_LEVELS) if scale > 0 else x * 0
+                total += codes.double() * scale.double()
+            else:
+                dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+                total += x.to(dtype).div(world).double()
+        out.append(total / world if precision == "int8" else total)
+    return out
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    pair = dist.new_group([0, 1])  # every rank makes it; ranks 0 and 1 check on it
+    try:
+        for precision in OUTER_PRECISIONS:
+            _check(rank, dist.get_world_size(), precision, None)
+            if rank < 2:
+                _check(rank, 2, precision, pair)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        print("DILOCO REFERENCE OK")
+
+
+def _check(rank: int, world: int, precision: str, group) -> None:
+    torch.manual_seed(0)  # the same start on every rank
+    params = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES]
+    state = DiLoCoState(group, sync_every=H, outer_lr=LR, outer_momentum=MOMENTUM, nesterov=True,
+                        precision=precision)
+    state.remember(params)
+    anchor = [p.detach().double().clone() for p in params]  # the reference, in float64
+    buf = [torch.zeros_like(a) for a in anchor]
+    # Tolerance: the wire's rounding of a pseudo-gradient of norm about 1, through lr (1 + mu) a round.
+    tol = 1e-5 if precision in ("fp32", "int8") else 8 * world * EPS[precision] * LR * (1 + MOMENTUM)
+    for k in range(ROUNDS):
+        local = {r: [a.clone() for a in anchor] for r in range(world)}
+        for step in range(k * H, (k + 1) * H):
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    p.sub_(_delta(rank, step, i, p.shape))
+            for r in range(world):
+                for i, s in enumerate(SHAPES):
+                    local[r][i] -= _delta(r, step, i, s).double()
+            synced = state.average_parameters(params)
+            assert synced == (step == (k + 1) * H - 1), (precision, step)
+        # The reference: the mean pseudo-gradient, Nesterov's buffer and step, in float64.
+        mean = _wire_mean([[a - x for a, x in zip(anchor, local[r])] for r in range(world)], precision, world)
+        for i in range(len(SHAPES)):
+            buf[i] = MOMENTUM * buf[i] + mean[i]
+            anchor[i] = anchor[i] - LR * (mean[i] + MOMENTUM * buf[i])
+        # Every replica the same, bit for bit.
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        gathered = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat, group=group)
+        assert all(torch.equal(g, flat) for g in gathered), (precision, k)
+        opt = state.outer_optimizer
+        for i, p in enumerate(params):
+            kept = state.anchors[p.data_ptr()]
+            assert torch.equal(p.detach(), kept), (precision, k, i)  # the replica is the outer result
+            assert torch.allclose(p.detach().double(), anchor[i], rtol=0, atol=tol), (precision, k, i)
+            assert torch.allclose(opt.state[kept]["momentum_buffer"].double(), buf[i], rtol=0, atol=tol), (
+                precision, k, i)
+        assert state.outer_steps == k + 1
+    assert not torch.equal(params[0].detach().double(), anchor[0] * 0)  # it trained
+
+
+@pytest.mark.slow
+def test_diloco_matches_the_float64_reference_of_its_update_on_2_and_3_ranks():
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr",
+                           "127.0.0.1", str(Path(__file__))], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "DILOCO REFERENCE OK" in done.stdout, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def test_state_refuses_bad_settings_by_name():
+    for kwargs, word in (({"sync_every": 0}, "sync_every"), ({"outer_lr": 0}, "outer_lr"),
+                         ({"outer_momentum": 1.0}, "outer_momentum"), ({"precision": "int4"}, "int4"),
+                         ({"outer_momentum": 0.0}, "nesterov")):
+        with pytest.raises(ValueError, match=word):
+            DiLoCoState(None, **kwargs)
+
+
+if __name__ == "__main__":
+    main()
