@@ -118,6 +118,41 @@ def test_diloco_matches_the_float64_reference_of_its_update_on_2_and_3_ranks():
     assert done.returncode == 0 and "DILOCO REFERENCE OK" in done.stdout, done.stdout[-3000:] + done.stderr[-6000:]
 
 
+@pytest.mark.slow
+def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(tmp_path):
+    """A real 2-rank run through the lab: nothing sent between syncs; at every H-th step the int8
+    codes and scales of every parameter, allgathered, held by the emulated link, in the timeline."""
+    from commlab.analysis import ring
+    from commlab.api import run
+    from commlab.config import RunConfig
+    from commlab.workloads import load
+
+    params = list(load("mlp", 0, 2, 16, 0).model.parameters())
+    numel = sum(p.numel() for p in params)
+    bw = 0.05
+    done = run(RunConfig(hook="diloco", workload="mlp", steps=8, world_size=2, sync_every=4,
+                         outer_precision="int8", eval_every=4, trace_steps=[3], emulate_bandwidth_gbps=bw,
+                         save_checkpoint=False, runs_dir=str(tmp_path), stall_timeout_s=600), timeout=600)
+    assert done.status() == "finished", done.status_record()
+    rows = {r["step"]: r for r in done.metrics_records()}
+    # An allgather of s bytes on 2 ranks is counted as the allreduce of s bytes (payload_of).
+    sync = numel * 1 + 4 * len(params)
+    for step, r in rows.items():
+        syncs = (step + 1) % 4 == 0
+        assert r["payload_bytes"] == (sync if syncs else 0), (step, r)
+        assert r["collectives"] == (2 if syncs else 0), (step, r)
+        expected_link = ring.allreduce_s(numel, 2, bw) + ring.allreduce_s(4 * len(params), 2, bw) if syncs else 0
+        assert r["link_s"] == pytest.approx(expected_link, rel=1e-9), (step, r)
+    assert [e["step"] for e in done.evals()] == [3, 7]  # held-out quality, every 4 steps and the last
+    events = done.timeline()["steps"]["3"]["0"]
+    (averaging,) = [e for e in events if e["kind"] == "averaging"]
+    outer = [e for e in events if e["kind"] == "collective" and e["category"] == "hook"]
+    assert sorted(e["bytes"] for e in outer) == [4 * len(params), numel]
+    assert all(averaging["start"] <= e["start"] and e["end"] <= averaging["end"] + 1e-3 for e in outer)
+    (codes,) = [e for e in outer if e["bytes"] == numel]
+    assert codes["link_s"] > 0  # the emulated link held the codes (the scales' 24 bytes take less than loopback)
+
+
 def test_state_refuses_bad_settings_by_name():
     for kwargs, word in (({"sync_every": 0}, "sync_every"), ({"outer_lr": 0}, "outer_lr"),
                          ({"outer_momentum": 1.0}, "outer_momentum"), ({"precision": "int4"}, "int4"),
