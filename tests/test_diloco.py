@@ -125,6 +125,7 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     from commlab.analysis import ring
     from commlab.api import run
     from commlab.config import RunConfig
+    from commlab.tune import whatif
     from commlab.workloads import load
 
     params = list(load("mlp", 0, 2, 16, 0).model.parameters())
@@ -151,6 +152,14 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     assert all(averaging["start"] <= e["start"] and e["end"] <= averaging["end"] + 1e-3 for e in outer)
     (codes,) = [e for e in outer if e["bytes"] == numel]
     assert codes["link_s"] > 0  # the emulated link held the codes (the scales' 24 bytes take less than loopback)
+    # The what-if prices the run's own count as the link charged it: one allgather of the int8
+    # codes and scales every 4 steps, (N - 1) of them received by each rank at any N.
+    records, cfg = done.metrics_records(), done.config_dict()
+    profile = whatif.profile_from_records(records, cfg, skip=1)
+    assert (profile.period, profile.averaging_collective, profile.averaged_bytes) == (4, ring.ALLGATHER, sync)
+    charged = whatif.per_step(whatif.steady_rows(records, cfg, skip=1), cfg, "link_s")
+    assert profile.comm_s(2, bw, 0.0) == pytest.approx(charged, rel=1e-9)
+    assert profile.wire_bytes(8) == pytest.approx(7 * sync / 4)
 
 
 def test_state_refuses_bad_settings_by_name():
@@ -163,3 +172,23 @@ def test_state_refuses_bad_settings_by_name():
 
 if __name__ == "__main__":
     main()
+
+
+def test_the_what_if_prices_diloco_as_one_parameter_allreduce_every_h_steps_in_its_precision():
+    from commlab.analysis import ring
+    from commlab.config import RunConfig
+    from commlab.tune import whatif
+
+    params_bytes, h = 40_000, 8
+    for precision, per_element in (("fp32", 4), ("bf16", 2), ("fp16", 2)):
+        cfg = RunConfig(hook="diloco", sync_every=h, outer_precision=precision, world_size=2).to_dict()
+        rows = [{"step": i, "loss": 1.0, "step_s": 0.02, "hook_s": 0.001, "collective_s": 0.0,
+                 "link_s": 0.0, "plain_bytes": params_bytes, "collectives": int((i + 1) % h == 0),
+                 "payload_bytes": params_bytes // 4 * per_element if (i + 1) % h == 0 else 0, "t": i}
+                for i in range(4 * h)]
+        p = whatif.profile_from_records(rows, cfg)
+        sent = params_bytes // 4 * per_element
+        assert (p.period, p.averaging_collective, p.averaged_bytes) == (h, ring.ALLREDUCE, sent)
+        for n in (2, 64):
+            assert p.wire_bytes(n) == pytest.approx(ring.wire_bytes(sent, n) / h)
+            assert p.comm_s(n, 10.0, 5.0) == pytest.approx(ring.allreduce_s(sent, n, 10.0, 5.0) / h)
