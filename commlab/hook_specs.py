@@ -127,6 +127,11 @@ class HookSpec:
         return self.averager is not None
 
     @property
+    def outer_loop(self) -> bool:
+        """Whether its state is its averager (DiLoCo's outer optimizer): one object, built once."""
+        return self.averager is not None and self.averager == self.state
+
+    @property
     def subgroup(self) -> bool:
         """Whether its collectives span subgroups of ``localsgd_subgroup_size`` ranks."""
         return self.state is not None and self.state.subgroup
@@ -310,6 +315,10 @@ SPECS: dict[str, HookSpec] = {s.name: s for s in (
              period="sync_every", averaging_precision="outer_precision",
              wrap_refusal=("it averages no gradients (each replica steps with its own); its outer "
                            "collective sends the pseudo-gradient in outer_precision"),
+             checkpoint_why=("DiLoCoState (the parameters at the last sync, the outer SGD's momentum) "
+                             "is not saved by these lines: save the model at a sync step, where it is "
+                             "the last sync's parameters, and the outer momentum starts again from zero "
+                             "when resumed."),
              not_resumable=("the checkpoint holds the model and the inner optimizer, not the outer "
                             "optimizer's momentum nor the parameters at the last sync, so the resumed "
                             "run would start the outer optimization over"),

@@ -213,7 +213,7 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
     module = spec.module(commlab_hook)
     state = build(spec.state, module, cfg, process_group) if spec.state else process_group
     averager = None
-    if spec.averager:  # DiLoCo's state is its averager (its Build is the state's): one object
-        averager = state if spec.averager == spec.state else build(spec.averager, module, cfg, process_group)
+    if spec.averager:
+        averager = state if spec.outer_loop else build(spec.averager, module, cfg, process_group)
     return HookChoice(state, hook, impl, hook_name(cfg.hook, cfg.wrapper), reason, spec, averager)
 
