@@ -9,6 +9,8 @@ The ranks are this file run by torchrun (one job of 3 ranks; the 2-rank check on
 """
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,8 @@ import torch.distributed as dist
 
 from commlab.hook_specs import OUTER_PRECISIONS
 from commlab.hooks.diloco import INT8_LEVELS, DiLoCoState
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHAPES = ((5, 3), (4,), (2, 2))  # the last never moves: a zero pseudo-gradient (int8's zero scale)
 H, ROUNDS, LR, MOMENTUM = 3, 3, 0.7, 0.9
@@ -192,3 +196,114 @@ def test_the_what_if_prices_diloco_as_one_parameter_allreduce_every_h_steps_in_i
         for n in (2, 64):
             assert p.wire_bytes(n) == pytest.approx(ring.wire_bytes(sent, n) / h)
             assert p.comm_s(n, 10.0, 5.0) == pytest.approx(ring.allreduce_s(sent, n, 10.0, 5.0) / h)
+
+
+# --------------------------------------------------------------------------- the exports, as pasted
+LOOP_PRELUDE = '''
+import json, os, sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from commlab.hooks import DiLoCoState
+
+dist.init_process_group("gloo")
+STEPS = 6
+
+
+def tiny():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def batches():
+    g = torch.Generator().manual_seed(dist.get_rank())
+    return [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(STEPS)]
+
+
+def flat(module):
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def same_on_every_rank(t):
+    every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, t)
+    return all(torch.equal(e, t) for e in every)
+
+
+def lab(precision, sync_every):
+    """commlab's DiLoCoState on the same model and batches, no DDP: each step's parameters."""
+    model = tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = DiLoCoState(None, sync_every=sync_every, precision=precision)
+    state.remember(model.parameters())
+    out = []
+    for x, y in batches():
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        state.average_parameters(model.parameters())
+        out.append(flat(model))
+    return out
+'''
+LOOP_CELL = '''
+
+def pasted_{precision}():
+    import torch  # the snippet imports it again: a name of this function's, bound before use
+    model = tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+{snippet}
+    out = []
+    for step, (x, y) in enumerate(batches()):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        {loop_line}
+        out.append(flat(model))
+    return out
+'''
+
+
+@pytest.mark.slow
+def test_the_plain_loop_export_runs_as_pasted_and_is_the_labs_diloco_bit_for_bit(tmp_path):
+    """Each precision's plain-PyTorch export, pasted into a training script run by torchrun on 2
+    Gloo ranks, gives commlab's DiLoCoState's parameters at every step, bit for bit: apart between
+    syncs, identical on every rank after each."""
+    import textwrap
+
+    from commlab.config import RunConfig
+    from commlab.tune import export
+
+    h = 2
+    parts, names = [LOOP_PRELUDE], []
+    for precision in OUTER_PRECISIONS:
+        text = export.render(RunConfig(hook="diloco", sync_every=h, outer_precision=precision), "loop",
+                             export.Target(backend="gloo")).text
+        (line,) = [ln[4:] for ln in text.splitlines() if ln.startswith("#   diloco_step(")]
+        # The snippet's functions close over `model` and friends: pasted into a function, they
+        # are made nonlocal by running the snippet in the function's namespace as it is.
+        parts.append(LOOP_CELL.format(precision=precision, loop_line=line,
+                                      snippet=textwrap.indent(text, "    ")))
+        names.append(precision)
+    parts.append(f'''
+results = {{}}
+for precision in {names!r}:
+    pasted, ours = globals()["pasted_" + precision](), lab(precision, {h})
+    results[precision] = {{"equal": [torch.equal(a, b) for a, b in zip(pasted, ours)],
+                          "same_on_ranks": [same_on_every_rank(a) for a in pasted]}}
+if dist.get_rank() == 0:
+    json.dump(results, open(sys.argv[1], "w"))
+dist.destroy_process_group()
+''')
+    (tmp_path / "train.py").write_text("\n".join(parts))
+    out = tmp_path / "out.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr",
+                           "127.0.0.1", str(tmp_path / "train.py"), str(out)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    results = json.loads(out.read_text())
+    synced = [(s + 1) % h == 0 for s in range(6)]
+    for precision in OUTER_PRECISIONS:
+        assert results[precision]["equal"] == [True] * 6, (precision, results[precision])
+        assert results[precision]["same_on_ranks"] == synced, (precision, results[precision])
