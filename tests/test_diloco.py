@@ -307,3 +307,58 @@ dist.destroy_process_group()
     for precision in OUTER_PRECISIONS:
         assert results[precision]["equal"] == [True] * 6, (precision, results[precision])
         assert results[precision]["same_on_ranks"] == synced, (precision, results[precision])
+
+
+TORCHFT_PRELUDE = '''
+import os
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+loss_fn = nn.functional.cross_entropy
+g = torch.Generator().manual_seed(int(os.environ["REPLICA_GROUP_ID"]))
+batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(4)]
+'''
+TORCHFT_EPILOGUE = '''
+end = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+torch.save({"params": end, "moved": not torch.equal(end, start), "outer_steps": manager.current_step()},
+           f"replica{os.environ['REPLICA_GROUP_ID']}.pt")
+manager.shutdown()
+'''
+
+
+@pytest.mark.slow
+def test_the_torchft_export_runs_as_pasted_where_torchft_is_installed(tmp_path):
+    """torchft's DiLoCo as exported, pasted into a script that two replica groups (a torchrun job
+    each) run against a lighthouse: both commit every outer step and end with the same parameters."""
+    pytest.importorskip("torchft", reason="torchft is not installed (pip install torchft-nightly)")
+    from torchft._torchft import LighthouseServer
+
+    from commlab.config import RunConfig
+    from commlab.tune import export
+
+    text = export.render(RunConfig(hook="diloco", sync_every=2), "torchft", export.Target(backend="gloo")).text
+    loop = "\n".join(ln[4:] for ln in text.split("# Train inside it")[1].splitlines() if ln.startswith("#   "))
+    (tmp_path / "train.py").write_text(TORCHFT_PRELUDE + text + loop + "\n" + TORCHFT_EPILOGUE)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000, quorum_tick_ms=100)
+    jobs: list[subprocess.Popen] = []
+    try:
+        jobs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc-per-node", "1", "train.py"], cwd=tmp_path,
+                                 env={**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse.address(),
+                                      "REPLICA_GROUP_ID": str(i), "GLOO_SOCKET_IFNAME": "lo"},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for i in range(2)]
+        logs = [job.communicate(timeout=240)[0] for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        lighthouse.shutdown()
+    assert [job.returncode for job in jobs] == [0, 0], "\n".join(log[-4000:] for log in logs)
+    ends = [torch.load(tmp_path / f"replica{i}.pt") for i in range(2)]
+    assert all(e["outer_steps"] == 2 and e["moved"] for e in ends), ends
+    assert torch.equal(ends[0]["params"], ends[1]["params"])
