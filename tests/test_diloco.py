@@ -362,3 +362,34 @@ def test_the_torchft_export_runs_as_pasted_where_torchft_is_installed(tmp_path):
     ends = [torch.load(tmp_path / f"replica{i}.pt") for i in range(2)]
     assert all(e["outer_steps"] == 2 and e["moved"] for e in ends), ends
     assert torch.equal(ends[0]["params"], ends[1]["params"])
+
+
+@pytest.mark.timeout(900)
+def test_the_export_page_offers_diloco_its_loop_and_torchft_and_downloads_them(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from commlab.tune import export
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+    at.switch_page("pages/export.py").run()
+    assert len(at.code) == len(export.FORMATS)  # PowerSGD: no DiLoCo tabs
+    next(s for s in at.selectbox if s.label == "Hook").set_value("diloco").run()
+    assert not at.exception and not at.error
+    codes = [c.value for c in at.code]
+    assert len(codes) == len(export.FORMATS) + 2
+    assert "def diloco_step(step):" in codes[-2] and "from torchft.local_sgd import DiLoCo" in codes[-1]
+    assert "commlab_hooks.DiLoCoState(" in codes[list(export.FORMATS).index("ddp")]
+    next(s for s in at.selectbox if s.key == "export_outer_precision").set_value("int8").run()
+    assert "dist.all_gather(all_codes, codes)" in at.code[-2].value
+    buttons = [b for b in at.get("download_button")]
+    assert {b.proto.label for b in buttons} >= {"Download diloco_loop.py", "Download diloco_torchft.py"}
+
+
+def test_the_cli_exports_diloco_s_loop_and_refuses_it_for_a_comm_hook(tmp_path, capsys):
+    from commlab import cli
+
+    assert cli.main(["export", "--hook", "diloco", "--sync-every", "16", "--format", "loop"]) == 0
+    assert "SYNC_EVERY = 16" in capsys.readouterr().out
+    assert cli.main(["export", "--hook", "powersgd", "--format", "torchft"]) == 2
+    assert "the torchft export is DiLoCo's" in capsys.readouterr().err
