@@ -262,8 +262,8 @@ class HookCode:
         if not self.averager:
             return ""
         return (f"averager = {self.averager}\n"
-                + _comment(["In the training loop, right after every optimizer.step() (PyTorch's "
-                            "post-local SGD example), average the parameters:",
+                + _comment(["In the training loop, right after every optimizer.step() (where PyTorch's "
+                            "post-local SGD example steps its averager), step the averager:",
                             f"  averager.average_parameters({model}.parameters())"]))
 
 
@@ -788,7 +788,6 @@ def torchft_snippet(cfg: RunConfig, target: Target, source: str | None = None) -
     with the run's outer SGD: the outer step runs from the inner optimizer's step hook."""
     _outer_loop(cfg, "torchft")
     notes_ = [_diloco_what(cfg), TORCHFT_WHY]
-    quantize = False
     if cfg.outer_precision != "fp32":
         notes_.append(f"torchft cannot send the pseudo-gradient in {cfg.outer_precision}: its "
                       "allreduce sends float32, or with should_quantize=True fp8 through Triton "
@@ -811,7 +810,7 @@ def torchft_snippet(cfg: RunConfig, target: Target, source: str | None = None) -
              "    use_async_quorum=False,  # DiLoCo needs a synchronous quorum\n"
              ")\n")
     text += (f"diloco = DiLoCo(manager, [model], optimizer, outer_optimizer, sync_every={cfg.sync_every!r}, "
-             f"should_quantize={quantize!r})\n")
+             "should_quantize=False)\n")
     text += _comment(["Train inside it: the outer step runs after every sync_every-th optimizer.step().",
                       "  with diloco:",
                       "      for x, y in batches:",
