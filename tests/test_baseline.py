@@ -224,3 +224,126 @@ def test_the_comparison_judges_against_the_chosen_baseline():
     with pytest.raises(ConfigError, match="against"):
         compare.table(entries, profiles, cluster, "fp8")
     assert not math.isnan(rows["tk"]["break_even_gbps"] or 0)
+
+
+# ============================================================================ a real sweep
+RUN_TIMEOUT_S = 1200  # a run reaches its first step in 5 s idle, minutes on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def fp16_sweep(tmp_path_factory):
+    """Top-k at k = 1% judged against fp16 allreduce, one seed, 2 ranks, 6 steps of the mlp: three
+    real runs (fp32 allreduce, fp16, top-k) on one set of warm ranks."""
+    runs_dir = tmp_path_factory.mktemp("fp16_sweep")
+    base = RunConfig(hook="topk", workload="mlp", steps=6, world_size=2, runs_dir=str(runs_dir),
+                     stall_timeout_s=RUN_TIMEOUT_S)
+    sweep = sw.run_sweep(sw.SweepSpec(base=base, compress_ratio=[0.01], repeats=1, against="fp16"))
+    return {"sweep": sweep, "runs_dir": runs_dir}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_a_real_sweep_is_judged_against_fp16_and_again_against_fp32(fp16_sweep, capsys):
+    sweep, runs_dir = fp16_sweep["sweep"], fp16_sweep["runs_dir"]
+    assert sweep.status() == "finished" and [r.status() for r in sweep.runs()] == ["finished"] * 3
+    cluster = Cluster(64, 10.0, 5.0)
+    runs = sweep.results(cluster=cluster)
+    assert list(runs["hook"]) == ["allreduce", "fp16", "topk"] and list(runs["baseline"]) == [False, True, False]
+    fp32, fp16, topk = runs.to_dict(orient="records")
+    assert fp16["bytes_per_step"] == pytest.approx(fp32["bytes_per_step"] / 2, rel=0.01)  # 2 bytes for 4
+    profiles = {p.run_id: p for p in whatif.profiles_from_runs(sweep.runs())}
+    want = payoff.payoff(profiles[fp16["run_id"]], profiles[topk["run_id"]], 64, 5.0, "fp16")
+    assert topk["pays"] == want.sentence() and "fp16 allreduce" in topk["pays"]
+    assert fp16["pays"] == "is the baseline (fp16 allreduce)"
+    table = pareto.by_setting(runs).set_index("hook")
+    assert table.loc["topk", "bytes_ratio"] == pytest.approx(fp16["bytes_per_step"] / topk["bytes_per_step"])
+    saved = sweep.saved_report()
+    assert saved["against"] == "fp16" and "as good as fp16 allreduce" in saved["recommendation"]["rule"]
+    again = sweep.report(cluster, against="allreduce")
+    assert [r["baseline"] for r in again["runs"]] == [True, False, False]
+    assert "fp32 allreduce" in again["recommendation"]["rule"]
+    with pytest.raises(ConfigError, match="against"):
+        sweep.results(against="fp8")
+    # The command: judged against the plan's baseline, or another named.
+    assert cli.main(["sweep", "--show", sweep.id, "--runs-dir", str(runs_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "judged against fp16 allreduce" in text and f"pays here? it {want.sentence()}" in text
+    assert cli.main(["sweep", "--show", sweep.id, "--runs-dir", str(runs_dir), "--against", "allreduce",
+                     "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert shown["against"] == "allreduce" and shown["settings"][0]["baseline"]
+    ids = [r.id for r in sweep.runs()]
+    assert cli.main(["compare", *ids, "--runs-dir", str(runs_dir), "--against", "fp16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["against"] == "fp16" and [r["baseline"] for r in out["rows"]] == [False, True, False]
+    assert out["missing_baseline"] is None and "fp16 allreduce" in out["rows"][2]["pays"]
+    assert cli.main(["compare", *ids, "--runs-dir", str(runs_dir), "--against", "bf16"]) == 0
+    assert "no bf16 allreduce run among these" in capsys.readouterr().out
+
+
+def _app(monkeypatch, runs_dir):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs_dir))
+    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+
+
+def _ok(at):
+    assert not at.exception, [e.value for e in at.exception]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_the_sweep_page_judges_against_the_baseline_chosen(fp16_sweep, monkeypatch):
+    sweep = fp16_sweep["sweep"]
+    at = _app(monkeypatch, fp16_sweep["runs_dir"])
+    at.switch_page("pages/sweep.py").run()
+    _ok(at)
+    judge = at.selectbox(key=f"judge_{sweep.id}")
+    assert judge.value == "fp16"
+    said = " ".join(m.value for m in (*at.warning, *at.success, *at.info))
+    assert "Recommendation** (against fp16 allreduce)" in said
+    settings = at.dataframe[0].value.set_index("label")
+    assert "fp16 allreduce" in settings.loc["topk compress_ratio=0.01", "pays"]
+    assert settings.loc["fp16", "pays"] == "is the baseline (fp16 allreduce)"
+    judge.set_value("allreduce").run()
+    _ok(at)
+    said = " ".join(m.value for m in (*at.warning, *at.success, *at.info))
+    assert "Recommendation** (against fp32 allreduce)" in said
+    assert "fp32 allreduce" in at.dataframe[0].value.set_index("label").loc["topk compress_ratio=0.01", "pays"]
+    # The form: a hook judged against itself is refused under the field, and nothing starts.
+    at.selectbox(key="sweep_hook").set_value("fp16").run()
+    at.selectbox(key="sweep_against").set_value("fp16")
+    next(b for b in at.button if b.label == "Start sweep").click().run()
+    _ok(at)
+    assert any("fp16 is the hook swept" in e.value for e in at.error)
+    assert [s.id for s in sw.list_sweeps(fp16_sweep["runs_dir"])] == [sweep.id]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_the_compare_and_what_if_pages_judge_against_the_baseline_chosen(fp16_sweep, monkeypatch):
+    at = _app(monkeypatch, fp16_sweep["runs_dir"])
+    at.switch_page("pages/compare.py").run()
+    _ok(at)
+    against = next(s for s in at.selectbox if s.label == "Judged against")
+    assert against.value == "allreduce"
+    against.set_value("fp16").run()
+    _ok(at)
+    rows = at.dataframe[0].value.set_index("hook")
+    assert rows.loc["fp16", "pays"] == "is the baseline (fp16 allreduce)"
+    assert "fp16 allreduce" in rows.loc["topk", "pays"] and rows.loc["fp16", "compression_ratio"] == 1
+    assert any("against **fp16 allreduce**" in c.value for c in at.caption)
+    next(s for s in at.selectbox if s.label == "Judged against").set_value("bf16").run()
+    _ok(at)
+    assert any("no bf16 allreduce run among these" in w.value for w in at.warning)
+    at.switch_page("pages/what_if.py").run()
+    _ok(at)
+    at.selectbox(key="whatif_against").set_value("fp16").run()
+    _ok(at)
+    pays = at.dataframe[1].value
+    assert set(pays["hook"]) == {"allreduce", "topk compress_ratio=0.01"}
+    assert pays["pays here?"].str.contains("fp16 allreduce").all()
+    at.selectbox(key="whatif_against").set_value("bf16").run()
+    _ok(at)
+    assert any("No bf16 allreduce run among these" in i.value for i in at.info)
