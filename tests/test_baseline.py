@@ -121,6 +121,8 @@ def test_the_commands_refuse_a_bad_baseline_before_starting_anything(tmp_path, c
     assert "unknown baseline 'fp8'" in json.loads(capsys.readouterr().out.splitlines()[-1])["errors"]["against"]
     assert cli.main(["compare", "--hooks", "topk", "--against", "fp8", "--runs-dir", str(tmp_path)]) == 2
     assert "unknown baseline 'fp8'" in capsys.readouterr().err
+    assert cli.main(["whatif", "x", "--against", "fp8", "--runs-dir", str(tmp_path)]) == 2
+    assert "unknown baseline 'fp8'" in capsys.readouterr().err
     assert cli.main(["sweep", "--resume", "x", "--against", "fp16", "--runs-dir", str(tmp_path)]) == 2
     assert "keeps its plan's baseline" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
