@@ -11,8 +11,8 @@ The rule (``RULE``): a setting is *as good as the baseline* (fp32 allreduce, or 
 its runs) when the upper end of the 95% t-interval of its loss minus the baseline's, paired seed by
 seed, lies at or below X% of the baseline's loss; of those, the fewest bytes per step wins, if
 fewer than the baseline's (judged against fp16, fp32 allreduce may be as good, never worth its
-bytes).  Paired, because the runs of one seed
-share their initial weights and their batches across settings (``commlab.tune.sweep``): a seed's
+bytes).  Paired, because the runs of one seed share their initial weights and their batches across
+settings (``commlab.tune.sweep``): a seed's
 luck is in both losses and cancels in their difference, so the interval measures what the setting
 changes, not how lucky the seed was (Welch's interval on two independent samples would count the
 seed spread twice and need more seeds for the same decision).  The interval is the test: its
