@@ -274,7 +274,7 @@ SPECS: dict[str, HookSpec] = {s.name: s for s in (
     _compressor("randomk", "RandomKState", {"compress_ratio": "compress_ratio"}, collective=ALLREDUCE,
                 keeps=("shared_generator",)),
     _compressor("qsgd", "QSGDState", {"levels": "qsgd_levels"}),
-    _compressor("terngrad", "TernGradState"),
+    _compressor("terngrad", "TernGradState", {"clip_sigmas": "terngrad_clip_sigmas"}),
     _compressor("signsgd", "SignSGDState"),
     _compressor("ef_signsgd", "EFSignSGDState"),
     _compressor("onebit", "OneBitState"),

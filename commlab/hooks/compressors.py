@@ -268,9 +268,29 @@ class QSGDState(CompressorState):
 
 
 class TernGradState(CompressorState):
-    """TernGrad, unbiased: x_i -> max|x| * sign(x_i) * b_i, b_i ~ Bernoulli(|x_i| / max|x|); 2 bits."""
+    """TernGrad, as in the paper: the bucket clipped to +-clip_sigmas * sigma (sigma the standard
+    deviation of its elements, about their mean; 0 = no clipping), then x_i -> max|x| * sign(x_i)
+    * b_i, b_i ~ Bernoulli(|x_i| / max|x|) of the clipped x: unbiased for the clipped bucket; 2 bits.
+    A bucket with sigma = 0 (constant, or of one element) is left unclipped: clipping would zero it."""
+
+    def __init__(self, process_group=None, clip_sigmas: float = 2.5, random_seed: int = 0):
+        super().__init__(process_group, random_seed)
+        _check("clip_sigmas", clip_sigmas, 0, math.inf, hi_open=True)
+        self.clip_sigmas = clip_sigmas
+
+    def clip(self, x: torch.Tensor) -> torch.Tensor:
+        """x clipped to +-clip_sigmas * sigma, written as GRACE writes it (so that the two agree
+        bit for bit: tests/test_grace.py)."""
+        if self.clip_sigmas == 0:
+            return x
+        sigma = float(torch.sqrt(torch.mean((x - torch.mean(x)) ** 2)))
+        if sigma == 0:
+            return x
+        limit = self.clip_sigmas * sigma
+        return torch.clamp(x, -limit, limit)
 
     def encode(self, key, x):
+        x = self.clip(x)
         scale = x.abs().max()
         p = x.abs() / scale if scale > 0 else torch.zeros_like(x)
         b = (self.uniform(x) < p).float()
