@@ -117,7 +117,8 @@ class RunConfig:
 
     # -- the communication hook
     hook: str = setting("allreduce", choices=HOOKS, group="hook", export=True, help=(
-        "The communication hook DDP calls for every gradient bucket instead of its allreduce."))
+        "The communication hook DDP calls for every gradient bucket instead of its allreduce. "
+        "A compressor's definition (what it sends, against its paper and GRACE) shows under it."))
     wrapper: str = setting("none", choices=WRAPPERS, group="hook", export=True, sweep=(),
                            label="compress wrapper", help=(
         "A compress wrapper casts each bucket to fp16/bf16 around the hook and back."))

@@ -285,8 +285,8 @@ _DGC = Definition(
     paper=("Lin et al. 2018: the same momentum correction, factor masking and local clipping; the paper "
            "estimates the top-k threshold from a 0.1% to 1% sample and warms the sparsity up over the "
            "first epochs (no warm-up here)."),
-    grace=("the threshold from a 1% sample (the top of the sample at the ratio), moved ×1.3 or ×0.7 up to "
-           "ten times toward 0.7k–1.3k entries: the count varies per rank and step, not always within "
+    grace=("a threshold estimated from a random 1% sample (the smallest of its top r share of "
+           "magnitudes), moved ×1.3 or ×0.7 up to ten times toward 0.7k–1.3k entries: the count varies per rank and step, not always within "
            "that (0 to 110 entries for k = 10 in 20 steps of 1,000 entries, measured); its clipping "
            "(off by default) clamps each entry to the root mean square over ranks of the tensor's norm, "
            "with an extra allreduce. With the exact k-th magnitude as its threshold, bit for bit equal."),
