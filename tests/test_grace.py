@@ -252,7 +252,9 @@ def test_randomk_graces_mean_is_k_over_n_of_the_gradient_commlabs_the_gradient()
     x, ratio, draws = _x(40), 0.25, 4000
     state = c.RandomKState(compress_ratio=ratio, random_seed=5)
     g = torch.Generator().manual_seed(5)
+    global_rng = torch.get_rng_state()
     ours = sum(_commlab(state, x) for _ in range(draws)) / draws
+    assert torch.equal(torch.get_rng_state(), global_rng)  # GRACE reseeds torch's; commlab leaves it
     grace = sum(grace_randomk(x, ratio, torch.randperm(40, generator=g)) for _ in range(draws)) / draws
     # each coordinate is kept with probability k/n = 1/4: standard error of the mean sqrt(3/draws)|x|
     assert ((ours - x).abs() <= 5 * (3 / draws) ** 0.5 * x.abs() + 1e-6).all()
