@@ -19,7 +19,9 @@ one process.  Each bucket is compressed as one vector (QSGD's and TernGrad's sca
 bucket's, as in QSGD's bucketed variant).  Sources: top-k and random-k (Stich et al. 2018; GRACE),
 threshold (Strom 2015), DGC (Lin et al. 2018), QSGD (Alistarh et al. 2017), TernGrad (Wen et al.
 2017), natural compression (Horvath et al. 2019), signSGD with majority vote and signum (Bernstein
-et al. 2018/2019), EF-signSGD (Karimireddy et al. 2019), 1-bit SGD (Seide et al. 2014).
+et al. 2018/2019), EF-signSGD (Karimireddy et al. 2019), 1-bit SGD (Seide et al. 2014).  What each
+sends, and where it differs from its paper and from GRACE's code: its row's ``definition`` in
+``commlab.hook_specs`` (tests/test_grace.py holds those differences to GRACE's formulas).
 """
 # No `from __future__ import annotations`: DDP compares a hook's annotations with real types.
 
