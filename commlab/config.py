@@ -117,7 +117,8 @@ class RunConfig:
 
     # -- the communication hook
     hook: str = setting("allreduce", choices=HOOKS, group="hook", export=True, help=(
-        "The communication hook DDP calls for every gradient bucket instead of its allreduce."))
+        "The communication hook DDP calls for every gradient bucket instead of its allreduce. "
+        "A compressor's definition (what it sends, against its paper and GRACE) shows under it."))
     wrapper: str = setting("none", choices=WRAPPERS, group="hook", export=True, sweep=(),
                            label="compress wrapper", help=(
         "A compress wrapper casts each bucket to fp16/bf16 around the hook and back."))
@@ -217,6 +218,12 @@ class RunConfig:
         "a gradient norm"), off=0.0), export=True, help=(
         "dgc's local gradient clipping: each rank clips a bucket's gradient to this norm times "
         "N^-1/2 before accumulating it (0 = off)."))
+    terngrad_clip_sigmas: float = setting(2.5, group="compressors", bounds=Bounds(0.5, 100, (
+        "standard deviations of the bucket's elements: below half of one most of the bucket is "
+        "clipped"), off=0.0), export=True, sweep=(0.0, 2.5), label="terngrad clipping (σ)", help=(
+        "terngrad's gradient clipping (Wen et al. 2017, as GRACE has it): each bucket is clipped "
+        "to ±this many standard deviations of its elements before it is ternarized; 2.5 as in the "
+        "paper (0 = off: unbiased for the bucket itself, with a larger scale)."))
     # -- the job and its workload
     world_size: int = setting(2, group="job", bounds=Bounds(1, 64, (
         "each rank is a process of its own on this machine, with torch (about 300 MB) loaded")), export=True, label="ranks", help=(

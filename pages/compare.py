@@ -9,7 +9,7 @@ from commlab.figures import compare as figs
 from commlab.figures.whatif import ASSUMPTION
 from commlab.tune import compare, whatif
 from commlab.tune.quality import Cluster
-from commlab.ui import runs
+from commlab.ui import definitions, runs
 
 MAX_DEFAULT = 12  # runs picked at first: every finished run of the workload, up to this many
 
@@ -43,6 +43,8 @@ basis = compare.bases(rows)
 st.caption(f"Quality: {basis} (lower is better). Predicted on {cluster.text()}: {ASSUMPTION}.")
 st.dataframe(pd.DataFrame(rows, columns=compare.COLUMNS), hide_index=True, key="compare_table",
              column_config={
+                 "hook": st.column_config.TextColumn(
+                     "hook", help="a compressor's definition, against its paper and GRACE: under the table"),
                  "quality": st.column_config.NumberColumn("quality", format="%.4f", help=basis),
                  "bytes_per_step": st.column_config.NumberColumn(
                      "bytes per step (B)", format="localized",
@@ -55,6 +57,13 @@ st.dataframe(pd.DataFrame(rows, columns=compare.COLUMNS), hide_index=True, key="
                  "median_step_s": st.column_config.NumberColumn("step here (s)", format="%.4f"),
                  "predicted_step_s": st.column_config.NumberColumn("predicted step (s)", format="%.4f"),
                  "overlap_share": st.column_config.NumberColumn("overlap share", format="%.2f")})
+
+compressors = [h for h in dict.fromkeys(r["hook"] for r in rows) if definitions.explain(h)]
+if compressors:
+    with st.expander("The compressors compared: what each sends, against its paper and GRACE, "
+                     "and where the lab keeps a choice of its own"):
+        for hook in compressors:
+            st.markdown(f"#### {hook}\n\n{definitions.explain(hook)}")
 
 quality_title = "held-out loss" if basis.startswith("held-out") else "loss"
 c1, c2 = st.columns(2)
