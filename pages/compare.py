@@ -10,7 +10,7 @@ from commlab.figures.whatif import ASSUMPTION
 from commlab.tune import baseline as baselines
 from commlab.tune import compare, whatif
 from commlab.tune.quality import Cluster
-from commlab.ui import runs
+from commlab.ui import definitions, runs
 
 MAX_DEFAULT = 12  # runs picked at first: every finished run of the workload, up to this many
 
@@ -54,6 +54,8 @@ if why := compare.missing(rows, against):
     st.warning(lab_widgets.literal(why))
 st.dataframe(pd.DataFrame(rows, columns=compare.COLUMNS), hide_index=True, key="compare_table",
              column_config={
+                 "hook": st.column_config.TextColumn(
+                     "hook", help="a compressor's definition, against its paper and GRACE: under the table"),
                  "quality": st.column_config.NumberColumn("quality", format="%.4f", help=basis),
                  "bytes_per_step": st.column_config.NumberColumn(
                      "bytes per step (B)", format="localized",
@@ -76,6 +78,13 @@ st.dataframe(pd.DataFrame(rows, columns=compare.COLUMNS), hide_index=True, key="
                                         "baseline in step time, or never, or always"),
                  "break_even_gbps": st.column_config.NumberColumn("break-even (Gb/s)", format="%.3g"),
                  "overlap_share": st.column_config.NumberColumn("overlap share", format="%.2f")})
+
+compressors = [h for h in dict.fromkeys(r["hook"] for r in rows) if definitions.explain(h)]
+if compressors:
+    with st.expander("The compressors compared: what each sends, against its paper and GRACE, "
+                     "and where the lab keeps a choice of its own"):
+        for hook in compressors:
+            st.markdown(f"#### {hook}\n\n{definitions.explain(hook)}")
 
 quality_title = "held-out loss" if basis.startswith("held-out") else "loss"
 c1, c2 = st.columns(2)

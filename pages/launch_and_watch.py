@@ -6,7 +6,7 @@ from commlab import api
 from commlab.analysis import metrics, units
 from commlab.config import ConfigError
 from commlab.figures import runs as figures
-from commlab.ui import form, runs
+from commlab.ui import definitions, form, runs
 
 REFRESH_S = 0.5
 slots = {}  # field -> the empty slot under its widget, where its error goes
@@ -36,6 +36,9 @@ def settings() -> dict:
                         s.label, form.WORKLOAD_KINDS, key="f_workload_kind",
                         help=s.help) != form.WORKLOAD_KINDS[0]
                     v[s.name] = field(form.widget(s, own_workload=own))
+                    if s.name == "hook" and (definition := definitions.explain(v["hook"])):
+                        with st.expander(f"What {v['hook']} sends, against its paper and GRACE"):
+                            st.markdown(definition)
     return v
 
 

@@ -486,7 +486,7 @@ class RunFolder(Folder):
     def config(self):
         from commlab.config import RunConfig
 
-        return RunConfig.from_dict(self.config_dict(), str(self.file("config.json")))
+        return RunConfig.recorded(self.config_dict(), str(self.file("config.json")))
 
     def launch_info(self) -> dict:
         return read_json(self.file("launch.json"), {})
