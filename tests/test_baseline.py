@@ -108,12 +108,23 @@ def test_a_sweep_judged_against_fp16_runs_fp32_then_fp16_first_in_every_seed():
     assert sw.SweepSpec.from_dict(spec.to_dict()).against == "bf16"
     assert sw.SweepSpec.from_dict({k: v for k, v in spec.to_dict().items() if k != "against"}).against == \
         "allreduce"  # a sweep planned before the choice
+    with pytest.raises(ConfigError, match="unknown baseline 'fp8'"):
+        sw.SweepSpec.from_dict({**spec.to_dict(), "against": "fp8"})  # a sweep.json changed by hand
     with pytest.raises(ConfigError) as e:
         sw.grid(sw.SweepSpec(against="fp8"))
     assert "unknown baseline 'fp8'" in e.value.errors["against"]
     with pytest.raises(ConfigError) as e:
         sw.grid(sw.SweepSpec(base=RunConfig(hook="fp16"), against="fp16"))
     assert "fp16 is the hook swept" in e.value.errors["against"]
+
+
+def test_a_stored_plan_with_an_unknown_baseline_is_named_damaged(tmp_path):
+    sweep = sw.create(sw.SweepSpec(base=RunConfig(runs_dir=str(tmp_path)), against="fp16"))
+    plan = json.loads(sweep.file("sweep.json").read_text())
+    assert plan["spec"]["against"] == "fp16"
+    plan["spec"]["against"] = "fp8"
+    sweep.file("sweep.json").write_text(json.dumps(plan))
+    assert sweep.damage().startswith("damaged: sweep.json") and "unknown baseline 'fp8'" in sweep.damage()
 
 
 def test_the_commands_refuse_a_bad_baseline_before_starting_anything(tmp_path, capsys):

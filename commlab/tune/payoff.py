@@ -61,7 +61,7 @@ def payoff(base: HookProfile, other: HookProfile, world_size: int, latency_us: f
     from scipy.optimize import brentq
 
     said = dict(label=other.label, against=against, world_size=world_size, latency_us=latency_us)
-    if other.run_id == base.run_id:
+    if other is base or (base.run_id and other.run_id == base.run_id):
         return Payoff(**said, verdict=ITSELF)
 
     def gain(log_gbps: float) -> float:

@@ -159,6 +159,8 @@ class SweepSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> SweepSpec:
+        """A stored plan; ConfigError for a baseline that is none (a plan is read back checked)."""
+        baselines.check(data.get("against", baselines.DEFAULT))
         return cls(**{**data, "base": RunConfig.from_dict(data["base"], "sweep base settings")})
 
 
