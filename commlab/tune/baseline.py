@@ -42,5 +42,4 @@ def is_baseline(cfg: Mapping[str, Any], name: str) -> bool:
     """Whether a stored config (or a what-if row) runs baseline ``name``: its hook unwrapped, or,
     for a 16-bit one, plain allreduce in PyTorch's compress wrapper of that precision (the same
     bytes on the wire)."""
-    hook, wrapper = cfg.get("hook"), cfg.get("wrapper", "none")
-    return (hook == name and wrapper == "none") or (name != BASELINE and hook == BASELINE and wrapper == name)
+    return (cfg.get("hook"), cfg.get("wrapper", "none")) in ((name, "none"), (BASELINE, name))
