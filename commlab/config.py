@@ -495,7 +495,8 @@ def applies(s: Setting, hook: str) -> bool:
 
 
 def is_plain_allreduce(cfg: dict) -> bool:
-    """Whether a stored config is DDP's own behaviour: the baseline every comparison is made against."""
+    """Whether a stored config is DDP's own behaviour: the run that calibrates the what-if model, and
+    the default baseline (``commlab.tune.baseline`` has the 16-bit ones)."""
     return cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
 
 

@@ -428,7 +428,7 @@ WRAPPER_SPECS: dict[str, WrapperSpec] = {w.name: w for w in (
 
 HOOKS = tuple(SPECS)
 WRAPPERS = ("none", *WRAPPER_SPECS)
-BASELINE = "allreduce"  # DDP's own behaviour, which every comparison is made against
+BASELINE = "allreduce"  # DDP's own behaviour: the default baseline (commlab.tune.baseline has the others)
 
 
 def hooks_of(family: str) -> tuple[str, ...]:

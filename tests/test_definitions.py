@@ -19,7 +19,7 @@ from commlab.config import RunConfig, is_plain_allreduce, label_of
 from commlab.engine import store
 from commlab.hooks.instrument import Link
 from commlab.teach import bench, classroom, headroom
-from commlab.tune import sweep, whatif
+from commlab.tune import payoff, sweep, whatif
 from commlab.ui import runs as ui_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_every_reader_of_the_ring_agrees_with_it(n):
 def test_break_even_is_where_the_ring_says_the_saved_bytes_pay_for_the_extra_time():
     base = whatif.HookProfile("allreduce", "allreduce", "none", 0.010, 0.0, 100e6, 1, 2, "a", "loopback", 5)
     psgd = whatif.HookProfile("psgd", "powersgd", "none", 0.010, 0.005, 1e6, 3, 2, "b", "loopback", 5)
-    even = whatif.break_even_gbps(base, psgd, 64, 5.0)
+    even = payoff.payoff(base, psgd, 64, 5.0).break_even_gbps
     extra = psgd.step_s(64, 0.0, 5.0) - base.step_s(64, 0.0, 5.0)
     assert even * 1e9 / 8 * extra == pytest.approx(ring.wire_bytes(99e6, 64))
 
