@@ -10,7 +10,10 @@ Each call is filed under the traffic it belongs to (``TRAFFIC``): the hook's (wh
 ``payload_bytes`` and ``collectives`` count), the lab's exact mean for the approximation error
 (``measure_bytes``), and the lab's own (the worker's mean loss over the ranks, one scalar allreduce a
 step, outside the hook).  Only the hook's is the algorithm's traffic; the other two are listed apart
-so that nothing on the wire goes unaccounted.
+so that nothing the instrument counts goes unaccounted.  It holds the calls of ``dist.all_reduce`` and
+``dist.all_gather``, the two collectives the instrument wraps and the only ones the lab's hooks issue;
+the lab's object collectives (the checkpoint decision's broadcast, the traced steps' gathers) and
+DDP's own allreduce before a hook is registered (a resumed run's first pass) are not in it.
 
 A call's latency runs from its issue (the call of ``dist.all_reduce``) to the completion of its work,
 on the host's clock (``Ledger.completed``).  On a run with an emulated link, the link holds the hook's
