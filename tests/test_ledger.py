@@ -8,13 +8,13 @@ import json
 
 import pandas as pd
 import pytest
+from test_app_pages import LAUNCH, RUNS, open_app
 
 from commlab import cli
 from commlab.analysis import ledger, ring
 from commlab.api import RunConfig, run
 from commlab.hooks.instrument import Link
 from commlab.ui import runs
-from test_app_pages import LAUNCH, RUNS, open_app
 
 KINDS = ring.COLLECTIVES
 
@@ -116,7 +116,7 @@ def test_the_run_pages_show_the_ledger(runs_dir, powersgd_run, monkeypatch):
         pd.testing.assert_frame_equal(ledger_table(at).reset_index(drop=True), want)
         shown = "\n".join(m.value for m in at.markdown)
         hook = ledger.totals(powersgd_run.ledger()["rows"])["hook"]
-        assert f"**hook** (the hook's collectives" in shown and f"{hook['count']:,} calls" in shown
+        assert "**hook** (the hook's collectives" in shown and f"{hook['count']:,} calls" in shown
 
 
 @pytest.mark.slow
