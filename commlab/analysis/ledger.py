@@ -3,25 +3,27 @@
 What DeepSpeed's comms logger prints, with nccl-tests' definitions: for each kind of collective and
 message size, how many calls, their total and mean latency, the algorithm bandwidth (algbw = S /
 mean latency, ``ring.algbw``) and the bus bandwidth (busbw = algbw * ``ring.bus_factor``), and the
-bytes.  S is nccl-tests' size, the largest buffer of the call (``message_size``): an allgather's output, N pieces
-of what each rank hands over.
+bytes.  S is nccl-tests' size, the largest buffer of the call (``message_size``): an allgather's
+output, N pieces of what each rank hands over.
 
 Each call is filed under the traffic it belongs to (``TRAFFIC``): the hook's (what metrics.jsonl's
 ``payload_bytes`` and ``collectives`` count), the lab's exact mean for the approximation error
-(``measure_bytes``), and the lab's own (the worker's mean loss over the ranks, one scalar allreduce a
-step, outside the hook).  Only the hook's is the algorithm's traffic; the other two are listed apart
-so that nothing the instrument counts goes unaccounted.  It holds the calls of ``dist.all_reduce`` and
-``dist.all_gather``, the two collectives the instrument wraps and the only ones the lab's hooks issue;
-the lab's object collectives (the checkpoint decision's broadcast, the traced steps' gathers) and
-DDP's own allreduce before a hook is registered (a resumed run's first pass) are not in it.
+(``measure_bytes``), and the lab's own (the worker's mean loss over the ranks, one scalar allreduce
+a step, outside the hook).  Only the hook's is the algorithm's traffic; the other two are listed
+apart so that nothing the instrument counts goes unaccounted.  It holds the calls of
+``dist.all_reduce`` and ``dist.all_gather``, the two collectives the instrument wraps and the only
+ones the lab's hooks issue; the lab's object collectives (the checkpoint decision's broadcast, the
+traced steps' gathers) and DDP's own allreduce before a hook is registered (a resumed run's first
+pass) are not in it.
 
-A call's latency runs from its issue (the call of ``dist.all_reduce``) to the completion of its work,
-on the host's clock (``Ledger.completed``).  On a run with an emulated link, the link holds the hook's
-collectives back past their real completion (``commlab.hooks.instrument.Link``): ``link_wait_s`` is
-what that hold added to their latency, and ``link_share`` its share.  (metrics.jsonl's ``link_s`` is
-another figure: what the link charged, the wire time it emulates, which runs alongside the real
-collective.)  On NCCL a collective's work completes for the host once it is queued on the GPU: there
-the ledger's latencies are launch times, and the traced steps' timeline has the device's.
+A call's latency runs from its issue (the call of ``dist.all_reduce``) to the completion of its
+work, on the host's clock (``Ledger.completed``).  On a run with an emulated link, the link holds
+the hook's collectives back past their real completion (``commlab.hooks.instrument.Link``):
+``link_wait_s`` is what that hold added to their latency, and ``link_share`` its share.
+(metrics.jsonl's ``link_s`` is another figure: what the link charged, the wire time it emulates,
+which runs alongside the real collective.)  On NCCL a collective's work completes for the host once
+it is queued on the GPU: there the ledger's latencies are launch times, and the traced steps'
+timeline has the device's.
 
 Pure: the instrument (``commlab.hooks.instrument``) feeds it, rank 0 writes its rows to ledger.json.
 """

@@ -3,8 +3,9 @@
 Rank 0 alone records (``commlab.engine.store`` says what each file holds): meta.json and
 layers.json once, then each step's metrics line, the bucket layouts, the approximation errors,
 saved gradients, PowerSGD's pitfalls, the traced steps' timeline, the held-out evaluations, its
-communication ledger (about once a second, and as the run ends), and how the run ended.  Every other rank gets ``NoRecord``, whose methods do nothing, so the training loop
-is the same on every rank.  ``close`` closes every file it opened.
+communication ledger (about once a second, and as the run ends), and how the run ended.  Every
+other rank gets ``NoRecord``, whose methods do nothing, so the training loop is the same on every
+rank.  ``close`` closes every file it opened.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from commlab import workloads
 from commlab.analysis import timeline
 from commlab.engine import store
 from commlab.hooks import pitfalls
+from commlab.hooks.instrument import Link
 
 LEDGER_EVERY_S = 1.0  # ledger.json rewritten at most this often while a run goes (a live view's pace)
 
@@ -110,7 +112,7 @@ class Rank0Record(NoRecord):
         cfg = self.job.cfg
         store.write_json(self.folder.file(store.LEDGER), {
             "step": self.last_step, "rank": 0, "world_size": self.job.world, "clock": "host",
-            "emulated_link": cfg.emulate_bandwidth_gbps > 0 or cfg.emulate_latency_us > 0,
+            "emulated_link": Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us).on,
             "rows": rows})
         self.ledger_written = time.perf_counter()
 
