@@ -102,8 +102,11 @@ LEDGER_TABLE = {
     "bytes": ("bytes (S × calls)", "localized", None),
     "counted_bytes": ("counted bytes", "localized", "as metrics.jsonl counts them: the allreduce "
                                                     "payload that puts the same bytes on the wire"),
-    "link_wait_s": ("link wait (s)", "%.4f", "what the emulated link added past the real completion"),
-    "link_share": ("link share", "%.2f", "link wait over total latency"),
+    "link_s": ("link time (s)", "%.4f", "the emulated link's own time for these calls: each lasts "
+                                        "at least that long (metrics.jsonl's link_s)"),
+    "link_share": ("link share", "%.2f", "link wait over total latency: what the link made of it"),
+    "link_wait_s": ("link wait (s)", "%.4f", "what the link's hold added past the real completions: "
+                                             "the calls' link time and their wait behind others on it"),
 }
 
 
@@ -117,7 +120,7 @@ def show_ledger(view: dict, key: str) -> None:
         return
     lines = []
     for traffic, t in view["totals"].items():
-        link = (f", {t['link_share']:.0%} of it the emulated link's wait"
+        link = (f", {t['link_share']:.0%} of it added by the emulated link"
                 if view["emulated_link"] and t["link_share"] is not None else "")
         lines.append(f"- **{literal(traffic)}** ({literal(view['traffic'].get(traffic, ''))}): {t['count']:,} calls, "
                      f"{units.human_bytes(t['bytes'])}, {units.seconds(t['total_s'])} of latency{link}")

@@ -46,7 +46,7 @@ def test_the_ledger_files_each_call_and_derives_its_figures():
     a = book.issued(ledger.HOOK, "all_reduce", 4, 1000, 1000)
     b = book.issued(ledger.HOOK, "all_reduce", 4, 1000, 1000)
     assert a is b  # one entry per (traffic, kind, ranks, size)
-    book.completed(a, 0.004, link_wait_s=0.001)
+    book.completed(a, 0.004, link_s=0.003, link_wait_s=0.001)
     book.completed(a, 0.006)
     gather = book.issued(ledger.HOOK, "all_gather", 4, 250, 500)  # counted as the counter counts it
     loss = book.issued(ledger.OTHER, "all_reduce", 4, 4, 4)  # issued, not yet completed
@@ -54,19 +54,19 @@ def test_the_ledger_files_each_call_and_derives_its_figures():
     assert first == {"traffic": "hook", "collective": "all_gather", "ranks": 4, "size_bytes": 1000,
                      "count": 1, "bytes": 1000, "counted_bytes": 500, "timed": 0, "total_s": 0.0,
                      "mean_s": None, "algbw_gbps": None, "busbw_gbps": None, "bus_factor": 0.75,
-                     "link_wait_s": 0.0, "link_share": None}
+                     "link_s": 0.0, "link_wait_s": 0.0, "link_share": None}
     reduce = book.rows()[1]
     assert (reduce["count"], reduce["timed"], reduce["bytes"], reduce["counted_bytes"]) == (2, 2, 2000, 2000)
     assert reduce["total_s"] == pytest.approx(0.010) and reduce["mean_s"] == pytest.approx(0.005)
     assert reduce["algbw_gbps"] == pytest.approx(1000 / 0.005 / 1e9)
     assert reduce["busbw_gbps"] == pytest.approx(reduce["algbw_gbps"] * 1.5)  # 2(4-1)/4
-    assert reduce["link_share"] == pytest.approx(0.1)
+    assert reduce["link_share"] == pytest.approx(0.1) and reduce["link_s"] == 0.003
     assert [r["traffic"] for r in book.rows()] == ["hook", "hook", "other"]  # the hook's first
     book.completed(gather, 0.002)
     book.completed(loss, 0.001)
     t = ledger.totals(book.rows())
     assert t["hook"] == {"count": 3, "bytes": 3000, "counted_bytes": 2500, "total_s": pytest.approx(0.012),
-                         "link_wait_s": 0.001, "link_share": pytest.approx(0.001 / 0.012)}
+                         "link_s": 0.003, "link_wait_s": 0.001, "link_share": pytest.approx(0.001 / 0.012)}
     assert t["other"]["count"] == 1 and t["other"]["link_share"] == 0.0
 
 
@@ -81,6 +81,7 @@ def check_against_metrics(folder) -> dict:
     assert t["hook"]["count"] == m.collectives.sum()
     assert t["hook"]["counted_bytes"] == m.payload_bytes.sum()
     assert t.get("measure", {}).get("counted_bytes", 0) == m.measure_bytes.sum()
+    assert t["hook"]["link_s"] == pytest.approx(m.link_s.sum(), rel=1e-12, abs=0)  # what the link charged
     # The worker's mean loss: one 4-byte allreduce a step, outside the hook, listed apart.
     assert [(r["collective"], r["size_bytes"], r["count"]) for r in rows if r["traffic"] == "other"] \
         == [("all_reduce", 4, len(m))]
@@ -121,7 +122,7 @@ def test_the_run_pages_show_the_ledger(runs_dir, powersgd_run, monkeypatch):
 
 @pytest.mark.slow
 def test_an_emulated_link_shows_its_share_on_the_pages_and_in_commlab_runs(tmp_path, monkeypatch, capsys):
-    link = Link(bandwidth_gbps=1.0, latency_us=20_000.0)  # 40 ms a 2-rank allreduce: the link's wait dominates
+    link = Link(bandwidth_gbps=1.0, latency_us=20_000.0)  # 40 ms a 2-rank allreduce: the link dominates
     folder = run(RunConfig(workload="mlp", hook="allreduce", steps=4, world_size=2, bucket_cap_mb=0.05,
                            emulate_bandwidth_gbps=link.bandwidth_gbps, emulate_latency_us=link.latency_us,
                            runs_dir=str(tmp_path), stall_timeout_s=600), timeout=900)
@@ -131,18 +132,20 @@ def test_an_emulated_link_shows_its_share_on_the_pages_and_in_commlab_runs(tmp_p
     assert folder.ledger()["emulated_link"] is True
     for r in rows:
         if r["traffic"] == "hook":  # held until the link would have carried it, from its issue
-            assert r["mean_s"] >= link.seconds(r["counted_bytes"] / r["count"], 2) * (1 - 1e-9), r
+            per_call = link.seconds(r["counted_bytes"] / r["count"], 2)
+            assert r["link_s"] == pytest.approx(per_call * r["count"]), r
+            assert r["mean_s"] >= per_call * (1 - 1e-9), r
             # A call can complete after its deadline (a rank late to the first step): no wait then.
             assert 0 <= r["link_wait_s"] <= r["total_s"] and r["link_share"] == r["link_wait_s"] / r["total_s"], r
         else:  # the link carries the hook's traffic only
-            assert r["link_wait_s"] == 0, r
-    assert t["hook"]["link_share"] > 0
+            assert r["link_s"] == r["link_wait_s"] == 0, r
+    assert t["hook"]["link_share"] > 0.5 and t["hook"]["link_wait_s"] > 0
 
     at = open_app(monkeypatch, tmp_path, page=RUNS, watch=folder.path)
     table = ledger_table(at)
     assert list(table.columns) == [*runs.LEDGER_COLUMNS, *runs.LINK_COLUMNS]
     assert list(table.link_share) == [r["link_share"] for r in rows]
-    assert "of it the emulated link's wait" in "\n".join(m.value for m in at.markdown)
+    assert f"{t['hook']['link_share']:.0%} of it added by the emulated link" in "\n".join(m.value for m in at.markdown)
 
     capsys.readouterr()
     assert cli.main(["runs", "--runs-dir", str(tmp_path), "--json"]) == 0

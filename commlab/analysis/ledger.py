@@ -17,11 +17,13 @@ traced steps' gathers) and DDP's own allreduce before a hook is registered (a re
 pass) are not in it.
 
 A call's latency runs from its issue (the call of ``dist.all_reduce``) to the completion of its
-work, on the host's clock (``Ledger.completed``).  On a run with an emulated link, the link holds
-the hook's collectives back past their real completion (``commlab.hooks.instrument.Link``):
-``link_wait_s`` is what that hold added to their latency, and ``link_share`` its share.
-(metrics.jsonl's ``link_s`` is another figure: what the link charged, the wire time it emulates,
-which runs alongside the real collective.)  On NCCL a collective's work completes for the host once
+work, on the host's clock (``Ledger.completed``).  On a run with an emulated link, each of the
+hook's collectives completes no earlier than the link would have carried it
+(``commlab.hooks.instrument.Link``), and the link carries one collective at a time.
+``link_wait_s`` is what the link's hold added to their latency past the real completions: their
+own link time and their wait behind the hook's other collectives on it, less what the real
+collective took meanwhile; ``link_share`` is its share of the latency, what the link made of it.
+``link_s`` is the link's own time for the calls (what metrics.jsonl's ``link_s`` sums).  On NCCL a collective's work completes for the host once
 it is queued on the GPU: there the ledger's latencies are launch times, and the traced steps'
 timeline has the device's.
 
@@ -63,6 +65,7 @@ class Entry:
     counted_bytes: int = 0  # the instrument's allreduce-payload ruler (metrics.jsonl's payload_bytes)
     timed: int = 0  # calls whose completion was seen
     total_s: float = 0.0
+    link_s: float = 0.0
     link_wait_s: float = 0.0
 
     def row(self) -> dict:
@@ -79,7 +82,7 @@ class Entry:
                 "algbw_gbps": None if alg is None else alg / 1e9,
                 "busbw_gbps": None if bus is None else bus / 1e9,
                 "bus_factor": ring.bus_factor(self.collective, self.ranks),
-                "link_wait_s": self.link_wait_s,
+                "link_s": self.link_s, "link_wait_s": self.link_wait_s,
                 "link_share": self.link_wait_s / self.total_s if self.total_s else None}
 
 
@@ -103,11 +106,12 @@ class Ledger:
         return entry
 
     @staticmethod
-    def completed(entry: Entry, latency_s: float, link_wait_s: float = 0.0) -> None:
-        """One call of ``entry`` done ``latency_s`` after its issue, ``link_wait_s`` of it the
-        emulated link's hold past its real completion."""
+    def completed(entry: Entry, latency_s: float, link_s: float = 0.0, link_wait_s: float = 0.0) -> None:
+        """One call of ``entry`` done ``latency_s`` after its issue; ``link_s`` the emulated link's
+        time for it, ``link_wait_s`` of the latency its hold past the real completion."""
         entry.timed += 1
         entry.total_s += latency_s
+        entry.link_s += link_s
         entry.link_wait_s += link_wait_s
 
     def rows(self) -> list[dict]:
@@ -118,11 +122,12 @@ class Ledger:
 
 
 def totals(rows: list[dict]) -> dict[str, dict]:
-    """Per traffic: calls, bytes (S summed), counted bytes, total latency and the link's share of it."""
+    """Per traffic: calls, bytes (S summed), counted bytes, total latency, the link's time, its
+    share of the latency and its wait."""
     out: dict[str, dict] = {}
     for r in rows:
         t = out.setdefault(r["traffic"], {"count": 0, "bytes": 0, "counted_bytes": 0, "total_s": 0.0,
-                                          "link_wait_s": 0.0})
+                                          "link_s": 0.0, "link_wait_s": 0.0})
         for k in t:
             t[k] += r[k]
     for t in out.values():

@@ -170,8 +170,8 @@ CHECKPOINT = {"step": int, "world_size": int}
 PITFALL = {"step": int, "layer": str, "kind": str, "detail": str, "fix": str}
 LEDGER_ROW = {"traffic": str, "collective": str, "ranks": int, "size_bytes": int, "count": int,
               "bytes": int, "counted_bytes": int, "timed": int, "total_s": NUM, "mean_s": OPT_NUM,
-              "algbw_gbps": OPT_NUM, "busbw_gbps": OPT_NUM, "bus_factor": NUM, "link_wait_s": NUM,
-              "link_share": OPT_NUM}
+              "algbw_gbps": OPT_NUM, "busbw_gbps": OPT_NUM, "bus_factor": NUM, "link_s": NUM,
+              "link_wait_s": NUM, "link_share": OPT_NUM}
 LEDGER_FILE = {"step": int, "world_size": int, "clock": str, "emulated_link": bool, "rows": [LEDGER_ROW]}
 ERRORS = {"step": int, "layers?": [{"layer": str, "bucket": int, "rel_error": NUM}],
           "buckets?": [{"bucket": int, "rel_error": NUM}], "ef_residual_norm?": OPT_NUM}

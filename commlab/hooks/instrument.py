@@ -225,7 +225,7 @@ class CollectiveCounter:
             issued_at = time.perf_counter()  # the ledger's latency runs from here
             nbytes, hops, cuda = counter.payload_of(kind, tensor, group), counter.hops(kind, group), tensor.is_cuda
             cat = getattr(counter._local, "category", HOOK)
-            deadline = None
+            deadline, held = None, 0.0
             with counter._lock:
                 counter.bytes[cat] += nbytes
                 counter.calls[cat] += 1
@@ -257,7 +257,7 @@ class CollectiveCounter:
                     span[1] = now
                 end = max(now, deadline or now)
                 with counter._lock:
-                    counter.ledger.completed(entry, end - issued_at, end - now)
+                    counter.ledger.completed(entry, end - issued_at, held, end - now)
 
             if work is None:  # a blocking call: the caller waits for the link too
                 real_end()

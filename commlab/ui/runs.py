@@ -118,11 +118,11 @@ class LiveView:
                 "heldout_step": self.evals[-1]["step"] if self.evals else None}
 
 
-# The ledger table's columns, as ledger.json's rows name them; the link's two only on a run with an
+# The ledger table's columns, as ledger.json's rows name them; the link's only on a run with an
 # emulated link.
 LEDGER_COLUMNS = ("traffic", "collective", "ranks", "size_bytes", "count", "total_s", "mean_s",
                   "algbw_gbps", "busbw_gbps", "bus_factor", "bytes", "counted_bytes")
-LINK_COLUMNS = ("link_wait_s", "link_share")
+LINK_COLUMNS = ("link_s", "link_wait_s", "link_share")
 
 
 def ledger_view(path: str | Path) -> dict:
