@@ -264,8 +264,9 @@ class RunConfig:
     # -- instrumentation
     instrument: bool = setting(True, group="instrument",
                                label="instrument (bytes, buckets, errors)", help=(
-        "Wrap the hook to record the bytes it hands over, the bucket layout and what it "
-        "compresses; error_every, save_grads_at and the emulated link need it."))
+        "Wrap the hook to record the bytes it hands over, the bucket layout, what it "
+        "compresses and the run's communication ledger (every collective by kind and size); "
+        "error_every, save_grads_at and the emulated link need it."))
     error_every: int = setting(0, group="instrument", bounds=Bounds(0, MAX_STEPS, (
         "a number of steps")), label="error_every (steps)", help=(
         "Measure the approximation error against the exact mean gradient every K steps (one "

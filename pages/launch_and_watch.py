@@ -142,6 +142,8 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
     st.caption(f"Last point on the charts: step {h['step']:,} (steps count from 0) · "
                f"loss {h['loss']:.4f}")
     st.plotly_chart(figures.live_figure(view.frame()), key="live")
+    with st.expander("Communication ledger: every collective by kind and size", icon=":material/receipt_long:"):
+        lab_widgets.show_ledger(runs.ledger_view(view.run.path), key="ledger")
 
 
 st.title("Launch and watch")
