@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import threading
 
+import pandas as pd
 import streamlit as st
 
 from commlab.config import ConfigError
@@ -85,3 +86,47 @@ def stop_without_runs(why: str) -> None:
     st.info(f"No runs yet. Launch one on **Launch and watch**: {why}")
     st.page_link("pages/launch_and_watch.py", label="Launch and watch", icon=":material/play_arrow:")
     st.stop()
+
+
+# The ledger table's column labels, formats and help (``commlab.ui.runs.ledger_view``'s columns).
+LEDGER_TABLE = {
+    "size_bytes": ("size S (B)", "localized", "nccl-tests' message size: the call's largest buffer "
+                                               "(an allgather's output)"),
+    "count": ("calls", "localized", None),
+    "total_s": ("total latency (s)", "%.4f", "issue to completion, summed over the calls"),
+    "mean_s": ("mean latency (s)", "%.6f", "total latency over the calls timed"),
+    "algbw_gbps": ("algbw (GB/s)", "%.4f", "S over the mean latency, 1e9 bytes a second"),
+    "busbw_gbps": ("busbw (GB/s)", "%.4f", "algbw times the bus factor (nccl-tests' PERFORMANCE.md)"),
+    "bus_factor": ("bus factor", "%.3f", "allreduce 2(N-1)/N, allgather and reduce_scatter (N-1)/N, "
+                                         "broadcast and reduce 1"),
+    "bytes": ("bytes (S × calls)", "localized", None),
+    "counted_bytes": ("counted bytes", "localized", "as metrics.jsonl counts them: the allreduce "
+                                                    "payload that puts the same bytes on the wire"),
+    "link_s": ("link time (s)", "%.4f", "the emulated link's own time for these calls: each lasts "
+                                        "at least that long (metrics.jsonl's link_s)"),
+    "link_share": ("link share", "%.2f", "link wait over total latency: what the link made of it"),
+    "link_wait_s": ("link wait (s)", "%.4f", "what the link's hold added past the real completions: "
+                                             "the calls' link time and their wait behind others on it"),
+}
+
+
+def show_ledger(view: dict, key: str) -> None:
+    """A run's communication ledger (``commlab.ui.runs.ledger_view``): its totals by traffic, what
+    each traffic is, and the sortable table."""
+    from commlab.analysis import units
+
+    if view["step"] is None:
+        st.caption("No communication ledger: the run was not instrumented, or has no step yet.")
+        return
+    lines = []
+    for traffic, t in view["totals"].items():
+        link = (f", {t['link_share']:.0%} of it added by the emulated link"
+                if view["emulated_link"] and t["link_share"] is not None else "")
+        lines.append(f"- **{literal(traffic)}** ({literal(view['traffic'].get(traffic, ''))}): {t['count']:,} calls, "
+                     f"{units.human_bytes(t['bytes'])}, {units.seconds(t['total_s'])} of latency{link}")
+    st.caption(f"Rank 0's collectives up to step {view['step']:,}, by traffic, kind, ranks and "
+               "message size; latency from issue to completion on the host's clock.")
+    st.markdown("\n".join(lines))
+    st.dataframe(pd.DataFrame(view["rows"], columns=view["columns"]), hide_index=True, key=key,
+                 column_config={k: st.column_config.NumberColumn(label, format=fmt, help=help)
+                                for k, (label, fmt, help) in LEDGER_TABLE.items()})

@@ -93,7 +93,7 @@ def shown(value: Any) -> str:
 def setting(default: Any = dataclasses.MISSING, *, help: str, group: str, label: str | None = None,
             choices: tuple | None = None, bounds: Bounds | None = None,
             aliases: tuple[str, ...] = (), sweep: tuple | None = None,
-            export: bool = False, form: bool = True,
+            export: bool = False, form: bool = True, before: Any = dataclasses.MISSING,
             default_factory: Any = dataclasses.MISSING) -> Any:
     """A RunConfig field with its row of the settings table (read back with ``settings()``).
 
@@ -103,13 +103,14 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, group: str, label:
     ``--name-in-dashes``; a boolean gets a ``--no-`` form of each.  sweep: None when the setting is
     not a sweep axis, else the values a sweep tries unless told (empty: the base's value).
     export: the Export page's form offers it (what an export renders).  form: False for the one
-    setting the app sets itself (the runs folder it was started with).
+    setting the app sets itself (the runs folder it was started with).  before: what a run recorded
+    before the setting existed did, when that differs from its default (``RunConfig.recorded``).
     """
     if group not in GROUPS:
         raise ValueError(f"unknown group {group!r}; groups are: {', '.join(GROUPS)}")
     return field(default=default, default_factory=default_factory, metadata={
         "help": help, "group": group, "label": label, "choices": choices, "bounds": bounds,
-        "aliases": aliases, "sweep": sweep, "export": export, "form": form})
+        "aliases": aliases, "sweep": sweep, "export": export, "form": form, "before": before})
 
 
 @dataclass
@@ -118,7 +119,8 @@ class RunConfig:
 
     # -- the communication hook
     hook: str = setting("allreduce", choices=HOOKS, group="hook", export=True, help=(
-        "The communication hook DDP calls for every gradient bucket instead of its allreduce."))
+        "The communication hook DDP calls for every gradient bucket instead of its allreduce. "
+        "A compressor's definition (what it sends, against its paper and GRACE) shows under it."))
     wrapper: str = setting("none", choices=WRAPPERS, group="hook", export=True, sweep=(),
                            label="compress wrapper", help=(
         "A compress wrapper casts each bucket to fp16/bf16 around the hook and back."))
@@ -218,6 +220,13 @@ class RunConfig:
         "a gradient norm"), off=0.0), export=True, help=(
         "dgc's local gradient clipping: each rank clips a bucket's gradient to this norm times "
         "N^-1/2 before accumulating it (0 = off)."))
+    terngrad_clip_sigmas: float = setting(2.5, group="compressors", bounds=Bounds(0.5, 100, (
+        "standard deviations of the bucket's elements: below half of one most of the bucket is "
+        "clipped"), off=0.0), export=True, sweep=(0.0, 2.5), label="terngrad clipping (σ)",
+        before=0.0, help=(
+        "terngrad's gradient clipping (Wen et al. 2017, as GRACE has it): each bucket is clipped "
+        "to ±this many standard deviations of its elements before it is ternarized; 2.5 as in the "
+        "paper (0 = off: unbiased for the bucket itself, with a larger scale)."))
     # -- DiLoCo's outer loop (read only by diloco; commlab.hooks.diloco): torchft's DiLoCo names
     #    the period sync_every; the outer optimizer's defaults are the paper's
     sync_every: int = setting(8, group="diloco", bounds=Bounds(1, MAX_STEPS, (
@@ -279,8 +288,9 @@ class RunConfig:
     # -- instrumentation
     instrument: bool = setting(True, group="instrument",
                                label="instrument (bytes, buckets, errors)", help=(
-        "Wrap the hook to record the bytes it hands over, the bucket layout and what it "
-        "compresses; error_every, save_grads_at and the emulated link need it."))
+        "Wrap the hook to record the bytes it hands over, the bucket layout, what it "
+        "compresses and the run's communication ledger (every collective by kind and size); "
+        "error_every, save_grads_at and the emulated link need it."))
     error_every: int = setting(0, group="instrument", bounds=Bounds(0, MAX_STEPS, (
         "a number of steps")), label="error_every (steps)", help=(
         "Measure the approximation error against the exact mean gradient every K steps (one "
@@ -376,6 +386,15 @@ class RunConfig:
         if errs:
             raise ConfigError(errs)
         return cls(**values)
+
+    @classmethod
+    def recorded(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
+        """A config a run recorded: a setting added since reads as what the run did without it
+        (its ``before``), not as today's default: a TernGrad run recorded before clipping existed
+        exports and resumes unclipped."""
+        then = {f.name: f.metadata["before"] for f in dataclasses.fields(cls)
+                if f.metadata.get("before", dataclasses.MISSING) is not dataclasses.MISSING}
+        return cls.from_dict({**then, **data}, source)
 
     def with_overrides(self, **overrides: Any) -> RunConfig:
         data = self.to_dict()
@@ -501,7 +520,8 @@ def applies(s: Setting, hook: str) -> bool:
 
 
 def is_plain_allreduce(cfg: dict) -> bool:
-    """Whether a stored config is DDP's own behaviour: the baseline every comparison is made against."""
+    """Whether a stored config is DDP's own behaviour: the run that calibrates the what-if model, and
+    the default baseline (``commlab.tune.baseline`` has the 16-bit ones)."""
     return cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
 
 

@@ -7,18 +7,21 @@ import lab_widgets
 from commlab.api import open_run
 from commlab.figures import compare as figs
 from commlab.figures.whatif import ASSUMPTION
+from commlab.tune import baseline as baselines
 from commlab.tune import compare, whatif
 from commlab.tune.quality import Cluster
-from commlab.ui import runs
+from commlab.ui import definitions, runs
 
 MAX_DEFAULT = 12  # runs picked at first: every finished run of the workload, up to this many
 
 st.title("Compare")
 st.caption("One workload, every algorithm you ran on it, side by side as GRACE's tables compare "
-           "compressors: quality, the bytes each rank handed over per step (the ratio is DDP's "
-           "plain allreduce bytes over them), the step time measured here and the step time the "
-           "what-if model predicts on the cluster below. Run them with "
-           "`commlab compare --workload W --hooks a,b,c --steps N`, or from Launch and watch.")
+           "compressors: quality, the bytes each rank handed over per step (the ratio is the "
+           "baseline's bytes over them), the step time measured here, the step time the what-if "
+           "model predicts on the cluster below, and whether each pays there against the baseline "
+           "you choose: fp32 allreduce, or a 16-bit one. Run them with "
+           "`commlab compare --workload W --hooks a,b,c --steps N [--against fp16]`, or from Launch "
+           "and watch.")
 
 finished = [c for c in runs.run_choices() if c["status"] == "finished"]
 if not finished:
@@ -32,29 +35,56 @@ if not paths:
     st.info("Pick one or more runs.")
     st.stop()
 
-c1, c2, c3 = st.columns(3)
+c0, c1, c2, c3 = st.columns(4)
+against = c0.selectbox("Judged against", baselines.BASELINES, format_func=baselines.title,
+                       help="The allreduce the ratio, the speed-up and the break-even are against: "
+                            "Han et al. (2024) argue for a 16-bit one, since fp16 and bf16 halve the "
+                            "bytes for free on most models. Its run must be among those picked.")
 world = c1.select_slider("Predicted for workers", whatif.WORLD_SIZES, Cluster.world_size)
 bandwidth = c2.select_slider("Link bandwidth, Gb/s", whatif.BANDWIDTHS_GBPS, Cluster.bandwidth_gbps)
 latency = c3.number_input("Latency per hop α, µs", 0.0, 10_000.0, Cluster.latency_us)
 cluster = Cluster(world, bandwidth, latency)
-rows = compare.compare_runs([open_run(p) for p in paths], cluster)
+rows = compare.compare_runs([open_run(p) for p in paths], cluster, against)
 basis = compare.bases(rows)
+title = baselines.title(against)
 
-st.caption(f"Quality: {basis} (lower is better). Predicted on {cluster.text()}: {ASSUMPTION}.")
+st.caption(f"Quality: {basis} (lower is better). Predicted on {cluster.text()}: {ASSUMPTION}. "
+           f"Ratio, speed-up and *pays here?* against **{title}**.")
+if why := compare.missing(rows, against):
+    st.warning(lab_widgets.literal(why))
 st.dataframe(pd.DataFrame(rows, columns=compare.COLUMNS), hide_index=True, key="compare_table",
              column_config={
+                 "hook": st.column_config.TextColumn(
+                     "hook", help="a compressor's definition, against its paper and GRACE: under the table"),
                  "quality": st.column_config.NumberColumn("quality", format="%.4f", help=basis),
                  "bytes_per_step": st.column_config.NumberColumn(
                      "bytes per step (B)", format="localized",
                      help="per rank and step, as an allreduce payload of the same wire bytes; "
                           "median over the steady steps"),
-                 "compression_ratio": st.column_config.NumberColumn("ratio vs allreduce", format="%.1f"),
+                 "compression_ratio": st.column_config.NumberColumn(
+                     f"bytes ratio vs {title}", format="%.1f",
+                     help=f"{title}'s bytes per step over the run's"),
                  "wire_bytes": st.column_config.NumberColumn(
                      f"sent per rank on {world} (B)", format="localized",
                      help="an allgather's grows with the workers, an allreduce's does not"),
                  "median_step_s": st.column_config.NumberColumn("step here (s)", format="%.4f"),
                  "predicted_step_s": st.column_config.NumberColumn("predicted step (s)", format="%.4f"),
+                 "speedup": st.column_config.NumberColumn(
+                     f"speed-up vs {title}", format="%.2f",
+                     help=f"{title}'s predicted step time over the run's, on {cluster.text()}"),
+                 "pays": st.column_config.TextColumn(
+                     "pays here?", help=f"by the what-if model on {world} workers at {latency:g} µs "
+                                        "per hop: the link bandwidth below which it beats the "
+                                        "baseline in step time, or never, or always"),
+                 "break_even_gbps": st.column_config.NumberColumn("break-even (Gb/s)", format="%.3g"),
                  "overlap_share": st.column_config.NumberColumn("overlap share", format="%.2f")})
+
+compressors = [h for h in dict.fromkeys(r["hook"] for r in rows) if definitions.explain(h)]
+if compressors:
+    with st.expander("The compressors compared: what each sends, against its paper and GRACE, "
+                     "and where the lab keeps a choice of its own"):
+        for hook in compressors:
+            st.markdown(f"#### {hook}\n\n{definitions.explain(hook)}")
 
 quality_title = "held-out loss" if basis.startswith("held-out") else "loss"
 c1, c2 = st.columns(2)

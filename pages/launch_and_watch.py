@@ -6,7 +6,7 @@ from commlab import api
 from commlab.analysis import metrics, units
 from commlab.config import ConfigError
 from commlab.figures import runs as figures
-from commlab.ui import form, runs
+from commlab.ui import definitions, form, runs
 
 REFRESH_S = 0.5
 slots = {}  # field -> the empty slot under its widget, where its error goes
@@ -36,6 +36,9 @@ def settings() -> dict:
                         s.label, form.WORKLOAD_KINDS, key="f_workload_kind",
                         help=s.help) != form.WORKLOAD_KINDS[0]
                     v[s.name] = field(form.widget(s, own_workload=own))
+                    if s.name == "hook" and (definition := definitions.explain(v["hook"])):
+                        with st.expander(f"What {v['hook']} sends, against its paper and GRACE"):
+                            st.markdown(definition)
     return v
 
 
@@ -139,6 +142,8 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
     st.caption(f"Last point on the charts: step {h['step']:,} (steps count from 0) · "
                f"loss {h['loss']:.4f}")
     st.plotly_chart(figures.live_figure(view.frame()), key="live")
+    with st.expander("Communication ledger: every collective by kind and size", icon=":material/receipt_long:"):
+        lab_widgets.show_ledger(runs.ledger_view(view.run.path), key="ledger")
 
 
 st.title("Launch and watch")

@@ -1,6 +1,6 @@
 """Every run in one sortable table, filtered by sweep, workload and hook; overlay several (smoothed,
-on log axes, against step, time or bytes); two runs' settings side by side; a run's name, note and
-metrics as CSV; delete one after a confirmation.
+on log axes, against step, time or bytes); two runs' settings side by side; a run's name, note,
+metrics as CSV and communication ledger; delete one after a confirmation.
 Thin: commlab.ui.runs' rows, overlays and diffs, lab_widgets' pickers, plotly out."""
 import functools
 
@@ -110,6 +110,8 @@ with st.form("notes"):
 st.download_button("Download metrics (CSV)", functools.partial(runs.metrics_csv, one),
                    file_name=f"{run.id}_metrics.csv", mime="text/csv", key="csv",
                    on_click="ignore", icon=":material/download:")
+st.markdown("**Communication ledger**")
+lab_widgets.show_ledger(runs.ledger_view(one), key="ledger")
 
 with st.expander("Delete a run"):
     victim = lab_widgets.pick_run(choices, "Run to delete")["path"]

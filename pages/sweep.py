@@ -1,11 +1,13 @@
-"""A sweep of one hook's own settings beside an allreduce baseline, every setting with N seeds:
-start it, watch it, stop or resume it, read its front and the noise-aware recommendation.
+"""A sweep of one hook's own settings beside an allreduce baseline (fp32, fp16 or bf16), every
+setting with N seeds: start it, watch it, stop or resume it, read its front, the noise-aware
+recommendation and whether each setting pays on your cluster.
 Thin: widgets in, commlab.tune.sweep (which runs in its own process), plotly out."""
 import streamlit as st
 
 import lab_widgets
 from commlab.config import ConfigError, RunConfig, default_runs_dir, settings
 from commlab.figures.sweep import curves_figure, pareto_figure
+from commlab.tune import baseline as baselines
 from commlab.tune import pareto, quality
 from commlab.tune import sweep as sw
 from commlab.ui import form
@@ -17,7 +19,10 @@ JOB = ("workload", "steps", "world_size", "eval_every", "emulate_bandwidth_gbps"
 # The sweep shown, kept across reruns; no widget has this key (Streamlit refuses to set one that has).
 CHOSEN = "chosen_sweep"
 TABLE = {s.name: s for s in settings()}
-NAMES = {s.name: s.label for s in settings()} | {"repeats": "seeds per setting"}
+NAMES = {s.name: s.label for s in settings()} | {"repeats": "seeds per setting", "against": "judged against"}
+BASELINE_HELP = ("The allreduce every setting is judged against: the recommendation's rule, the "
+                 "bytes ratio, the speed-up and the break-even. Han et al. (2024) argue for a 16-bit "
+                 "one: fp16 and bf16 halve the bytes for free on most models.")
 
 
 def _named(field: str) -> str:
@@ -30,7 +35,8 @@ def hook_picker() -> str:
     hooks = list(sw.SWEPT_HOOKS)
     return st.selectbox("Hook to sweep", hooks, index=hooks.index(sw.DEFAULT_HOOK), key="sweep_hook",
                         help=f"{form.help_text(TABLE['hook'])}\n\nThe sweep varies this hook's own "
-                             "settings; plain allreduce is the baseline it is compared with.")
+                             "settings; an allreduce (fp32, fp16 or bf16) is the baseline it is "
+                             "compared with.")
 
 
 def spec_form(hook: str) -> sw.SweepSpec | None:
@@ -48,16 +54,20 @@ def spec_form(hook: str) -> sw.SweepSpec | None:
         for col, s in zip(st.columns(len(hook_axes)) if hook_axes else (), hook_axes):
             axes[s.name] = form.axis_widget(s, PRESET).draw(col)
             slots[s.name] = col.empty()
-        c1, c2, c3 = st.columns(3)
+        c1, c2, c3, c4 = st.columns(4)
         repeats = c1.number_input("Seeds per setting", value=sw.DEFAULT_REPEATS, step=1, key="sweep_repeats",
                                   help="Every setting, the baseline included, runs with this many "
                                        "seeds (initial weights and data order); 3 or more let the "
                                        "recommendation tell a difference from seed noise.")
         slots["repeats"] = c1.empty()
-        tolerance = c2.number_input("X: tolerance, % of allreduce's loss", value=sw.DEFAULT_TOLERANCE_PCT, step=0.5,
-                                    key="sweep_tolerance", format="%g")
+        tolerance = c2.number_input("X: tolerance, % of the baseline's loss", value=sw.DEFAULT_TOLERANCE_PCT,
+                                    step=0.5, key="sweep_tolerance", format="%g")
         slots["tolerance_pct"] = c2.empty()
-        baseline = c3.checkbox("Plain allreduce baseline first", True)
+        against = c3.selectbox("Judged against", baselines.BASELINES, format_func=baselines.title,
+                               key="sweep_against", help=BASELINE_HELP + " A 16-bit baseline runs "
+                               "after fp32 allreduce, which calibrates the what-if model.")
+        slots["against"] = c3.empty()
+        baseline = c4.checkbox("Baselines first", True)
         submitted = st.form_submit_button("Start sweep", type="primary")
     if not submitted:
         return None
@@ -76,7 +86,7 @@ def spec_form(hook: str) -> sw.SweepSpec | None:
     spec = None
     if base is not None:  # checked even when an axis did not parse: every bad field at once
         spec = sw.SweepSpec(base=base, baseline=baseline, tolerance_pct=float(tolerance),
-                            repeats=int(repeats), **values)
+                            repeats=int(repeats), against=against, **values)
         try:
             sw.grid(spec)
         except ConfigError as e:
@@ -129,22 +139,31 @@ def cluster_inputs() -> quality.Cluster:
 
 
 def results(sweep: sw.Sweep) -> None:
-    tolerance = st.slider("X: a setting qualifies when its loss is within X% of allreduce's, beyond "
+    planned = sweep.spec().against
+    c1, c2 = st.columns([1, 3])
+    against = c1.selectbox("Judge against", baselines.BASELINES, baselines.BASELINES.index(planned),
+                           format_func=baselines.title, key=f"judge_{sweep.id}",
+                           help=BASELINE_HELP + f" This sweep ran {baselines.title(planned)}"
+                                + ("" if planned == baselines.BASELINE else " and fp32 allreduce") + ".")
+    tolerance = c2.slider("X: a setting qualifies when its loss is within X% of the baseline's, beyond "
                           "the seed noise", 0.0, 50.0, float(sweep.spec().tolerance_pct), 0.5)
     cluster = cluster_inputs()
-    runs = sweep.results(tolerance, cluster)
+    runs = sweep.results(tolerance, cluster, against)
     if not len(runs):
         st.info("No run has started yet.")
         return
+    title = baselines.title(against)
     table = pareto.by_setting(runs)
     rec = pareto.recommend(runs, tolerance)
-    said = f"**Recommendation**: {lab_widgets.literal(rec.text)}"
+    said = f"**Recommendation** (against {title}): {lab_widgets.literal(rec.text)}"
     if rec.decided and rec.label and not table[table["label"] == rec.label]["baseline"].iloc[0]:
         st.success(said)
     elif rec.decided:
         st.info(said)
     else:
         st.warning(said)
+    if rec.here:
+        st.markdown(f"**On your cluster**: {lab_widgets.literal(rec.here)}.")
     st.caption(f"Rule: {lab_widgets.literal(rec.rule)}.")
     basis = set(runs["quality_basis"].dropna())
     if quality.TRAINING in basis:
@@ -160,16 +179,28 @@ def results(sweep: sw.Sweep) -> None:
         c1.plotly_chart(pareto_figure(table, "bytes_per_step", rec.label, runs))
         c2.plotly_chart(pareto_figure(table, "predicted_s", rec.label, runs, cluster.text()))
         st.plotly_chart(curves_figure(runs, runs["target"].iloc[0]))
-    st.markdown(f"**Per setting** (target loss {_num(runs['target'].iloc[0])}: allreduce's plus X%; "
-                "*to target*: where each seed first reached it, mean over the seeds that did)")
+    st.markdown(f"**Per setting** (target loss {_num(runs['target'].iloc[0])}: {title}'s plus X%; "
+                "*to target*: where each seed first reached it, mean over the seeds that did; "
+                f"ratio, speed-up and *pays here?* against **{title}**, on {cluster.text()})")
     st.dataframe(table[["label", "seeds", "qualities", "quality_mean", "quality_std", "broken",
-                        "bytes_per_step", "time_s", "predicted_s", "reached", "reach_step",
-                        "reach_time_s", "reach_predicted_s", "reach_bytes", "pareto_bytes",
-                        "pareto_predicted"]],
+                        "bytes_per_step", "bytes_ratio", "time_s", "predicted_s", "speedup", "pays",
+                        "reached", "reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes",
+                        "pareto_bytes", "pareto_predicted"]],
                  hide_index=True, column_config={
                      "label": "setting", "qualities": "loss per seed", "quality_mean": "loss mean",
                      "quality_std": "± sd", "broken": "failed seeds",
                      "bytes_per_step": st.column_config.NumberColumn("bytes/step", format="%,.0f"),
+                     "bytes_ratio": st.column_config.NumberColumn(
+                         f"bytes ratio vs {title}", format="%.1f",
+                         help=f"{title}'s bytes per step over the setting's"),
+                     "speedup": st.column_config.NumberColumn(
+                         f"speed-up vs {title}", format="%.2f",
+                         help=f"{title}'s predicted step time over the setting's, on {cluster.text()} "
+                              "(its first seed)"),
+                     "pays": st.column_config.TextColumn(
+                         "pays here?", help="by the what-if model at these workers and latency: the "
+                                            "link bandwidth below which it beats the baseline in step "
+                                            "time, or never, or always (its first seed)"),
                      "time_s": st.column_config.NumberColumn("measured s", format="%.2f"),
                      "predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
                      "reach_step": st.column_config.NumberColumn("to target: step", format="%.0f"),
@@ -177,7 +208,7 @@ def results(sweep: sw.Sweep) -> None:
                      "reach_predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
                      "reach_bytes": st.column_config.NumberColumn("bytes", format="%,.0f")})
     if rec.verdicts:
-        st.markdown("**Each setting against allreduce**")
+        st.markdown(f"**Each setting against {title}**")
         st.dataframe(rec.verdicts, hide_index=True)
     with st.expander("Every run"):
         # Columns empty throughout (the axes of hooks these runs do not use) are left out.

@@ -7,7 +7,8 @@ import lab_widgets
 from commlab.analysis import metrics
 from commlab.api import open_run
 from commlab.figures import whatif as figs
-from commlab.tune import whatif
+from commlab.tune import baseline as baselines
+from commlab.tune import payoff, whatif
 from commlab.tune.sweep import list_sweeps
 from commlab.ui import runs
 
@@ -53,7 +54,10 @@ if any(p.measured_over != "loopback" for p in profiles):
     st.caption("Rows measured over an emulated link: the emulated link's time was taken off the "
                "hook's time to leave its arithmetic.")
 
-c1, c2, c3 = st.columns(3)
+c0, c1, c2, c3 = st.columns(4)
+against = c0.selectbox("Judged against", baselines.BASELINES, format_func=baselines.title,
+                       key="whatif_against", help="The allreduce the speed-ups and break-evens are "
+                       "against (fp32, or a 16-bit one); its run must be among those measured.")
 latency = c1.number_input("Latency per hop α, µs", 0.0, 10_000.0, whatif.DEFAULT_LATENCY_US)
 bandwidth = c2.select_slider("Bandwidth for the workers chart, Gb/s", whatif.BANDWIDTHS_GBPS, 10)
 workers = c3.select_slider("Workers for the bandwidth chart", whatif.WORLD_SIZES, 64)
@@ -61,17 +65,20 @@ rows = whatif.predict(profiles, whatif.WORLD_SIZES, whatif.BANDWIDTHS_GBPS, late
 c1, c2 = st.columns(2)
 c1.plotly_chart(figs.workers_figure(rows, bandwidth))
 c2.plotly_chart(figs.bandwidth_figure(rows, workers))
-st.plotly_chart(figs.winner_map(whatif.winners(rows)))
+st.plotly_chart(figs.winner_map(whatif.winners(rows, against), baselines.title(against)))
 
-base = whatif.baseline_profile(profiles)
+base = whatif.baseline_profile(profiles, against)
+st.subheader("Where compression pays off")
 if base:
-    st.subheader("Where compression pays off")
-    st.dataframe(pd.DataFrame([{
-        "hook": p.label, "workers": n,
-        "wins below (Gb/s)": whatif.break_even_gbps(base, p, n, latency)}
-        for p in profiles if p is not base for n in (8, 64, 1024)]), hide_index=True)
-    st.caption(f"Against {lab_widgets.literal(base.label)}: the hook is faster at any bandwidth below the one shown "
-               "(inf: at every bandwidth; 0: at none).")
+    paid = [payoff.payoff(base, p, n, latency, against) for p in profiles if p is not base
+            for n in (8, 64, 1024)]
+    st.dataframe(pd.DataFrame([{"hook": p.label, "workers": p.world_size, "pays here?": p.sentence(),
+                                "break-even (Gb/s)": p.break_even_gbps} for p in paid]), hide_index=True)
+    st.caption(f"Against {lab_widgets.literal(base.label)} ({baselines.title(against)}), at "
+               f"{latency:g} µs per hop: where the what-if model's step-time curves cross.")
+else:
+    st.info(f"No {baselines.title(against)} run among these: measure one to see where each hook "
+            "beats it.")
 
 checked = whatif.checks(chosen)
 st.subheader("The model against measured runs")

@@ -13,7 +13,7 @@ from commlab import cli
 from commlab.analysis import ring
 from commlab.config import RunConfig
 from commlab.hooks.instrument import CollectiveCounter, Link
-from commlab.tune import compare, quality, whatif
+from commlab.tune import compare, payoff, quality, whatif
 from commlab.tune.quality import Cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +76,8 @@ def test_an_allgather_hooks_cost_grows_with_the_workers_from_its_measured_count(
     # against allreduce: the break-even uses what each sends on N ranks, not the counted payload
     base = whatif.profile_from_records(records(12, lambda i: 3000, 3000, lambda i: 1),
                                        RunConfig(hook="allreduce").to_dict(), "a")
-    assert whatif.break_even_gbps(base, p, 8) > whatif.break_even_gbps(base, p, 64)
+    assert payoff.payoff(base, p, 8, 5).verdict == payoff.BELOW  # 7 x 300 B against 2 x 7/8 x 3000 B
+    assert payoff.payoff(base, p, 64, 5).verdict == payoff.NEVER  # 63 x 300 B: more than allreduce sends
 
 
 def test_local_sgd_pays_a_subgroup_allreduce_and_one_parameter_allreduce_per_period():

@@ -88,23 +88,64 @@ def test_dgc_clips_locally_to_the_norm_over_root_n():
     assert math.isclose(float(s.decode(msg, ctx, 200).norm()), 0.5, rel_tol=1e-5)  # one rank
 
 
-@pytest.mark.parametrize("state, bound", [
-    (c.RandomKState(compress_ratio=0.1), lambda x: 9 * x**2),  # (n/k - 1) x^2
-    (c.QSGDState(levels=3), lambda x: torch.full_like(x, float(x.norm()) ** 2 / 36)),  # (|x|/s)^2/4
-    (c.TernGradState(), lambda x: x.abs().max() * x.abs()),
-    (c.NaturalState(), lambda x: x**2 / 8),
-], ids=["randomk", "qsgd", "terngrad", "natural"])
-def test_unbiased_compressors_average_to_the_input(state, bound):
-    """The mean of T independent compressions is within 5 standard errors of the input."""
+def _clipped(x: torch.Tensor, sigmas: float = 2.5) -> torch.Tensor:
+    """TernGrad's clipping as the paper writes it: to +-c * sigma of the elements."""
+    limit = sigmas * float(x.double().std(unbiased=False))
+    return x.clamp(-limit, limit)
+
+
+@pytest.mark.parametrize("state, target, bound", [
+    (c.RandomKState(compress_ratio=0.1), None, lambda x: 9 * x**2),  # (n/k - 1) x^2
+    (c.QSGDState(levels=3), None, lambda x: torch.full_like(x, float(x.norm()) ** 2 / 36)),  # (|x|/s)^2/4
+    (c.TernGradState(clip_sigmas=0), None, lambda x: x.abs().max() * x.abs()),
+    (c.TernGradState(), _clipped, lambda x: _clipped(x).abs().max() * _clipped(x).abs()),
+    (c.NaturalState(), None, lambda x: x**2 / 8),
+], ids=["randomk", "qsgd", "terngrad_unclipped", "terngrad", "natural"])
+def test_unbiased_compressors_average_to_the_input(state, target, bound):
+    """The mean of T independent compressions is within 5 standard errors of the input (of the
+    clipped input for TernGrad with its clipping on)."""
     x, draws = _x(50), 600
+    x[7] = 6.0  # an outlier beyond 2.5 sigma: TernGrad's clipping has something to clip
+    want = x if target is None else target(x)
     total = torch.zeros(50)
     for _ in range(draws):
         msg, ctx = state.compress(0, x)
         total += state.decode(msg, ctx, 50)
     mean = total / draws
     tolerance = 5 * (bound(x) / draws).sqrt() + 1e-6
-    assert ((mean - x).abs() <= tolerance).all(), (mean - x).abs().max()
+    assert ((mean - want).abs() <= tolerance).all(), (mean - want).abs().max()
     assert not torch.equal(state.decode(*state.compress(0, x), 50), x)  # it does compress
+
+
+def test_terngrad_clips_to_its_sigmas_when_on_and_not_when_off():
+    x = _x()
+    x[3] = 40.0  # an outlier: 2.5 sigma is far below it
+    sigma = float(x.double().std(unbiased=False))
+    on, off = c.TernGradState(), c.TernGradState(clip_sigmas=0)
+    assert on.clip_sigmas == 2.5  # on by default, as in the paper
+    scale_on = c.bytes_to_floats(on.compress(0, x)[0], 1)[0]
+    scale_off = c.bytes_to_floats(off.compress(0, x)[0], 1)[0]
+    assert float(scale_off) == 40.0  # max|x|
+    assert float(scale_on) == pytest.approx(2.5 * sigma, rel=1e-6) and float(scale_on) < 40.0
+    assert torch.equal(on.clip(x), x.clamp(-float(scale_on), float(scale_on)))
+    assert torch.equal(off.clip(x), x)
+    # every decoded value is 0 or +-the scale: ternary around the clipped bucket
+    out = on.decode(*on.compress(0, x), 200)
+    assert set(torch.unique(out.abs()).tolist()) <= {0.0, float(scale_on)}
+    assert torch.equal(c.TernGradState(clip_sigmas=1.0).clip(x).abs().max(), torch.tensor(sigma).float())
+    # sigma = 0 (a constant bucket, a bucket of one element): left as it is, not clipped to nothing
+    assert torch.equal(on.clip(torch.full((5,), 3.0)), torch.full((5,), 3.0))
+    assert torch.equal(on.clip(torch.tensor([-2.0])), torch.tensor([-2.0]))
+
+
+def test_terngrad_clipping_is_a_setting_read_through_its_spec():
+    assert RunConfig().terngrad_clip_sigmas == 2.5
+    for value in (2.5, 0.0, 4.0):
+        state = registry.choose(RunConfig(hook="terngrad", terngrad_clip_sigmas=value), "gloo").state
+        assert state.clip_sigmas == value
+    for bad in (0.2, -1.0, 1000.0):
+        assert "terngrad_clip_sigmas" in RunConfig(hook="terngrad", terngrad_clip_sigmas=bad).errors(gpu_count=0)
+    assert "terngrad_clip_sigmas" in SPECS["terngrad"].reads()
 
 
 def test_qsgd_levels_and_wire_size():
@@ -119,9 +160,9 @@ def test_qsgd_levels_and_wire_size():
 
 def test_terngrad_and_natural_values():
     x = _x()
-    t = c.TernGradState()
-    out = t.decode(*t.compress(0, x), 200)
-    assert set(torch.unique(out / x.abs().max()).tolist()) <= {-1.0, 0.0, 1.0}
+    for t in (c.TernGradState(), c.TernGradState(clip_sigmas=0)):
+        out = t.decode(*t.compress(0, x), 200)
+        assert set(torch.unique(out / t.clip(x).abs().max()).tolist()) <= {-1.0, 0.0, 1.0}
     n = c.NaturalState()
     out = n.decode(*n.compress(0, x), 200)
     assert torch.equal(torch.exp2(torch.log2(out.abs()).round()), out.abs())  # powers of two
@@ -165,6 +206,8 @@ def test_memories_reset_when_a_bucket_changes_size():
     (c.DGCState, dict(momentum=1.0), "momentum"),
     (c.SignumState, dict(momentum=-0.1), "momentum"),
     (c.DGCState, dict(clip_norm=-1.0), "clip_norm"),
+    (c.TernGradState, dict(clip_sigmas=-0.5), "clip_sigmas"),
+    (c.TernGradState, dict(clip_sigmas=math.inf), "clip_sigmas"),
 ])
 def test_states_validate_their_hyperparameters(cls, kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -174,7 +217,7 @@ def test_states_validate_their_hyperparameters(cls, kwargs, name):
 @pytest.mark.parametrize("field, value", [("compress_ratio", 0.0), ("compress_ratio", 2.0),
                                           ("qsgd_levels", 0), ("qsgd_levels", 200),
                                           ("sparsify_threshold", 0.0), ("compressor_momentum", 1.0),
-                                          ("dgc_clip_norm", -1.0)])
+                                          ("dgc_clip_norm", -1.0), ("terngrad_clip_sigmas", 0.1)])
 def test_the_settings_table_refuses_by_name(field, value):
     assert field in RunConfig(hook="topk", **{field: value}).errors(gpu_count=0)
 

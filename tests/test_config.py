@@ -109,3 +109,16 @@ def test_cli_refuses_bad_input_with_exit_code_2(tmp_path):
     payload = json.loads(out.stdout.strip().splitlines()[-1])
     assert "matrix_approximation_rank" in payload["errors"]
     assert not any(tmp_path.iterdir()), "nothing may be created for refused settings"
+
+
+def test_a_recorded_config_reads_a_setting_added_since_as_what_the_run_did(tmp_path):
+    """A TernGrad run recorded before terngrad_clip_sigmas existed ran unclipped: read back, exported
+    and resumed, it stays unclipped; a config a person writes gets today's default."""
+    from commlab.engine.store import RunFolder
+
+    old = RunConfig(hook="terngrad").to_dict()
+    del old["terngrad_clip_sigmas"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert RunFolder(tmp_path).config().terngrad_clip_sigmas == 0.0
+    assert RunConfig.from_dict(old).terngrad_clip_sigmas == 2.5
+    assert RunConfig.recorded({**old, "terngrad_clip_sigmas": 1.5}).terngrad_clip_sigmas == 1.5

@@ -131,6 +131,10 @@ DAMAGE = {
     "buckets.json bad log": (_write("buckets.json", json.dumps({
         "bucket_cap_mb": 1.0, "ddp_logging": {"bucket_sizes": "a,b"}}).encode()), None),
     "buckets.json a folder": (_folder("buckets.json"), None),
+    "ledger.json bad rows": (_write("ledger.json", json.dumps({
+        "step": 1, "world_size": 2, "clock": "host", "emulated_link": False,
+        "rows": [{"traffic": "hook", "count": "many"}]}).encode()), None),
+    "ledger.json a folder": (_folder("ledger.json"), None),
     "grads junk": (_write("grads/step_5.pt", b"not a tensor file"), None),
     "grads a folder": (lambda run: ((run / "grads/step_6.pt").unlink(), (run / "grads/step_6.pt").mkdir()), None),
     "grads odd name": (_write("grads/step_x.pt", b"junk"), None),
@@ -201,6 +205,7 @@ def test_ui_and_tune_readers_over_the_damaged_folder(damaged_dir):
         if named:
             assert view.status() == {"status": "damaged", "error": run.damage()}
         runs.overlay([str(run.path)])
+        assert runs.ledger_view(run.path)["step"] is None  # none written, or not what commlab writes
         recorded = run.buckets()
         buckets.bucket_layouts(recorded), buckets.bucket_story(recorded)
         buckets.ddp_logged_sizes(recorded)

@@ -19,7 +19,7 @@ from commlab.config import RunConfig, is_plain_allreduce, label_of
 from commlab.engine import store
 from commlab.hooks.instrument import Link
 from commlab.teach import bench, classroom, headroom
-from commlab.tune import sweep, whatif
+from commlab.tune import payoff, sweep, whatif
 from commlab.ui import runs as ui_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_every_reader_of_the_ring_agrees_with_it(n):
 def test_break_even_is_where_the_ring_says_the_saved_bytes_pay_for_the_extra_time():
     base = whatif.HookProfile("allreduce", "allreduce", "none", 0.010, 0.0, 100e6, 1, 2, "a", "loopback", 5)
     psgd = whatif.HookProfile("psgd", "powersgd", "none", 0.010, 0.005, 1e6, 3, 2, "b", "loopback", 5)
-    even = whatif.break_even_gbps(base, psgd, 64, 5.0)
+    even = payoff.payoff(base, psgd, 64, 5.0).break_even_gbps
     extra = psgd.step_s(64, 0.0, 5.0) - base.step_s(64, 0.0, 5.0)
     assert even * 1e9 / 8 * extra == pytest.approx(ring.wire_bytes(99e6, 64))
 
@@ -252,3 +252,108 @@ def test_the_live_charts_draw_a_bounded_number_of_points_and_keep_a_spike(tmp_pa
     view = ui_runs.LiveView(short.path)
     view.poll()
     assert len(view.frame()) == 500  # a short run: every point
+
+
+# ============================================================================ the compressors' definitions
+# Written once, in each compressor's row (HookSpec.definition; tests/test_grace.py holds them to
+# GRACE's code); every place that shows them asks the row.
+def _compressors() -> list[str]:
+    from commlab.hook_specs import COMPRESSOR, hooks_of
+
+    return list(hooks_of(COMPRESSOR))
+
+
+def _retold(monkeypatch, hook: str) -> str:
+    """``hook``'s row given a definition no page could have typed: what a page shows must follow it."""
+    import dataclasses
+
+    from commlab import hook_specs
+
+    spec = hook_specs.SPECS[hook]
+    marker = f"retold-{hook}-in-the-row"
+    monkeypatch.setitem(hook_specs.SPECS, hook, dataclasses.replace(
+        spec, definition=dataclasses.replace(spec.definition, choice=marker)))
+    return marker
+
+
+def test_every_compressor_has_a_definition_and_only_the_compressors():
+    from commlab.hook_specs import SPECS
+    from commlab.ui import definitions
+
+    assert len(_compressors()) == 11 and definitions.defined() == tuple(_compressors())
+    assert all(SPECS[h].definition is None for h in SPECS if h not in _compressors())
+    for hook in _compressors():
+        text = definitions.explain(hook)
+        d = SPECS[hook].definition
+        assert all(getattr(d, part) in text for part, _ in definitions.PARTS)
+    assert definitions.explain("powersgd") is None and definitions.explain("nonesuch") is None
+
+
+def test_the_launch_page_shows_the_chosen_compressors_definition_from_its_row(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from commlab.ui import definitions
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.run()
+    titles = lambda: [e.label for e in at.expander]  # noqa: E731
+    assert not any("against its paper" in t for t in titles())  # allreduce: no definition
+    marker = _retold(monkeypatch, "randomk")
+    for hook in _compressors():
+        at.selectbox(key="f_hook").set_value(hook).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert f"What {hook} sends, against its paper and GRACE" in titles()
+        shown = [m.value for m in at.markdown if m.value == definitions.explain(hook)]
+        assert len(shown) == 1, hook
+        assert (marker in shown[0]) == (hook == "randomk")
+    assert "definition" in at.selectbox(key="f_hook").help
+
+
+def test_the_compare_page_explains_the_compressors_it_compares_from_their_rows(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from commlab.ui import definitions
+
+    for hook in ("topk", "randomk", "allreduce"):
+        _run_folder(tmp_path, f"20260101-00000{len(hook)}-{hook}-beef",
+                    RunConfig(hook=hook, workload="mlp", runs_dir=str(tmp_path)), _records())
+    marker = _retold(monkeypatch, "topk")
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("pages/compare.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert set(at.dataframe[0].value["hook"]) == {"topk", "randomk", "allreduce"}
+    (box,) = [e for e in at.expander if "against its paper and GRACE" in e.label]
+    said = [m.value for m in box.markdown]
+    assert sorted(said) == [f"#### {h}\n\n{definitions.explain(h)}" for h in ("randomk", "topk")]
+    assert any(marker in m for m in said) and not any("allreduce" in m.split("\n")[0] for m in said)
+    assert "n/k" in " ".join(said)  # random-k's unbiased scaling, the lab's own choice, said
+
+
+def test_commlab_hooks_prints_every_definition_from_the_rows(capsys, monkeypatch):
+    from dataclasses import asdict
+
+    from commlab import cli
+    from commlab.hook_specs import SPECS
+    from commlab.ui import definitions
+
+    marker = _retold(monkeypatch, "dgc")
+    assert cli.main(["hooks", "--backend", "gloo"]) == 0
+    text = capsys.readouterr().out
+    assert all(definitions.plain(h) in text for h in _compressors()) and marker in text
+    assert cli.main(["hooks", "--backend", "gloo", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["definitions"] == {h: asdict(SPECS[h].definition) for h in _compressors()}
+    assert cli.main(["hooks", "--definitions"]) == 0
+    assert capsys.readouterr().out.strip() == definitions.table()
+
+
+def test_docs_hooks_holds_the_definitions_table_as_the_rows_print_it():
+    from commlab.ui import definitions
+
+    table = definitions.table()
+    assert table.count("\n") == 1 + len(_compressors())
+    assert table in (ROOT / "docs" / "hooks.md").read_text(), (
+        "docs/hooks.md's definitions table differs from the hook table: paste `commlab hooks --definitions`")

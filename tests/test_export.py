@@ -235,14 +235,14 @@ def test_accelerate_registers_a_hook_it_cannot_name_on_the_prepared_model(hook):
 # Every setting the new hooks read, none at its default, and what each hook's snippet must spell:
 # written out here, not read from commlab.hooks.compressors.STATES.
 SETTINGS = dict(compress_ratio=0.125, qsgd_levels=5, sparsify_threshold=0.25, compressor_momentum=0.75,
-                dgc_clip_norm=2.5, sparse_error_feedback=False, quantization_bucket_size=96,
-                start_localSGD_iter=9, post_local_gradient_allreduce=False, localsgd_subgroup_size=2,
+                dgc_clip_norm=2.5, terngrad_clip_sigmas=1.5, sparse_error_feedback=False,
+                quantization_bucket_size=96, start_localSGD_iter=9, post_local_gradient_allreduce=False, localsgd_subgroup_size=2,
                 averager_period=3, averager_warmup_steps=9, seed=11, world_size=4)
 SPELLED = {
     "topk": ["TopKState(", "compress_ratio=0.125", "use_error_feedback=False"],
     "randomk": ["RandomKState(", "compress_ratio=0.125"],
     "qsgd": ["QSGDState(", "levels=5"],
-    "terngrad": ["TernGradState("],
+    "terngrad": ["TernGradState(", "clip_sigmas=1.5"],
     "signsgd": ["SignSGDState("],
     "ef_signsgd": ["EFSignSGDState("],
     "onebit": ["OneBitState("],
@@ -254,6 +254,7 @@ SPELLED = {
 NEW_HOOKS = [*SPELLED, "quantize_pertensor", "quantize_perchannel", "post_localsgd"]
 # Hyperparameters some hook reads: no other hook's snippet may name them.
 ONLY = {"compress_ratio=": ("topk", "randomk", "dgc"), "levels=": ("qsgd",), "clip_norm=": ("dgc",),
+        "clip_sigmas=": ("terngrad",),
         "bucket_size=": ("quantize_perchannel",), "start_localSGD_iter=": ("post_localsgd",)}
 
 

@@ -59,8 +59,8 @@ LIGHTNING_CELLS = [("powersgd", "bf16", "several"), ("fp16", "none", "one"),
 HOOK_SETTINGS = dict(start_localSGD_iter=1, averager_warmup_steps=1, averager_period=2,
                      post_local_gradient_allreduce=True, localsgd_subgroup_size=1,
                      compress_ratio=0.25, qsgd_levels=3, sparsify_threshold=5e-4,
-                     compressor_momentum=0.5, dgc_clip_norm=1.0, sparse_error_feedback=False,
-                     quantization_bucket_size=64, seed=3, sync_every=2)
+                     compressor_momentum=0.5, dgc_clip_norm=1.0, terngrad_clip_sigmas=1.5,
+                     sparse_error_feedback=False, quantization_bucket_size=64, seed=3, sync_every=2)
 # A compressor state's attribute for each keyword its constructor takes
 STATE_ATTRS = {"use_error_feedback": "error_feedback"}
 # Every snippet is made for the two-node line that launches them: 2 nodes of 1 process.

@@ -48,12 +48,12 @@ def test_a_clear_gap_decides_both_ways():
                   "r=4": ([b * 0.995 for b in BASE], 400.0)})
     rec = pareto.recommend(runs, 5)
     assert rec.decided and rec.label == "r=2" and rec.run_id == "r=2-0"
-    assert "5.0x fewer than allreduce" in rec.text and "over 4 seeds" in rec.text
+    assert "5.0x fewer than fp32 allreduce" in rec.text and "over 4 seeds" in rec.text
     by = {d["setting"]: d["verdict"] for d in rec.verdicts}
     assert by == {"r=1": pareto.WORSE, "r=2": pareto.AS_GOOD, "r=4": pareto.AS_GOOD}
     assert pareto.recommend(runs, 15).label == "r=1"  # 10% worse is within 15%
     keep = pareto.recommend(runs.query("label != 'r=2' and label != 'r=4'"), 5)
-    assert keep.decided and keep.label == "allreduce" and keep.text.startswith("keep allreduce")
+    assert keep.decided and keep.label == "allreduce" and keep.text.startswith("keep fp32 allreduce")
 
 
 def test_the_same_runs_unpaired_would_not_decide():
@@ -98,7 +98,7 @@ def test_a_stopped_sweep_says_what_it_lacks():
     rec = pareto.recommend(unfinished, 5)
     assert not rec.decided and rec.verdicts[0]["verdict"] == pareto.INCOMPLETE
     no_base = _runs({"r=1": (BASE, 100.0)})
-    assert "no allreduce baseline" in pareto.recommend(no_base[~no_base["baseline"]], 5).text
+    assert "no fp32 allreduce baseline" in pareto.recommend(no_base[~no_base["baseline"]], 5).text
 
 
 def test_held_out_and_training_losses_are_never_compared():

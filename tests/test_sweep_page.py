@@ -50,7 +50,7 @@ def test_a_compressor_sweep_runs_its_own_axis_beside_the_baseline(stopped_topk):
     table = pareto.by_setting(runs)
     assert list(table["label"]) == LABELS[:2] and table["pareto_bytes"].all()
     fig = pareto_figure(table, "bytes_per_step", None, runs)
-    assert {t.name for t in fig.data} >= {"allreduce baseline", "topk settings", "each seed"}
+    assert {t.name for t in fig.data} >= {"fp32 allreduce baseline", "topk settings", "each seed"}
     profiles = whatif.profiles_from_runs(sweep.runs())
     assert [p.label for p in profiles] == LABELS[:2] and profiles[1].collective == ring.ALLGATHER
 

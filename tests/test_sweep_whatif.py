@@ -22,7 +22,7 @@ from commlab import cli
 from commlab.analysis import ring
 from commlab.config import ConfigError, RunConfig, label_of
 from commlab.hooks.instrument import Link
-from commlab.tune import pareto, quality, whatif
+from commlab.tune import pareto, payoff, quality, whatif
 from commlab.tune import sweep as sw
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,8 +192,8 @@ def test_recommendation_is_the_fewest_bytes_within_x_percent_of_allreduce():
     # Nothing within 0.5%; r=8 stopped before its seeds finished, so it could still qualify.
     assert "r=8: unfinished seed" in pareto.recommend(runs, 0.5).text
     rec = pareto.recommend(runs[runs["label"] != "r=8"], 0.5)
-    assert rec.label == "allreduce" and rec.text.startswith("keep allreduce")
-    assert "at most 0.5% of allreduce's loss" in rec.rule
+    assert rec.label == "allreduce" and rec.text.startswith("keep fp32 allreduce")
+    assert "at most 0.5% of fp32 allreduce's loss" in rec.rule
     assert pareto.recommend(runs[~runs["baseline"]], 5).run_id is None
 
 
@@ -311,12 +311,12 @@ def test_predictions_winners_and_break_even():
     best = {(c["world_size"], c["bandwidth_gbps"]): c for c in whatif.winners(rows)}
     assert best[(64, 1)]["best"] == "powersgd r=1" and best[(64, 1)]["speedup"] > 40
     assert best[(2, 400)]["best"] == "allreduce" and best[(2, 400)]["speedup"] == 1
-    even = whatif.break_even_gbps(allreduce, psgd, 64, 5)
+    even = payoff.payoff(allreduce, psgd, 64, 5).break_even_gbps
     assert psgd.step_s(64, even, 5) == pytest.approx(allreduce.step_s(64, even, 5))
     assert psgd.step_s(64, even * 0.9, 5) < allreduce.step_s(64, even * 0.9, 5)
-    assert whatif.break_even_gbps(allreduce, allreduce, 64) == 0.0
+    assert payoff.payoff(allreduce, allreduce, 64, 5).verdict == payoff.ITSELF
     free = whatif.HookProfile("free", "powersgd", "none", 0.010, 0.0, 1e6, 1, 2, "c", "loopback", 5)
-    assert whatif.break_even_gbps(allreduce, free, 64, 5) == math.inf
+    assert payoff.payoff(allreduce, free, 64, 5).verdict == payoff.ALWAYS
 
 
 class FakeRun:
@@ -452,7 +452,7 @@ def test_the_sweep_table_front_and_recommendation(stopped_sweep):
 
     fig = pareto_figure(table, "time_s", table.iloc[1]["label"], runs)
     assert "emulated 0.05 Gb/s, 20 µs" in fig.layout.title.text
-    assert {t.name for t in fig.data} >= {"Pareto front", "allreduce baseline", "recommended",
+    assert {t.name for t in fig.data} >= {"Pareto front", "fp32 allreduce baseline", "recommended",
                                           "each seed"}
 
 

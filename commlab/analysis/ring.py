@@ -107,3 +107,13 @@ def bus_factor(collective: str, world_size: int) -> float:
     if collective in ("broadcast", "reduce"):
         return 1.0
     raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+
+
+def algbw(size_bytes: float, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth, bytes per second: the message size S over one call's time."""
+    return size_bytes / seconds
+
+
+def busbw(algbw_bytes_per_s: float, world_size: int, collective: str = "all_reduce") -> float:
+    """nccl-tests' bus bandwidth, bytes per second: algbw times ``bus_factor``."""
+    return algbw_bytes_per_s * bus_factor(collective, world_size)

@@ -2,10 +2,13 @@
 
     commlab compare RUN [RUN ...] [--predict-world-size 64 --predict-bandwidth-gbps 10] [--json]
     commlab compare --workload charlm --hooks allreduce,topk,qsgd --steps 60 [any run flag]
+    commlab compare ... --against bf16      (judged against bf16 allreduce instead of fp32)
 
 Given runs (folders or the ids ``commlab runs`` prints), it tabulates them; given ``--hooks``, it
 first runs each hook with the other flags' settings, one run after another (runs together would
-share the cores and spoil each other's timings), a plain allreduce first unless it is listed.
+share the cores and spoil each other's timings), a plain allreduce first unless it is listed, and
+the ``--against`` baseline after it.  Each row says whether it pays on the cluster named
+(``commlab.tune.payoff``).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import sys
 from commlab.commands.run import add_run_options, config_from_args
 from commlab.config import ConfigError
 from commlab.hook_specs import BASELINE, HOOKS
+from commlab.tune import baseline as baselines
 from commlab.tune.quality import Cluster
 
 
@@ -32,7 +36,7 @@ def _runs(args: argparse.Namespace) -> list:
     return _run_hooks(args)
 
 
-def _hooks(text: str) -> list[str]:
+def _hooks(text: str, against: str = baselines.DEFAULT) -> list[str]:
     from commlab.tune.sweep import parse_list
 
     hooks = parse_list(text, str, "hook")
@@ -40,7 +44,8 @@ def _hooks(text: str) -> list[str]:
     if unknown or not hooks:
         raise ConfigError({"hook": f"unknown hook(s) {', '.join(unknown) or '(none given)'}; "
                                    f"known: {', '.join(HOOKS)}"})
-    return ([BASELINE] if BASELINE not in hooks else []) + list(dict.fromkeys(hooks))
+    first = [b for b in dict.fromkeys((BASELINE, against)) if b not in hooks]
+    return first + list(dict.fromkeys(hooks))
 
 
 def _run_hooks(args: argparse.Namespace) -> list:
@@ -48,7 +53,7 @@ def _run_hooks(args: argparse.Namespace) -> list:
 
     base = config_from_args(args, axes=("hook",))
     # Every configuration is checked before the first run starts.
-    configs = [base.with_overrides(hook=h).check() for h in _hooks(args.hook)]
+    configs = [base.with_overrides(hook=h).check() for h in _hooks(args.hook, args.against)]
     done = []
     with Batch("comparison", warm=len(configs) > 1) as batch:
         for i, cfg in enumerate(configs, 1):
@@ -62,19 +67,25 @@ def _run_hooks(args: argparse.Namespace) -> list:
     return done
 
 
-def _text(rows: list[dict], cluster: Cluster, basis: str) -> str:
+def _text(rows: list[dict], cluster: Cluster, basis: str, against: str) -> str:
     from commlab.analysis.units import human_bytes, number, seconds
+    from commlab.tune import compare
 
     w = max([len("algorithm"), *(len(r["label"]) for r in rows)])  # labels are never cut
     head = (f"{'algorithm':<{w}} {'quality':>8} {'bytes/step':>11} {'ratio':>7} "
-            f"{'wire@N':>11} {'step here':>10} {'predicted':>10} {'overlap':>7}")
-    lines = [f"quality: {basis}; wire@N and predicted: on {cluster.text()} (what-if model)", head]
+            f"{'wire@N':>11} {'step here':>10} {'predicted':>10} {'speed-up':>8} {'overlap':>7}")
+    lines = [f"quality: {basis}; wire@N and predicted: on {cluster.text()} (what-if model)",
+             f"ratio, speed-up and pays: against {baselines.title(against)}", head]
     for r in rows:
         ratio = f"{r['compression_ratio']:.1f}x" if r["compression_ratio"] else "–"
+        speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "–"
         quality = "diverged" if r["diverged"] else number(r["quality"])
         lines.append(f"{r['label']:<{w}} {quality:>8} {human_bytes(r['bytes_per_step']):>11} "
                      f"{ratio:>7} {human_bytes(r['wire_bytes']):>11} {seconds(r['median_step_s']):>10} "
-                     f"{seconds(r['predicted_step_s']):>10} {number(r['overlap_share'], 2):>7}")
+                     f"{seconds(r['predicted_step_s']):>10} {speedup:>8} {number(r['overlap_share'], 2):>7}")
+    lines += [f"{r['label']}: {r['pays']}" for r in rows if r["pays"]]
+    if why := compare.missing(rows, against):
+        lines.append(why)
     return "\n".join(lines)
 
 
@@ -83,7 +94,12 @@ def _compare(args: argparse.Namespace) -> int:
     from commlab.tune import compare
 
     cluster = Cluster(args.predict_world_size, args.predict_bandwidth_gbps, args.predict_latency_us)
-    if errs := cluster.errors():
+    errs = cluster.errors()
+    try:
+        baselines.check(args.against)
+    except ConfigError as e:
+        errs |= e.errors
+    if errs:
         raise ConfigError(errs)
     runs = _runs(args)
     for r in runs:
@@ -93,12 +109,13 @@ def _compare(args: argparse.Namespace) -> int:
     if not runs:
         raise ConfigError({"run_dirs": "no run left to compare"})
     try:
-        rows = compare.compare_runs(runs, cluster)
+        rows = compare.compare_runs(runs, cluster, args.against)
     except ValueError as e:
         raise ConfigError({"run_dirs": str(e)}) from None
     basis = compare.bases(rows)
-    emit(args, {"cluster": cluster.text(), "quality_basis": basis, "rows": rows},
-         _text(rows, cluster, basis))
+    emit(args, {"cluster": cluster.text(), "quality_basis": basis, "against": args.against,
+                "missing_baseline": compare.missing(rows, args.against), "rows": rows},
+         _text(rows, cluster, basis, args.against))
     return 0 if all(r.status() == "finished" for r in runs) else 1
 
 
@@ -116,6 +133,10 @@ def register(sub) -> None:
                    metavar="GBPS", help="its link")
     p.add_argument("--predict-latency-us", type=float, default=Cluster.latency_us, metavar="US",
                    help="its per-hop latency")
+    p.add_argument("--against", default=baselines.DEFAULT, metavar="BASELINE",
+                   help="the baseline the ratio, speed-up and break-even are judged against: "
+                        + ", ".join(f"{b} ({baselines.title(b)})" for b in baselines.BASELINES)
+                        + f" (default: {baselines.DEFAULT}); with --hooks it runs first")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_run_options(p, axes=("hook",))  # its --runs-dir is also where run ids are looked up
     p.set_defaults(func=_compare)

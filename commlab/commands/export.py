@@ -35,8 +35,7 @@ def config_for(args: argparse.Namespace):
         damage = run.damage("config.json")
         if damage:
             raise ConfigError({"run_dir": f"{run.path}: {damage}"})
-        args = argparse.Namespace(**{**vars(args), "config": str(run.file("config.json"))})
-        return config_from_args(args), run.id
+        return config_from_args(args, base=run.config()), run.id
     return config_from_args(args), None
 
 

@@ -1,10 +1,19 @@
-"""``commlab hooks``: per hook and wrapper, whether PyTorch's works on a backend and what auto runs."""
+"""``commlab hooks``: per hook and wrapper, whether PyTorch's works on a backend and what auto runs;
+then each compressor's definition against its paper and GRACE (``--definitions``: as a markdown table)."""
 from __future__ import annotations
 
 
 def _hooks(args) -> int:
+    from dataclasses import asdict
+
     from commlab.commands import emit
+    from commlab.hook_specs import SPECS
     from commlab.hooks import registry
+    from commlab.ui import definitions
+
+    if args.definitions:
+        print(definitions.table())
+        return 0
 
     backend = args.backend
     if backend is None:
@@ -19,7 +28,11 @@ def _hooks(args) -> int:
     for r in rows:
         lines.append(f"{r['name']:<45} {works.get(r['stock_works'], r['stock_works']):<16} "
                      f"{r['auto_impl']:<10} {r['why']}")
-    emit(args, {"backend": backend, "hooks": rows}, "\n".join(lines))
+    lines += ["", "The compressors: what each sends, against its paper and GRACE's code, and where the lab "
+              "keeps a choice of its own (docs/hooks.md; `commlab hooks --definitions` as a table)"]
+    lines += [definitions.plain(h) for h in definitions.defined()]
+    defined = {h: asdict(SPECS[h].definition) for h in definitions.defined()}
+    emit(args, {"backend": backend, "hooks": rows, "definitions": defined}, "\n".join(lines))
     return 0
 
 
@@ -28,4 +41,6 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="default: nccl if this machine sees a CUDA GPU, else gloo")
     p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--definitions", action="store_true",
+                   help="print only the compressors' definitions, as docs/hooks.md's markdown table")
     p.set_defaults(func=_hooks)

@@ -32,9 +32,12 @@ def add_run_options(p: argparse.ArgumentParser, axes: Collection[str] = ()) -> N
                            help=_escape(f"{text} (default: {_shown(s)})"))
 
 
-def config_from_args(args: argparse.Namespace, axes: Collection[str] = ()) -> RunConfig:
-    """The file's settings (``--config``) or the defaults, the flags given on top; ``axes`` left out."""
-    base = RunConfig.load(args.config) if getattr(args, "config", None) else RunConfig()
+def config_from_args(args: argparse.Namespace, axes: Collection[str] = (),
+                     base: RunConfig | None = None) -> RunConfig:
+    """``base`` (a run's), the file's settings (``--config``) or the defaults, the flags given on
+    top; ``axes`` left out."""
+    if base is None:
+        base = RunConfig.load(args.config) if getattr(args, "config", None) else RunConfig()
     return base.with_overrides(**{s.name: getattr(args, s.name, None) for s in settings()
                                   if s.name not in axes})
 

@@ -5,8 +5,9 @@ setting with N seeds, one run after another.
         --start-powersgd-iter 10,50 --repeats 3 [--min-compression-rate 2,4] [--wrapper none,fp16]
         [--predict-world-size 64 --predict-bandwidth-gbps 10] [--json]
     commlab sweep --hook topk --compress-ratio 0.01,0.05      (any hook, over its own axes)
+    commlab sweep --against bf16 ...  (judged against bf16 allreduce: it runs after fp32's)
     commlab sweep --resume SWEEP      (a stopped or lost sweep: its id or folder)
-    commlab sweep --show SWEEP        (any sweep's table and recommendation, again)
+    commlab sweep --show SWEEP [--against fp16]   (any sweep's table and recommendation, again)
 
 ``--hook`` names the hook swept (default PowerSGD); its axes are the settings it reads that the
 settings table marks sweepable (``commlab.tune.sweep.hook_axes``), each a comma-separated list,
@@ -15,7 +16,9 @@ run``'s) sets the job all runs share.  A progress bar (tqdm;
 plain lines when the output is not a terminal) shows the time left.  Ctrl-C stops the current
 run and starts no other; finished runs are kept, and ``--resume`` runs the rest.  Exit 0 when
 every planned run has ended.  The sweep's folder keeps what it found (result.json); ``--show``
-prints it again from the runs, with times predicted on the cluster named.
+prints it again from the runs, with times predicted on the cluster named, judged against the
+baseline named (default the sweep's own).  Each setting says whether it pays on that cluster
+(``commlab.tune.payoff``), and the recommendation its time to the target loss there.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from commlab.commands import Progress
 from commlab.commands.run import add_run_options, config_from_args
 from commlab.config import ConfigError, default_runs_dir
 from commlab.hook_specs import BASELINE
+from commlab.tune import baseline as baselines
 from commlab.tune.quality import Cluster
 from commlab.tune.sweep import (
     AXES,
@@ -49,7 +53,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     lists = {s.name: axis_values(s, getattr(args, s.name)) for s in AXES
              if getattr(args, s.name) is not None}
     return SweepSpec(base=config_from_args(args, axes=AXIS_NAMES), baseline=not args.no_baseline,
-                     tolerance_pct=args.tolerance_pct, repeats=args.repeats, **lists)
+                     tolerance_pct=args.tolerance_pct, repeats=args.repeats,
+                     against=baselines.DEFAULT if args.against is None else args.against, **lists)
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
@@ -65,10 +70,12 @@ def _num(x, fmt: str) -> str:
 
 def _text(p: dict) -> str:
     w = max([40, *(len(s["label"]) for s in p["settings"])])  # labels whole: they name the values
+    against = baselines.title(p.get("against", baselines.DEFAULT))  # result.json of older sweeps: fp32
     lines = [f"sweep {p['sweep_id']}: {p['status']} ({p['sweep_dir']})",
              f"quality: {', '.join(sorted({s['quality_basis'] for s in p['settings'] if s['quality_basis']})) or '-'}; "
-             f"predicted times on {p['cluster']}; target loss {_num(p['target'], '.4f')}",
-             f"{'setting':<{w}} {'seeds':>5} {'loss mean':>9} {'± sd':>7} {'bytes/step':>12} "
+             f"predicted times on {p['cluster']}; target loss {_num(p['target'], '.4f')}; "
+             f"judged against {against} (ratio: its bytes over the setting's)",
+             f"{'setting':<{w}} {'seeds':>5} {'loss mean':>9} {'± sd':>7} {'bytes/step':>12} {'ratio':>6} "
              f"{'time s':>7} {'pred s':>8} {'to target: step':>15} {'pred s':>8}  front",
              ]
     for s in p["settings"]:
@@ -76,14 +83,19 @@ def _text(p: dict) -> str:
         seeds = f"{s['finished']}/{s['runs']}"
         lines.append(f"{s['label']:<{w}} {seeds:>5} {_num(s['quality_mean'], '.4f'):>9} "
                      f"{_num(s['quality_std'], '.4f'):>7} {_num(s['bytes_per_step'], ',.0f'):>12} "
+                     f"{_num(s.get('bytes_ratio'), '.1f'):>6} "
                      f"{_num(s['time_s'], '.1f'):>7} {_num(s['predicted_s'], '.2f'):>8} "
                      f"{_num(s['reach_step'], '.0f') + ' (' + s['reached'] + ')':>15} "
                      f"{_num(s['reach_predicted_s'], '.2f'):>8}  {front}")
         lines.append(f"{'':<{w}}   seeds: " + ", ".join(
             f"{seed}: {'-' if q is None else format(q, '.4f')}" for seed, q in zip(s["seeds"], s["qualities"]))
             + (f"  BROKEN {'; '.join(s['broken'])}" if s["broken"] else ""))
+        if s.get("pays") and not s["baseline"]:
+            lines.append(f"{'':<{w}}   pays here? it {s['pays']}")
     rec = p["recommendation"]
     lines += [f"rule: {rec['rule']}", f"recommendation: {rec['text']}"]
+    if rec.get("here"):
+        lines.append(f"on the cluster: {rec['here']}")
     return "\n".join(lines)
 
 
@@ -118,10 +130,18 @@ def _sweep(args: argparse.Namespace) -> int:
         cluster = cluster_from_args(args)
     except ConfigError as e:
         errors |= e.errors
+    try:
+        if args.against is not None:
+            baselines.check(args.against)
+    except ConfigError as e:
+        errors |= e.errors
+    if args.resume and args.against is not None:
+        errors.setdefault("against", "a resumed sweep keeps its plan's baseline; judge it against "
+                                     "another when it ends: --show SWEEP --against BASELINE")
     if args.show:
         if errors:
             raise ConfigError(errors)
-        out = _find(args.show, args.runs_dir, "show").report(cluster)
+        out = _find(args.show, args.runs_dir, "show").report(cluster, args.against)
         emit(args, out, _text(out))
         return 0
     try:  # every bad field is named at once
@@ -180,7 +200,12 @@ def register(sub) -> None:
     p = sub.add_parser("sweep", help="a grid of one hook's settings (--hook, default PowerSGD) "
                                      "beside an allreduce baseline, run by run")
     add_run_options(p, axes=AXIS_NAMES)
-    p.add_argument("--no-baseline", action="store_true", help="leave out the allreduce baseline")
+    p.add_argument("--no-baseline", action="store_true", help="leave out the baselines' runs")
+    p.add_argument("--against", metavar="BASELINE",
+                   help="the baseline the recommendation, ratios and break-evens are judged against: "
+                        + ", ".join(f"{b} ({baselines.title(b)})" for b in baselines.BASELINES)
+                        + f" (default: {baselines.DEFAULT}; a 16-bit one runs after fp32 allreduce, "
+                          "which calibrates the what-if model); with --show, judge that sweep again")
     p.add_argument("--tolerance-pct", type=float, default=DEFAULT_TOLERANCE_PCT,
                    help="the recommendation's X: a setting qualifies when its loss is within X%% of "
                         f"allreduce's, beyond the seed noise (default: {DEFAULT_TOLERANCE_PCT:g})")

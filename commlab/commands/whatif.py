@@ -42,8 +42,10 @@ def _given_runs(args: argparse.Namespace) -> list:
 def _whatif(args: argparse.Namespace) -> int:
     from commlab.commands import emit
     from commlab.config import ConfigError
-    from commlab.tune import whatif
+    from commlab.tune import baseline as baselines
+    from commlab.tune import payoff, whatif
 
+    baselines.check(args.against)
     world_sizes = parse_list(args.world_sizes, int, "world_sizes")
     bandwidths = parse_list(args.bandwidths_gbps, float, "bandwidths_gbps")
     if any(n < 1 for n in world_sizes) or any(b <= 0 for b in bandwidths):
@@ -53,10 +55,9 @@ def _whatif(args: argparse.Namespace) -> int:
         raise ConfigError({"run_dirs": "no run has steady steps to measure (runs too short, or "
                                        "PowerSGD never started compressing)"})
     rows = whatif.predict(profiles, world_sizes, bandwidths, args.latency_us)
-    best = whatif.winners(rows)
-    base = whatif.baseline_profile(profiles)
-    even = [{"label": p.label, "world_size": n,
-             "break_even_gbps": whatif.break_even_gbps(base, p, n, args.latency_us)}
+    best = whatif.winners(rows, args.against)
+    base = whatif.baseline_profile(profiles, args.against)
+    even = [payoff.payoff(base, p, n, args.latency_us, args.against).to_dict()
             for p in profiles if base and p is not base for n in world_sizes]
     lines = [f"{'hook':<52} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} {'calls':>6}  "
              "measured over"]
@@ -69,15 +70,16 @@ def _whatif(args: argparse.Namespace) -> int:
         parts = "  ".join(f"{r['label']}{'*' if r['label'] == cell['best'] else ''} "
                           f"{r['step_s'] * 1e3:.1f}" for r in here)
         lines.append(f"N={cell['world_size']:<5} {cell['bandwidth_gbps']:>6g} Gb/s  {parts}")
-    for e in even:
-        lines.append(f"{e['label']} beats {base.label} on {e['world_size']} workers below "
-                     f"{e['break_even_gbps']:.3g} Gb/s")
+    lines += [f"{e['label']}: {e['sentence']}" for e in even]
+    if not base:
+        lines.append(f"no {baselines.title(args.against)} run among these: no break-even to say")
     emit(args, {"profiles": [p.to_dict() for p in profiles], "predictions": rows, "winners": best,
                 "break_even": even}, "\n".join(lines))
     return 0
 
 
 def register(sub) -> None:
+    from commlab.tune import baseline as baselines
     from commlab.tune.whatif import BANDWIDTHS_GBPS, DEFAULT_LATENCY_US, WORLD_SIZES
 
     p = sub.add_parser("whatif", help="predicted step time against workers and bandwidth, per hook")
@@ -93,5 +95,9 @@ def register(sub) -> None:
                    help="link bandwidths to predict for, in Gb/s")
     p.add_argument("--latency-us", metavar="X", type=float, default=DEFAULT_LATENCY_US,
                    help="link latency per ring hop, in µs")
+    p.add_argument("--against", default=baselines.DEFAULT, metavar="BASELINE",
+                   help="the baseline the speed-ups and break-evens are against: "
+                        + ", ".join(f"{b} ({baselines.title(b)})" for b in baselines.BASELINES)
+                        + "; its run must be among those measured")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_whatif)

@@ -186,7 +186,7 @@ def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike, files: bool = True
     if not record:
         return {"resume": f"{run_dir} has no complete checkpoint: a run saves one when it finishes "
                           f"with save_checkpoint on (this one is {source.status()})"}
-    old = source.config().to_dict()  # a setting newer than the run: its default
+    old = source.config().to_dict()  # a setting newer than the run: what the run did without it
     errors = {name: f"must stay {old.get(name)!r} as in the run resumed ({source.id}), got "
                     f"{value!r}: the checkpoint holds the state of that setting's run (only "
                     f"{', '.join(FREE)} may change)"

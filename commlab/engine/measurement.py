@@ -47,6 +47,9 @@ class Unmeasured:
     def timeline(self) -> list | None:
         return None
 
+    def ledger(self) -> list | None:
+        return None
+
     def take(self, step: int, state) -> Measured:
         return Measured()
 
@@ -93,6 +96,10 @@ class Measurement(Unmeasured):
         dist.all_gather_object(gathered, [e for e in self.instrument.record.timeline()
                                           if e.get("end") is not None])
         return gathered
+
+    def ledger(self) -> list[dict]:
+        """This rank's communication ledger of the run so far (``commlab.analysis.ledger``)."""
+        return self.counter.ledger_rows()
 
     def take(self, step: int, state) -> Measured:
         """The step's counts, taken (the counter starts again from zero)."""

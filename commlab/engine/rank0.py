@@ -2,9 +2,10 @@
 
 Rank 0 alone records (``commlab.engine.store`` says what each file holds): meta.json and
 layers.json once, then each step's metrics line, the bucket layouts, the approximation errors,
-saved gradients, PowerSGD's pitfalls, the traced steps' timeline, the held-out evaluations, and how
-the run ended.  Every other rank gets ``NoRecord``, whose methods do nothing, so the training loop
-is the same on every rank.  ``close`` closes every file it opened.
+saved gradients, PowerSGD's pitfalls, the traced steps' timeline, the held-out evaluations, its
+communication ledger (about once a second, and as the run ends), and how the run ended.  Every
+other rank gets ``NoRecord``, whose methods do nothing, so the training loop is the same on every
+rank.  ``close`` closes every file it opened.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from commlab import workloads
 from commlab.analysis import timeline
 from commlab.engine import store
 from commlab.hooks import pitfalls
+from commlab.hooks.instrument import Link
+
+LEDGER_EVERY_S = 1.0  # ledger.json rewritten at most this often while a run goes (a live view's pace)
 
 
 class NoRecord:
@@ -75,6 +79,8 @@ class Rank0Record(NoRecord):
         self.unwritten = False  # traced steps not yet in timeline.json
         self.eval_total = 0.0
         self.t_start = time.perf_counter()
+        self.last_step: int | None = None
+        self.ledger_written = -math.inf
 
     def step(self, step: int, loss: float, step_s: float, measured) -> None:
         # t: training time since the start; the held-out evaluations are not training
@@ -94,6 +100,21 @@ class Rank0Record(NoRecord):
                 self.pitfalls = self.pitfalls or store.JsonlWriter(self.folder.file(store.PITFALLS))
                 self.pitfalls.write(found)
         self.metrics.write(row)
+        self.last_step = step
+        if time.perf_counter() - self.ledger_written >= LEDGER_EVERY_S:
+            self._write_ledger()
+
+    def _write_ledger(self) -> None:
+        """ledger.json: rank 0's collectives of the run so far, after its last step recorded."""
+        rows = self.job.measure.ledger()
+        if rows is None or self.last_step is None:  # instrument off, or no step yet
+            return
+        cfg = self.job.cfg
+        store.write_json(self.folder.file(store.LEDGER), {
+            "step": self.last_step, "rank": 0, "world_size": self.job.world, "clock": "host",
+            "emulated_link": Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us).on,
+            "rows": rows})
+        self.ledger_written = time.perf_counter()
 
     def timeline(self, step: int, gathered: list | None) -> None:
         """Every rank's events of a traced step, kept; timeline.json and trace.json written once
@@ -140,8 +161,9 @@ class Rank0Record(NoRecord):
 
     def end(self) -> None:
         """The bucket file again, with DDP's logging data as the run ended; a trace window the
-        run ended inside."""
+        run ended inside; the ledger as it ended."""
         self._write_timeline()
+        self._write_ledger()
         if self.job.cfg.instrument:
             self._write_buckets()
 

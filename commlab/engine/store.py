@@ -19,6 +19,8 @@ Layout of ``<runs_dir>/<run_id>/``:
                    (``commlab.engine.checkpoint``; a resumed run's launch.json names the first
                    run's folder as resumed_from)
   layers.json      the rule's decision per parameter      grads/        saved mean gradients
+  ledger.json      rank 0's communication ledger (``commlab.analysis.ledger``): every collective by
+                   traffic, kind, ranks and size; rewritten about once a second and as the run ends
   pitfalls.jsonl   PowerSGD's pitfalls rank 0 caught (``commlab.hooks.pitfalls``): step, layer,
                    kind, detail, fix; absent when none
   profiler/        step<s>.rank<k>.json: each rank's torch.profiler Chrome trace of the traced
@@ -166,6 +168,11 @@ INSTRUMENTED = {"payload_bytes": NUM, "hook_s": NUM, "collectives": NUM, "plain_
 EVAL = {"step": int, "loss": NUM, "eval_s": NUM, "accuracy?": NUM, "bits_per_char?": NUM}
 CHECKPOINT = {"step": int, "world_size": int}
 PITFALL = {"step": int, "layer": str, "kind": str, "detail": str, "fix": str}
+LEDGER_ROW = {"traffic": str, "collective": str, "ranks": int, "size_bytes": int, "count": int,
+              "bytes": int, "counted_bytes": int, "timed": int, "total_s": NUM, "mean_s": OPT_NUM,
+              "algbw_gbps": OPT_NUM, "busbw_gbps": OPT_NUM, "bus_factor": NUM, "link_s": NUM,
+              "link_wait_s": NUM, "link_share": OPT_NUM}
+LEDGER_FILE = {"step": int, "world_size": int, "clock": str, "emulated_link": bool, "rows": [LEDGER_ROW]}
 ERRORS = {"step": int, "layers?": [{"layer": str, "bucket": int, "rel_error": NUM}],
           "buckets?": [{"bucket": int, "rel_error": NUM}], "ef_residual_norm?": OPT_NUM}
 
@@ -208,7 +215,7 @@ def checker(kind: Any, _made: dict = {}):  # noqa: B006 (a cache: the kinds are 
 
 SCHEMAS = {"status.json": STATUS, "supervisor.json": SUPERVISOR, "launch.json": LAUNCH,
            "meta.json": META, "config.json": CONFIG, "buckets.json": BUCKETS, "layers.json": LAYERS,
-           "checkpoint.json": CHECKPOINT}
+           "checkpoint.json": CHECKPOINT, "ledger.json": LEDGER_FILE}
 RANK_ERROR = {"rank?": OPT_INT, "time?": NUM, "error?": OPT_STR, "traceback?": OPT_STR}
 
 
@@ -486,7 +493,7 @@ class RunFolder(Folder):
     def config(self):
         from commlab.config import RunConfig
 
-        return RunConfig.from_dict(self.config_dict(), str(self.file("config.json")))
+        return RunConfig.recorded(self.config_dict(), str(self.file("config.json")))
 
     def launch_info(self) -> dict:
         return read_json(self.file("launch.json"), {})
@@ -605,6 +612,11 @@ class RunFolder(Folder):
         except OSError:
             return None
 
+    def ledger(self) -> dict:
+        """ledger.json, rank 0's collectives by traffic, kind, ranks and size, with their figures
+        (``commlab.analysis.ledger``); {} when the run has none (instrument off, no step yet)."""
+        return read_json(self.file(LEDGER), {})
+
     def profiler_traces(self) -> list[Path]:
         """The torch.profiler Chrome traces in profiler/, by name ([] when none)."""
         try:
@@ -700,6 +712,7 @@ class RunFolder(Folder):
 
 NOTES = {"name?": str, "note?": str}  # notes.json, a person's name and note for a run
 PITFALLS = "pitfalls.jsonl"
+LEDGER = "ledger.json"
 TIMELINE, TRACE = "timeline.json", "trace.json"  # the traced steps; the same as a Chrome trace
 PROFILER = "profiler"  # torch.profiler's traces of the traced steps, one file per step and rank
 MAX_NAME_CHARS = 80  # a name shows in every run picker

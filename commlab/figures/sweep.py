@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from commlab.tune.pareto import FRONTS, comparable, usable
+from commlab.tune import baseline as baselines
+from commlab.tune.pareto import FRONTS, against, comparable, usable
 from commlab.tune.quality import BASIS_TEXT
 
 # axis -> axis title
@@ -37,7 +38,8 @@ def pareto_figure(table, axis: str = "bytes_per_step", recommended: str | None =
         fig.add_scatter(x=front[axis], y=front["quality_mean"], mode="lines", name="Pareto front",
                         line=dict(dash="dot", color="gray"))
         swept = ", ".join(dict.fromkeys(ok[~ok["baseline"].astype(bool)]["hook"].dropna())) or "compressed"
-        for is_base, name, symbol in ((True, "allreduce baseline", "square"),
+        base = baselines.title(against(ok))
+        for is_base, name, symbol in ((True, f"{base} baseline", "square"),
                                       (False, f"{swept} settings", "circle")):
             part = ok[ok["baseline"] == is_base]
             fig.add_scatter(x=part[axis], y=part["quality_mean"], mode="markers+text", name=name,

@@ -55,16 +55,17 @@ def bandwidth_figure(rows: list[dict], world_size: int) -> go.Figure:
                    f"<br><sup>{ASSUMPTION}</sup>", "link bandwidth, Gb/s")
 
 
-def winner_map(cells: list[dict]) -> go.Figure:
-    """Which hook is fastest at each (workers, bandwidth), coloured by its speed-up over allreduce
-    on a log scale (speed-ups span decades: ×1.02 and ×40 both show), both axes logarithmic."""
+def winner_map(cells: list[dict], against: str = "fp32 allreduce") -> go.Figure:
+    """Which hook is fastest at each (workers, bandwidth), coloured by its speed-up over the
+    baseline (``against``, as ``commlab.tune.baseline.title`` names it) on a log scale (speed-ups
+    span decades: ×1.02 and ×40 both show), both axes logarithmic."""
     import math
 
     ns = sorted({c["world_size"] for c in cells})
     bws = sorted({c["bandwidth_gbps"] for c in cells})
     at = {(c["world_size"], c["bandwidth_gbps"]): c for c in cells}
     speedup = [[at[(n, b)]["speedup"] for n in ns] for b in bws]
-    # No speed-up without an allreduce among the profiles: the cell names the fastest, uncoloured.
+    # No speed-up without the baseline among the profiles: the cell names the fastest, uncoloured.
     z = [[math.log10(max(v, 1.0)) if v else 0.0 for v in row] for row in speedup]
     text = [[at[(n, b)]["best"].split(" [")[0] + (f"<br>×{v:.2f}" if v else "")
              for n, v in zip(ns, row)] for b, row in zip(bws, speedup)]
@@ -72,7 +73,7 @@ def winner_map(cells: list[dict]) -> go.Figure:
     ticks = [t for t in (1, 1.1, 1.5, 2, 5, 10, 20, 50, 100, 1000) if math.log10(t) <= top * 1.05]
     fig = go.Figure(go.Heatmap(
         x=ns, y=bws, z=z, text=text, texttemplate="%{text}", textfont=dict(size=9), colorscale="Greens",
-        zmin=0, zmax=top, colorbar=dict(title="speed-up<br>over allreduce",
+        zmin=0, zmax=top, colorbar=dict(title=f"speed-up<br>over {against}",
                                         tickvals=[math.log10(t) for t in ticks],
                                         ticktext=[f"×{t:g}" for t in ticks]),
         hovertemplate="N=%{x}, %{y} Gb/s: %{text}<extra></extra>"))

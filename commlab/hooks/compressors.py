@@ -19,7 +19,9 @@ one process.  Each bucket is compressed as one vector (QSGD's and TernGrad's sca
 bucket's, as in QSGD's bucketed variant).  Sources: top-k and random-k (Stich et al. 2018; GRACE),
 threshold (Strom 2015), DGC (Lin et al. 2018), QSGD (Alistarh et al. 2017), TernGrad (Wen et al.
 2017), natural compression (Horvath et al. 2019), signSGD with majority vote and signum (Bernstein
-et al. 2018/2019), EF-signSGD (Karimireddy et al. 2019), 1-bit SGD (Seide et al. 2014).
+et al. 2018/2019), EF-signSGD (Karimireddy et al. 2019), 1-bit SGD (Seide et al. 2014).  What each
+sends, and where it differs from its paper and from GRACE's code: its row's ``definition`` in
+``commlab.hook_specs`` (tests/test_grace.py holds those differences to GRACE's formulas).
 """
 # No `from __future__ import annotations`: DDP compares a hook's annotations with real types.
 
@@ -268,9 +270,29 @@ class QSGDState(CompressorState):
 
 
 class TernGradState(CompressorState):
-    """TernGrad, unbiased: x_i -> max|x| * sign(x_i) * b_i, b_i ~ Bernoulli(|x_i| / max|x|); 2 bits."""
+    """TernGrad, as in the paper: the bucket clipped to +-clip_sigmas * sigma (sigma the standard
+    deviation of its elements, about their mean; 0 = no clipping), then x_i -> max|x| * sign(x_i)
+    * b_i, b_i ~ Bernoulli(|x_i| / max|x|) of the clipped x: unbiased for the clipped bucket; 2 bits.
+    A bucket with sigma = 0 (constant, or of one element) is left unclipped: clipping would zero it."""
+
+    def __init__(self, process_group=None, clip_sigmas: float = 2.5, random_seed: int = 0):
+        super().__init__(process_group, random_seed)
+        _check("clip_sigmas", clip_sigmas, 0, math.inf, hi_open=True)
+        self.clip_sigmas = clip_sigmas
+
+    def clip(self, x: torch.Tensor) -> torch.Tensor:
+        """x clipped to +-clip_sigmas * sigma, written as GRACE writes it (so that the two agree
+        bit for bit: tests/test_grace.py)."""
+        if self.clip_sigmas == 0:
+            return x
+        sigma = float(torch.sqrt(torch.mean((x - torch.mean(x)) ** 2)))
+        if sigma == 0:
+            return x
+        limit = self.clip_sigmas * sigma
+        return torch.clamp(x, -limit, limit)
 
     def encode(self, key, x):
+        x = self.clip(x)
         scale = x.abs().max()
         p = x.abs() / scale if scale > 0 else torch.zeros_like(x)
         b = (self.uniform(x) < p).float()

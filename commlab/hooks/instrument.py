@@ -30,10 +30,9 @@ import torch
 import torch.distributed as dist
 
 from commlab.analysis import ring, timeline
+from commlab.analysis.ledger import HOOK, MEASURE, OTHER, Ledger
 from commlab.analysis.metrics import relative_error
 from commlab.hooks import comm_thread
-
-HOOK, MEASURE, OTHER = "hook", "measure", "other"
 
 
 def _sleep_until(deadline: float) -> None:
@@ -135,11 +134,14 @@ class Link:
 
 
 class CollectiveCounter:
-    """Counts the bytes handed to ``dist.all_reduce``, by category, while installed."""
+    """Counts the bytes handed to ``dist.all_reduce``, by category, while installed; files every
+    call in the run's ``ledger`` (``commlab.analysis.ledger``), timed from its issue to its work's
+    completion."""
 
     def __init__(self, link: Link | None = None, world_size: int = 1):
         self.link = link or Link()
         self.world_size = world_size
+        self.ledger = Ledger()  # the whole run's, never reset
         self._lock = threading.Lock()
         self._local = threading.local()
         self._original = None
@@ -154,6 +156,11 @@ class CollectiveCounter:
             self.calls = {HOOK: 0, MEASURE: 0, OTHER: 0}
             self.link_s = 0.0  # what the emulated link charged the hook's collectives (Link.seconds)
             self._spans: list[list] = []  # [issued, done on the real link] of those in a bucket
+
+    def ledger_rows(self) -> list[dict]:
+        """The ledger so far (``Ledger.rows``)."""
+        with self._lock:
+            return self.ledger.rows()
 
     def take(self) -> tuple[dict, dict, dict]:
         """This step's bytes and calls by category, and the hook's timing: ``link_s``, what the
@@ -207,23 +214,23 @@ class CollectiveCounter:
         original, counter = self._original, self
 
         def all_reduce(tensor, *args, **kwargs):
-            group = _group_arg(args, kwargs, 1)
-            nbytes = counter.payload_of("all_reduce", tensor, group)
-            return counted(original, nbytes, counter.hops("all_reduce", group), tensor.is_cuda,
+            return counted(original, "all_reduce", tensor, _group_arg(args, kwargs, 1),
                            tensor, *args, **kwargs)
 
         def all_gather(tensor_list, tensor, *args, **kwargs):
-            group = _group_arg(args, kwargs, 0)
-            nbytes = counter.payload_of("all_gather", tensor, group)
-            return counted(counter._original_gather, nbytes, counter.hops("all_gather", group),
-                           tensor.is_cuda, tensor_list, tensor, *args, **kwargs)
+            return counted(counter._original_gather, "all_gather", tensor, _group_arg(args, kwargs, 0),
+                           tensor_list, tensor, *args, **kwargs)
 
-        def counted(call, nbytes, hops, cuda, *args, **kwargs):
+        def counted(call, kind, tensor, group, /, *args, **kwargs):  # a caller passes group= too
+            issued_at = time.perf_counter()  # the ledger's latency runs from here
+            nbytes, hops, cuda = counter.payload_of(kind, tensor, group), counter.hops(kind, group), tensor.is_cuda
             cat = getattr(counter._local, "category", HOOK)
-            deadline = None
+            deadline, held = None, 0.0
             with counter._lock:
                 counter.bytes[cat] += nbytes
                 counter.calls[cat] += 1
+                entry = counter.ledger.issued(cat, kind, counter._group_size(group),
+                                              tensor.numel() * tensor.element_size(), nbytes)
                 if cat == HOOK and counter.link.on:
                     start = max(time.perf_counter(), counter._link_free)
                     held = counter.link.seconds(nbytes, counter.world_size, hops)
@@ -245,18 +252,21 @@ class CollectiveCounter:
             work = call(*args, **kwargs)
 
             def real_end(_=None):  # done on the real link (the emulated hold comes after)
-                span[1] = time.perf_counter()
+                now = time.perf_counter()
+                if span:
+                    span[1] = now
+                end = max(now, deadline or now)
+                with counter._lock:
+                    counter.ledger.completed(entry, end - issued_at, held, end - now)
 
             if work is None:  # a blocking call: the caller waits for the link too
-                if span:
-                    real_end()
+                real_end()
                 if event is not None:
                     ended()  # NCCL made the current stream wait for the collective
                 if deadline is not None:
                     _sleep_until(deadline)
                 return None
-            if span:
-                work.get_future().add_done_callback(real_end)
+            work.get_future().add_done_callback(real_end)
             if event is not None:
                 # A CUDA future runs its callbacks on streams that wait for its kernels.
                 work.get_future().add_done_callback(lambda _: ended())

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from commlab.analysis import ring
+from commlab.analysis.ring import algbw, busbw  # nccl-tests' figures, shared with the run ledger
 from commlab.config import BACKENDS, ConfigError
 from commlab.devices import gpu_count, pick_backend
 from commlab.engine.ranks import run_ranks
@@ -77,16 +78,6 @@ def format_size(size_bytes: float) -> str:
         if size_bytes >= UNITS[unit]:
             return f"{size_bytes / UNITS[unit]:g}{unit}"
     return f"{size_bytes:g}B"
-
-
-def algbw(size_bytes: float, seconds: float) -> float:
-    """Algorithm bandwidth, bytes per second: the message size over the time of one call."""
-    return size_bytes / seconds
-
-
-def busbw(algbw_bytes_per_s: float, world_size: int, collective: str = "all_reduce") -> float:
-    """Bus bandwidth, bytes per second, as nccl-tests defines it for ``collective``."""
-    return algbw_bytes_per_s * ring.bus_factor(collective, world_size)
 
 
 def message_bytes(size_bytes: int, collective: str, world_size: int) -> int:

@@ -6,15 +6,21 @@ the what-if model (``commlab.tune.whatif``) predicts a step would take on a chos
 * quality: the final held-out loss where the run evaluated (``commlab.tune.quality.curve``), else
   the training loss's mean over the last ``quality.WINDOW`` steps; ``basis`` says which, and rows
   of different bases are not to be ranked against each other (``bases`` names the mix);
+* the baseline: every ratio, speed-up and break-even is against one (``against``: fp32, fp16 or
+  bf16 allreduce, ``commlab.tune.baseline``), whose run (the first among the entries) the rows
+  mark (``baseline``);
 * bytes per step: what the byte counter counted per rank and step (the allreduce payload that puts
   as many bytes on the wire), the median over the steady steps (post-local SGD's: the mean, as its
-  model averaging comes once a period); ``compression_ratio`` is DDP's plain allreduce bytes over
-  it, so an allgather counts what it really sends;
+  model averaging comes once a period); ``compression_ratio`` is the baseline's bytes over it, so
+  an allgather counts what it really sends: for fp32 allreduce, DDP's plain allreduce bytes as
+  each run's counter counted them (no allreduce run needed), for a 16-bit baseline its run's own;
 * ``wire_bytes``: what each rank would send per step on the chosen cluster: an allgather's grows
   with the ranks, an allreduce's does not;
 * measured step: the median over the steady steps of this machine's step time;
 * predicted step: ``HookProfile.step_s`` on the chosen cluster (``quality.Cluster``), None when the
-  run has no steady steps to profile.
+  run has no steady steps to profile; ``speedup``: the baseline's predicted step over it;
+* ``pays``: does it pay here? (``commlab.tune.payoff``): the bandwidth below which it beats the
+  baseline in step time on the cluster's world size and latency, or never, or always.
 """
 from __future__ import annotations
 
@@ -24,12 +30,14 @@ from dataclasses import dataclass, field
 
 from commlab.analysis import metrics
 from commlab.config import label_of
-from commlab.tune import quality, whatif
+from commlab.tune import baseline as baselines
+from commlab.tune import payoff, quality, whatif
 from commlab.tune.quality import Cluster
 
 COLUMNS = ("label", "hook", "basis", "quality", "heldout_accuracy", "heldout_bits_per_char",
            "bytes_per_step", "compression_ratio", "wire_bytes", "median_step_s",
-           "predicted_step_s", "overlap_share", "steady_steps", "run_id")
+           "predicted_step_s", "speedup", "pays", "break_even_gbps", "overlap_share", "steady_steps",
+           "run_id")
 
 
 @dataclass(frozen=True)
@@ -43,11 +51,14 @@ class Entry:
 
 
 def table(entries: Sequence[Entry], profiles: Sequence[whatif.HookProfile],
-          cluster: Cluster = Cluster()) -> list[dict]:
-    """One row per entry, in the entries' order (``COLUMNS``); ``profiles`` by their run_id.
+          cluster: Cluster = Cluster(), against: str = baselines.DEFAULT) -> list[dict]:
+    """One row per entry, in the entries' order (``COLUMNS``); ``profiles`` by their run_id; judged
+    against the baseline ``against`` (its first run among the entries).
 
-    ValueError when the entries are of more than one workload: a loss is only comparable on one.
+    ValueError when the entries are of more than one workload: a loss is only comparable on one;
+    ConfigError (a ValueError) for a baseline that is none.
     """
+    baselines.check(against)
     workloads = sorted({str(e.cfg.get("workload")) for e in entries})
     if len(workloads) > 1:
         raise ValueError(f"runs of one workload only, got {', '.join(workloads)}: losses of "
@@ -55,15 +66,39 @@ def table(entries: Sequence[Entry], profiles: Sequence[whatif.HookProfile],
     if errs := cluster.errors():
         raise ValueError("; ".join(f"{k} {v}" for k, v in errs.items()))
     by_run = {p.run_id: p for p in profiles}
-    return [_row(e, by_run.get(e.run_id), cluster) for e in entries]
+    base = next((e for e in entries if baselines.is_baseline(e.cfg, against)), None)
+    base_profile = by_run.get(base.run_id) if base else None
+    base_bytes = _bytes(base, base_profile) if base else None
+    rows = []
+    for e in entries:
+        profile = by_run.get(e.run_id)
+        reference = metrics.median(metrics.steady_rows(e.records, e.cfg), "plain_bytes") \
+            if against == baselines.BASELINE else base_bytes
+        rows.append({**_row(e, profile, cluster, reference), "baseline": e is base, "against": against,
+                     **_judged(profile, base_profile, cluster, against)})
+    return rows
 
 
-def _row(e: Entry, profile: whatif.HookProfile | None, cluster: Cluster) -> dict:
+def _bytes(e: Entry, profile: whatif.HookProfile | None) -> float | None:
+    """Bytes per step: the profile's (steady, per period for post-local SGD), else the headline's."""
+    return profile.payload_bytes if profile else metrics.headline(e.records, e.cfg)["bytes_per_step"]
+
+
+def _judged(profile, base_profile, cluster: Cluster, against: str) -> dict:
+    """Its speed-up over the baseline on ``cluster`` and whether it pays there; blanks without
+    both profiles."""
+    if profile is None or base_profile is None:
+        return {"speedup": None, "pays": None, "break_even_gbps": None}
+    pays = payoff.payoff(base_profile, profile, cluster.world_size, cluster.latency_us, against)
+    return {"speedup": payoff.speedup(base_profile, profile, cluster.world_size,
+                                      cluster.bandwidth_gbps, cluster.latency_us),
+            "pays": pays.sentence(), "break_even_gbps": pays.break_even_gbps}
+
+
+def _row(e: Entry, profile: whatif.HookProfile | None, cluster: Cluster, reference: float | None) -> dict:
     c = quality.curve(e.evals, e.records)
     head = metrics.headline(e.records, e.cfg)
-    steady = metrics.steady_rows(e.records, e.cfg)
-    nbytes = profile.payload_bytes if profile else head["bytes_per_step"]
-    plain = metrics.median(steady, "plain_bytes")
+    nbytes = _bytes(e, profile)
     final = c.final
     return {
         "label": profile.label if profile else label_of(e.cfg, link=True), "hook": e.cfg.get("hook"),
@@ -71,7 +106,7 @@ def _row(e: Entry, profile: whatif.HookProfile | None, cluster: Cluster) -> dict
         "diverged": quality.diverged(c, e.records),
         "heldout_accuracy": c.accuracy, "heldout_bits_per_char": c.bits_per_char,
         "bytes_per_step": nbytes,
-        "compression_ratio": plain / nbytes if plain and nbytes else None,
+        "compression_ratio": reference / nbytes if reference and nbytes else None,
         "wire_bytes": profile.wire_bytes(cluster.world_size) if profile else None,
         "median_step_s": head["median_step_s"],
         "predicted_step_s": profile.step_s(cluster.world_size, cluster.bandwidth_gbps,
@@ -96,8 +131,17 @@ def entries(runs: Sequence) -> list[Entry]:
     return [Entry(r.id, r.config_dict(), r.metrics_records(), r.evals()) for r in runs]
 
 
-def compare_runs(runs: Sequence, cluster: Cluster = Cluster()) -> list[dict]:
+def compare_runs(runs: Sequence, cluster: Cluster = Cluster(), against: str = baselines.DEFAULT) -> list[dict]:
     """``table`` of run folders; the what-if profiles share a plain allreduce run's compute time
     where the runs hold one (``whatif.profiles_from_runs``)."""
     runs = list(runs)
-    return table(entries(runs), whatif.profiles_from_runs(runs), cluster)
+    return table(entries(runs), whatif.profiles_from_runs(runs), cluster, against)
+
+
+def missing(rows: Sequence[dict], against: str) -> str | None:
+    """Why the rows judge nothing against ``against``: no run of it among them; None when one is."""
+    if any(r["baseline"] for r in rows):
+        return None
+    return (f"no {baselines.title(against)} run among these, so what needs its run stays blank "
+            f"(the speed-up, the break-even; a 16-bit baseline's ratio): add one, or run "
+            f"`commlab compare --hooks HOOK,... --against {against}`, which runs it")

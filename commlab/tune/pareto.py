@@ -6,10 +6,13 @@ run with several seeds (``seed``), each with its quality (held-out loss, ``quali
 when it is the training loss instead).  ``by_setting`` folds the seeds of each setting into one
 row: mean and spread of the quality, every seed's value, bytes, times and time to quality.
 
-The rule (``RULE``): a setting is *as good as allreduce* when the upper end of the 95%
-t-interval of its loss minus allreduce's, paired seed by seed, lies at or below X% of
-allreduce's loss; of those, the fewest bytes per step wins.  Paired, because the runs of one seed
-share their initial weights and their batches across settings (``commlab.tune.sweep``): a seed's
+The rule (``RULE``): a setting is *as good as the baseline* (fp32 allreduce, or a 16-bit one:
+``commlab.tune.baseline``; the runs table's ``against`` names it and its ``baseline`` column marks
+its runs) when the upper end of the 95% t-interval of its loss minus the baseline's, paired seed by
+seed, lies at or below X% of the baseline's loss; of those, the fewest bytes per step wins, if
+fewer than the baseline's (judged against fp16, fp32 allreduce may be as good, never worth its
+bytes).  Paired, because the runs of one seed share their initial weights and their batches across
+settings (``commlab.tune.sweep``): a seed's
 luck is in both losses and cancels in their difference, so the interval measures what the setting
 changes, not how lucky the seed was (Welch's interval on two independent samples would count the
 seed spread twice and need more seeds for the same decision).  The interval is the test: its
@@ -24,12 +27,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from commlab.config import settings
+from commlab.tune import baseline as baselines
 
 MIN_SEEDS = 3  # with 2, the t-interval's factor is 12.7: no real gap can be told from noise
 CONFIDENCE = 0.95
-RULE = ("as good as allreduce: the upper end of the {conf:.0%} t-interval of (its loss - allreduce's "
-        "loss), paired by seed, is at most {x:g}% of allreduce's loss; of those, the fewest bytes per "
-        "step. At least {k} seeds; never a setting with a failed or diverged seed")
+RULE = ("as good as {base}: the upper end of the {conf:.0%} t-interval of (its loss - {base}'s "
+        "loss), paired by seed, is at most {x:g}% of {base}'s loss; of those, the fewest bytes per "
+        "step, if fewer than {base}'s. At least {k} seeds; never a setting with a failed or diverged seed")
 
 # Verdicts, one per compressed setting
 AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED, INCOMPLETE = (
@@ -37,7 +41,16 @@ AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED, INCOMPLETE = (
 
 # The hooks' own sweep axes, as the settings table marks them (the wrapper has its own column).
 AXIS_KEYS = tuple(s.name for s in settings() if s.sweepable and s.group != "hook")
-SETTING_KEYS = ["label", "baseline", "hook", "wrapper", *AXIS_KEYS, "link"]
+SETTING_KEYS = ["label", "baseline", "against", "hook", "wrapper", *AXIS_KEYS, "link"]
+# What the what-if model says of a setting on the chosen cluster (``commlab.tune.payoff``), one
+# seed's: the first that has it.
+PAYOFF_KEYS = ["pays", "break_even_gbps", "speedup"]
+
+
+def against(runs) -> str:
+    """The baseline a runs table is judged against (its ``against`` column; fp32 allreduce without one)."""
+    named = runs["against"].dropna() if "against" in runs else ()
+    return named.iloc[0] if len(named) else baselines.DEFAULT
 
 
 def _finite(x) -> bool:
@@ -73,15 +86,20 @@ def by_setting(runs):
     """One row per setting in plan order: its seeds and their qualities, mean and sample standard
     deviation (``quality_std``, None with one seed), means over the finished seeds of bytes per
     step, measured and predicted time, and of time to quality over the seeds that reached it
-    (``reached``: how many did); ``broken``: the seeds that rule it out.  Fronts marked."""
+    (``reached``: how many did); ``broken``: the seeds that rule it out; ``bytes_ratio``: the
+    baseline's bytes per step over its own; ``PAYOFF_KEYS`` from its first seed that has them.
+    Fronts marked."""
     import pandas as pd
 
+    base_bytes = _mean(r.get("bytes_per_step") for r in runs.to_dict(orient="records")
+                       if r["baseline"] and usable(r))
     out = []
     for _, group in runs.groupby("label", sort=False):
         rows = group.to_dict(orient="records")
         ok = [r for r in rows if usable(r)]
         first = rows[0]
         reached = [r for r in ok if r.get("reach_step") is not None and _finite(r["reach_step"])]
+        nbytes = _mean(r.get("bytes_per_step") for r in ok)
         out.append({
             **{k: first.get(k) for k in SETTING_KEYS}, "run_id": first.get("run_id"),
             "seeds": [r["seed"] for r in rows], "finished": len(ok), "runs": len(rows),
@@ -93,6 +111,8 @@ def by_setting(runs):
             "broken": [f"seed {r['seed']}: {'diverged' if r.get('diverged') else r['status']}"
                        for r in rows if broken(r)],
             **{k: _mean(r.get(k) for r in ok) for k in ("bytes_per_step", "time_s", "predicted_s")},
+            "bytes_ratio": base_bytes / nbytes if base_bytes and nbytes else None,
+            **{k: next((r[k] for r in ok if r.get(k) is not None), None) for k in PAYOFF_KEYS},
             "reached": f"{len(reached)}/{len(ok)}",
             **{k: _mean(r.get(k) for r in reached) for k in
                ("reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes")}})
@@ -101,7 +121,7 @@ def by_setting(runs):
 
 SETTINGS_COLUMNS = [*SETTING_KEYS, "run_id", "seeds", "finished", "runs", "qualities", "quality_basis",
                     "quality_mean", "quality_std", "accuracy_mean", "broken", "bytes_per_step",
-                    "time_s", "predicted_s", "reached", "reach_step", "reach_time_s",
+                    "time_s", "predicted_s", "bytes_ratio", *PAYOFF_KEYS, "reached", "reach_step", "reach_time_s",
                     "reach_predicted_s", "reach_bytes"]
 
 
@@ -141,7 +161,7 @@ def mark(df):
 
 
 def target(runs, tolerance_pct: float) -> float | None:
-    """The default quality target: the allreduce baseline's mean final quality plus the tolerance."""
+    """The default quality target: the baseline's mean final quality plus the tolerance."""
     base = [r["quality"] for r in runs.to_dict(orient="records") if r["baseline"] and usable(r)]
     m = _mean(base)
     return None if m is None else m + abs(m) * tolerance_pct / 100
@@ -154,10 +174,10 @@ class Verdict:
     verdict: str  # AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED or INCOMPLETE
     reason: str
     pairs: int = 0
-    mean_diff: float | None = None  # its loss - allreduce's, mean over paired seeds
+    mean_diff: float | None = None  # its loss - the baseline's, mean over paired seeds
     low: float | None = None  # the interval's ends
     high: float | None = None
-    tolerance: float | None = None  # X% of allreduce's loss, in loss units
+    tolerance: float | None = None  # X% of the baseline's loss, in loss units
 
 
 def paired_interval(diffs: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
@@ -224,6 +244,8 @@ class Recommendation:
     bytes_per_step: float | None = None
     final_loss: float | None = None  # its mean quality over seeds
     verdicts: list[dict] = field(default_factory=list)
+    against: str = baselines.DEFAULT  # the baseline it was judged against
+    here: str | None = None  # on the runs' cluster: its time to the target loss, whether it pays
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -231,48 +253,83 @@ class Recommendation:
 
 def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
               min_seeds: int = MIN_SEEDS) -> Recommendation:
-    """The fewest bytes per step among the settings ``RULE`` calls as good as allreduce."""
-    rule = RULE.format(conf=confidence, x=tolerance_pct, k=min_seeds)
+    """The fewest bytes per step among the settings ``RULE`` calls as good as the baseline
+    (``against``), if fewer than the baseline's."""
+    name = against(runs)
+    title = baselines.title(name)
+    rule = RULE.format(base=title, conf=confidence, x=tolerance_pct, k=min_seeds)
+
+    def said(*args, **kwargs) -> Recommendation:
+        return Recommendation(rule, *args, **kwargs, against=name)
+
     table = by_setting(runs) if len(runs) else None
     if table is None or not table["baseline"].any():
-        return Recommendation(rule, None, None, "the sweep has no allreduce baseline to compare with: "
-                              "run it with its baseline")
+        return said(None, None, f"the sweep has no {title} baseline to compare with: run it with "
+                                f"that baseline (against {name})")
     base = table[table["baseline"]].iloc[0]
     if not base["finished"]:
         state = ", ".join(sorted(set(runs[runs["baseline"]]["status"])))
-        return Recommendation(rule, None, None, f"nothing to compare with yet: the allreduce baseline "
-                              f"has no finished seed ({state}); resume the sweep to finish it")
+        return said(None, None, f"nothing to compare with yet: the {title} baseline has no finished "
+                                f"seed ({state}); resume the sweep to finish it")
     bases = {r["quality_basis"] for r in runs.to_dict(orient="records") if usable(r)}
     if len(bases) > 1:  # a held-out loss and a training loss do not subtract
-        return Recommendation(rule, None, None, "no decision: some runs were evaluated on held-out "
-                              "data and some were not (eval_every), so their losses do not compare; "
-                              "run the sweep again with one eval_every")
+        return said(None, None, "no decision: some runs were evaluated on held-out data and some "
+                                "were not (eval_every), so their losses do not compare; run the sweep "
+                                "again with one eval_every")
     found = verdicts(runs, tolerance_pct, confidence, min_seeds)
     kept = [asdict(v) for v in found]
     base_loss, base_bytes = float(base["quality_mean"]), base["bytes_per_step"]
-    good = table[table["label"].isin([v.setting for v in found if v.verdict == AS_GOOD])]
+    # A setting that sends no fewer bytes than the baseline is never worth recommending over it.
+    cheaper = set(table[~(table["bytes_per_step"] >= base_bytes)]["label"]) if _finite(base_bytes) \
+        else set(table["label"])
+    good = table[table["label"].isin([v.setting for v in found
+                                      if v.verdict == AS_GOOD and v.setting in cheaper])]
     if len(good):
         best = good.sort_values(["bytes_per_step", "quality_mean"]).iloc[0]
         v = next(v for v in found if v.setting == best["label"])
-        fewer = (f", {base_bytes / best['bytes_per_step']:.1f}x fewer than allreduce"
+        fewer = (f", {base_bytes / best['bytes_per_step']:.1f}x fewer than {title}"
                  if base_bytes and best["bytes_per_step"] else "")
-        return Recommendation(
-            rule, best["run_id"], best["label"],
+        return said(
+            best["run_id"], best["label"],
             f"{best['label']}: {best['bytes_per_step']:,.0f} bytes per step{fewer}; loss "
-            f"{best['quality_mean']:.4g} against allreduce's {base_loss:.4g} over {v.pairs} seeds "
+            f"{best['quality_mean']:.4g} against {title}'s {base_loss:.4g} over {v.pairs} seeds "
             f"(difference {v.mean_diff:+.4g}, {confidence:.0%} interval [{v.low:+.4g}, {v.high:+.4g}], "
             f"tolerance {v.tolerance:.4g})", True, float(best["bytes_per_step"]),
-            float(best["quality_mean"]), kept)
-    open_ = [v for v in found if v.verdict in (UNDECIDED, TOO_FEW, INCOMPLETE)]
+            float(best["quality_mean"]), kept, here=_here(runs, best, base))
+    open_ = [v for v in found if v.verdict in (UNDECIDED, TOO_FEW, INCOMPLETE) and v.setting in cheaper]
     if open_:
         few = [v for v in open_ if v.verdict == TOO_FEW]
         head = few[0].reason if few else "the seeds cannot tell yet"
-        return Recommendation(rule, None, None, f"no decision: {head}. " + "; ".join(
+        return said(None, None, f"no decision: {head}. " + "; ".join(
             f"{v.setting}: {v.verdict}" for v in open_), False, verdicts=kept)
     if not found:
-        return Recommendation(rule, base["run_id"], base["label"], "keep allreduce: the sweep has "
-                              "no compressed setting", True, base_bytes, base_loss, kept)
-    return Recommendation(rule, base["run_id"], base["label"],
-                          f"keep allreduce: no compressed setting is as good within {tolerance_pct:g}% "
-                          f"of its loss {base_loss:.4g} ({'; '.join(f'{v.setting}: {v.verdict}' for v in found)}); "
-                          "raise X, or try settings that compress less", True, base_bytes, base_loss, kept)
+        return said(base["run_id"], base["label"], f"keep {title}: the sweep has no compressed "
+                    "setting", True, base_bytes, base_loss, kept, here=_here(runs, base, base))
+    return said(base["run_id"], base["label"],
+                f"keep {title}: no setting that sends fewer bytes is as good within {tolerance_pct:g}% "
+                f"of its loss {base_loss:.4g} ({'; '.join(f'{v.setting}: {v.verdict}' for v in found)}); "
+                "raise X, or try settings that compress less", True, base_bytes, base_loss, kept,
+                here=_here(runs, base, base))
+
+
+def _here(runs, chosen, base) -> str | None:
+    """What the chosen setting costs on the cluster the runs table was priced for (its ``cluster``
+    column): the time to the target loss the what-if model predicts, the baseline's beside it, and
+    the setting's break-even (``commlab.tune.payoff``, its ``pays``).  None without a cluster."""
+    from commlab.analysis.units import seconds
+
+    cluster = runs["cluster"].dropna() if "cluster" in runs else ()
+    goal = runs["target"].dropna() if "target" in runs else ()
+    if not len(cluster) or not len(goal):
+        return None
+    title = baselines.title(against(runs))
+
+    def to_target(row) -> str:
+        t = row["reach_predicted_s"]
+        return f"in {seconds(t)} predicted" if _finite(t) else "not within its steps"
+
+    head = f"on {cluster.iloc[0]}: {chosen['label']} reaches the target loss {goal.iloc[0]:.4g} {to_target(chosen)}"
+    if chosen["label"] == base["label"]:
+        return head
+    pays = f"; it {chosen['pays']}" if chosen.get("pays") else ""
+    return f"{head}, {title} {to_target(base)}{pays}"

@@ -48,6 +48,7 @@ applies the recommendation's rule.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import functools
@@ -66,7 +67,6 @@ from commlab.config import (
     RunConfig,
     Setting,
     default_runs_dir,
-    is_plain_allreduce,
     label_of,
     link_of,
     own_settings,
@@ -74,7 +74,8 @@ from commlab.config import (
 )
 from commlab.engine import procs, store
 from commlab.hook_specs import BASELINE, HOOKS
-from commlab.tune import pareto, quality, whatif
+from commlab.tune import baseline as baselines
+from commlab.tune import pareto, payoff, quality, whatif
 
 SWEEPS = "sweeps"
 RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.report``)
@@ -119,13 +120,14 @@ class SweepSpec:
 
     base: RunConfig
     values: dict[str, list]  # axis -> the values listed, by AXES: the hook's, and any others given
-    baseline: bool  # run plain allreduce first, with the same job and link
+    baseline: bool  # run the baselines first, with the same job and link
     tolerance_pct: float  # the recommendation's X
     repeats: int  # seeds per setting: base.seed, base.seed + 1, ...
+    against: str  # the baseline judged against (``commlab.tune.baseline``); a 16-bit one runs after fp32's
 
     def __init__(self, base: RunConfig | None = None, baseline: bool = True,
                  tolerance_pct: float = DEFAULT_TOLERANCE_PCT, repeats: int = DEFAULT_REPEATS,
-                 **values: list):
+                 against: str = baselines.DEFAULT, **values: list):
         unknown = sorted(set(values) - {s.name for s in AXES})
         if unknown:
             raise TypeError(f"not a sweep axis: {', '.join(unknown)}; the axes are: "
@@ -135,6 +137,7 @@ class SweepSpec:
         self.values = {s.name: list(values.get(s.name, s.sweep)) for s in AXES
                        if s.name in own or values.get(s.name)}
         self.baseline, self.tolerance_pct, self.repeats = baseline, tolerance_pct, repeats
+        self.against = against
 
     @property
     def hook(self) -> str:
@@ -149,13 +152,15 @@ class SweepSpec:
 
     def to_dict(self) -> dict:
         return {"base": self.base.to_dict(), **self.values, "baseline": self.baseline,
-                "tolerance_pct": self.tolerance_pct, "repeats": self.repeats}
+                "tolerance_pct": self.tolerance_pct, "repeats": self.repeats, "against": self.against}
 
     def seeds(self) -> list[int]:
         return [self.base.seed + k for k in range(self.repeats)]
 
     @classmethod
     def from_dict(cls, data: dict) -> SweepSpec:
+        """A stored plan; ConfigError for a baseline that is none (a plan is read back checked)."""
+        baselines.check(data.get("against", baselines.DEFAULT))
         return cls(**{**data, "base": RunConfig.from_dict(data["base"], "sweep base settings")})
 
 
@@ -207,8 +212,18 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
                            f"the recommendation tell a difference from seed noise), got {spec.repeats!r}")
     # The job's own problems are named beside the grid's, all at once, each once: as the
     # field's, not as the first setting's; a setting's, for that setting.
+    try:
+        if baselines.check(spec.against) == hook:
+            errs["against"] = (f"{hook} is the hook swept: judged against itself every setting would "
+                               f"tie; judge it against another of {', '.join(baselines.BASELINES)}")
+    except ConfigError as e:
+        errs |= e.errors
     errs = {**spec.base.with_overrides(hook=BASELINE, wrapper="none").errors(), **errs}
-    one_seed = [spec.base.with_overrides(hook=BASELINE, wrapper="none")] if spec.baseline else []
+    # fp32 allreduce first in every seed: it calibrates the what-if model and prices PowerSGD's
+    # allreduce steps; a 16-bit baseline after it.
+    one_seed = [spec.base.with_overrides(hook=b, wrapper="none")
+                for b in dict.fromkeys((BASELINE, spec.against))
+                if b in baselines.BASELINES] if spec.baseline else []
     for combination in itertools.product(*axes.values()):
         try:
             one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
@@ -367,24 +382,30 @@ class Sweep(store.Folder):
         p.eta_s = eta(p.fraction, state.get("since")) if p.sweep_status == "running" else None
         return p
 
-    def results(self, tolerance_pct: float | None = None, cluster: quality.Cluster = quality.Cluster()):
+    def results(self, tolerance_pct: float | None = None, cluster: quality.Cluster = quality.Cluster(),
+                against: str | None = None):
         """One row per run started, in plan order (a pandas DataFrame, ``ROW_COLUMNS``): its
         quality, bytes, measured time, the time the what-if model predicts on ``cluster``, and
         where it first reached the target (the baseline's mean final quality plus
-        ``tolerance_pct``, default the spec's).  ``commlab.tune.pareto.by_setting`` folds the seeds."""
+        ``tolerance_pct``, default the spec's); judged against the baseline ``against`` (default
+        the spec's; ConfigError for a name that is none): whether it pays on ``cluster``
+        (``commlab.tune.payoff``, against the baseline's run of its seed) and its predicted speed-up
+        there.  ``commlab.tune.pareto.by_setting`` folds the seeds."""
+        against = baselines.check(self.spec().against if against is None else against)
         runs = self.runs()
         loaded = [(r, r.config_dict(), r.metrics_records(), r.evals()) for r in runs]
         profiles = {p.run_id: p for p in whatif.profiles_from_runs(runs)}
-        plain = {cfg.get("seed"): profiles.get(r.id) for r, cfg, _, _ in loaded if is_plain_allreduce(cfg)}
-        fallback = next((p for p in plain.values() if p), None)
+        plain, based = _by_seed(loaded, profiles, baselines.BASELINE), _by_seed(loaded, profiles, against)
         rows, extra = [], []
         for r, cfg, recs, evals in loaded:
-            per_step = quality.predicted_step_s(recs, cfg, profiles.get(r.id),
-                                                plain.get(cfg.get("seed")) or fallback, cluster)
-            rows.append(summarize(recs, cfg, r.status(), r.id, str(r.path), evals=evals,
-                                  predicted_step_s=per_step))
+            seed = cfg.get("seed")
+            per_step = quality.predicted_step_s(recs, cfg, profiles.get(r.id), plain[seed], cluster)
+            rows.append({**summarize(recs, cfg, r.status(), r.id, str(r.path), evals=evals,
+                                     predicted_step_s=per_step, against=against),
+                         **_payoff(profiles.get(r.id), based[seed], cluster, against)})
             extra.append((recs, per_step))
         table = _frame(rows)
+        table["against"] = against
         goal = pareto.target(table, self.spec().tolerance_pct if tolerance_pct is None else tolerance_pct)
         for i, (recs, per_step) in enumerate(extra):
             got = quality.reach(table.at[i, "curve"], recs, per_step, goal) if goal is not None \
@@ -395,14 +416,15 @@ class Sweep(store.Folder):
         table["cluster"] = cluster.text()
         return table
 
-    def report(self, cluster: quality.Cluster = quality.Cluster()) -> dict:
+    def report(self, cluster: quality.Cluster = quality.Cluster(), against: str | None = None) -> dict:
         """Every run, every setting over its seeds, the recommendation: what ``commlab sweep``
-        prints (``--json``) and ``result.json`` holds."""
+        prints (``--json``) and ``result.json`` holds; judged against ``against`` (default the spec's)."""
         tolerance = self.spec().tolerance_pct
-        runs = self.results(tolerance, cluster)
+        runs = self.results(tolerance, cluster, against)
         table = pareto.by_setting(runs)
         return {"sweep_id": self.id, "sweep_dir": str(self.path), "status": self.status(),
-                "cluster": cluster.text(), "target": runs["target"].iloc[0] if len(runs) else None,
+                "cluster": cluster.text(), "against": pareto.against(runs),
+                "target": runs["target"].iloc[0] if len(runs) else None,
                 "runs": _records(runs.drop(columns=["curve"])), "settings": _records(table),
                 "recommendation": pareto.recommend(runs, tolerance).to_dict(),
                 "pareto_bytes": table[table["pareto_bytes"]]["label"].tolist(),
@@ -415,6 +437,25 @@ class Sweep(store.Folder):
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> str:
         procs.wait_until(lambda: not self.is_running(), timeout, poll_s)
         return self.status()
+
+
+def _by_seed(loaded, profiles: dict, against: str) -> collections.defaultdict:
+    """The profile of the baseline ``against``'s run of each seed; a seed without one gets the
+    first seed's that has one (None when no seed has)."""
+    found = {cfg.get("seed"): profiles.get(r.id) for r, cfg, _, _ in loaded
+             if baselines.is_baseline(cfg, against)}
+    fallback = next((p for p in found.values() if p), None)
+    return collections.defaultdict(lambda: fallback, {k: v for k, v in found.items() if v})
+
+
+def _payoff(profile, base, cluster: quality.Cluster, against: str) -> dict:
+    """A run's ``payoff.payoff`` against its seed's baseline on ``cluster``, and its speed-up there."""
+    if profile is None or base is None:
+        return {}
+    pays = payoff.payoff(base, profile, cluster.world_size, cluster.latency_us, against)
+    return {"pays": pays.sentence(), "break_even_gbps": pays.break_even_gbps,
+            "speedup": payoff.speedup(base, profile, cluster.world_size, cluster.bandwidth_gbps,
+                                      cluster.latency_us)}
 
 
 def _records(df) -> list[dict]:
@@ -643,15 +684,15 @@ def start(spec: SweepSpec) -> Sweep:
 
 # ============================================================================ analysis (pure)
 REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
-ROW_COLUMNS = ["label", "seed", "run_id", "run_dir", "status", "diverged", "baseline",
+ROW_COLUMNS = ["label", "seed", "run_id", "run_dir", "status", "diverged", "baseline", "against",
                "hook", "wrapper", *pareto.AXIS_KEYS, "steps", "quality", "quality_basis", "accuracy",
                "bits_per_char", "final_loss", "bytes_per_step", "time_s", "median_step_s",
-               "predicted_s", "link", "curve", *REACH_COLUMNS]
+               "predicted_s", *pareto.PAYOFF_KEYS, "link", "curve", *REACH_COLUMNS]
 
 
 def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run_dir: str = "",
               final_window: int = FINAL_WINDOW, evals: list[dict] | None = None,
-              predicted_step_s: list[float] | None = None) -> dict:
+              predicted_step_s: list[float] | None = None, against: str = baselines.DEFAULT) -> dict:
     """One sweep row from a run's metrics and evaluations: its headline
     (``commlab.analysis.metrics.headline``) read over the windows a sweep compares.
 
@@ -663,8 +704,9 @@ def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run
     median: ``start_powerSGD_iter`` (and ``start_localSGD_iter``) is an axis, and its allreduce
     steps are part of what a setting costs.  time_s: training time to the last step, start-up excluded.  median_step_s: over the
     steady steps, as in the run's headline.  predicted_s: the sum of ``predicted_step_s``, the
-    what-if model's step times on the chosen cluster.  The reach columns are filled by the sweep
-    (they need every seed's baseline first).
+    what-if model's step times on the chosen cluster.  baseline: whether it is a run of the
+    baseline ``against``.  The reach and payoff columns are filled by the sweep (they need every
+    seed's baseline first).
     """
     figures = metrics.headline(records, cfg, final_window, bytes_over_run=True)
     c = quality.curve(evals, records, final_window)
@@ -672,7 +714,7 @@ def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run
     return {
         "label": label_of(cfg, link=True), "seed": cfg.get("seed"), "run_id": run_id, "run_dir": run_dir, "status": status,
         "diverged": status == "diverged" or quality.diverged(c, records),
-        "baseline": is_plain_allreduce(cfg),
+        "baseline": baselines.is_baseline(cfg, against), "against": against,
         "hook": cfg.get("hook"), "wrapper": cfg.get("wrapper"),
         **{k: cfg.get(k) if k in own else None for k in pareto.AXIS_KEYS}, "steps": len(records),
         "quality": c.final, "quality_basis": c.basis, "accuracy": c.accuracy,
@@ -681,7 +723,7 @@ def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run
         "time_s": records[-1]["t"] if records else None, "median_step_s": figures["median_step_s"],
         "predicted_s": sum(predicted_step_s) if predicted_step_s else None,
         "link": link_of(cfg) or "loopback", "curve": c,
-        **dict.fromkeys(REACH_COLUMNS),
+        **dict.fromkeys([*pareto.PAYOFF_KEYS, *REACH_COLUMNS]),
     }
 
 

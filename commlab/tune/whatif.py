@@ -45,7 +45,6 @@ ring whose slowest link has bandwidth beta.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -53,6 +52,7 @@ from dataclasses import asdict, dataclass
 from commlab.analysis import metrics, ring, timeline
 from commlab.config import is_plain_allreduce, label_of, link_of
 from commlab.hook_specs import ALLGATHER, OUTER_PRECISIONS, spec_of
+from commlab.tune import baseline as baselines
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
@@ -147,37 +147,21 @@ def predict(profiles: Sequence[HookProfile], world_sizes: Iterable[int] = WORLD_
     return rows
 
 
-def winners(rows: Sequence[dict]) -> list[dict]:
-    """Per world size and bandwidth: the fastest hook and its speed-up over plain allreduce."""
+def winners(rows: Sequence[dict], against: str = baselines.DEFAULT) -> list[dict]:
+    """Per world size and bandwidth: the fastest hook and its speed-up over the baseline ``against``
+    (``commlab.tune.baseline``)."""
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
         cells.setdefault((r["world_size"], r["bandwidth_gbps"]), []).append(r)
     out = []
     for (n, bw), cell in cells.items():
         best = min(cell, key=lambda r: r["step_s"])
-        base = next((r for r in cell if is_plain_allreduce(r)), None)
+        base = next((r for r in cell if baselines.is_baseline(r, against)), None)
         out.append({"world_size": n, "bandwidth_gbps": bw, "best": best["label"],
                     "best_hook": best["hook"], "best_step_s": best["step_s"],
                     "baseline_step_s": base["step_s"] if base else None,
                     "speedup": base["step_s"] / best["step_s"] if base else None})
     return out
-
-
-def break_even_gbps(baseline: HookProfile, other: HookProfile, world_size: int,
-                    latency_us: float = DEFAULT_LATENCY_US) -> float:
-    """The bandwidth below which ``other`` beats ``baseline`` on ``world_size`` workers.
-
-    Equal step times when (w_b - w_o) / beta = fixed_o - fixed_b, with w the wire bytes and fixed
-    the parts that do not depend on beta.  inf: ``other`` wins at every bandwidth; 0: never.
-    """
-    zero = {"world_size": world_size, "bandwidth_gbps": 0.0, "latency_us": latency_us}
-    saved_bits = 8 * (baseline.wire_bytes(world_size) - other.wire_bytes(world_size))
-    extra_s = other.step_s(**zero) - baseline.step_s(**zero)
-    if saved_bits <= 0:
-        return 0.0 if extra_s >= 0 else math.inf
-    if extra_s <= 0:
-        return math.inf
-    return saved_bits / extra_s / 1e9
 
 
 # ============================================================================ profiles from runs
@@ -339,9 +323,9 @@ def _same_job(a: dict, b: dict) -> bool:
     return _job_key(a) == _job_key(b)
 
 
-def baseline_profile(profiles: Sequence[HookProfile]) -> HookProfile | None:
-    """The first plain allreduce profile, the one the others are compared with."""
-    return next((p for p in profiles if is_plain_allreduce(p.to_dict())), None)
+def baseline_profile(profiles: Sequence[HookProfile], against: str = baselines.DEFAULT) -> HookProfile | None:
+    """The first profile of a run of the baseline ``against``, the one the others are compared with."""
+    return next((p for p in profiles if baselines.is_baseline(p.to_dict(), against)), None)
 
 
 def profiles_from_runs(runs: Iterable, skip: int = metrics.WARMUP_STEPS, share_compute: bool = True) -> list[HookProfile]:

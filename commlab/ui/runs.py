@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from commlab.analysis import metrics
+from commlab.analysis import ledger, metrics
 from commlab.config import default_runs_dir, label_of
 from commlab.engine import store
 from commlab.engine.launch import open_run, workers_alive
@@ -116,6 +116,25 @@ class LiveView:
                 # the latest held-out evaluation and its step (None before the first)
                 **store.heldout(self.evals),
                 "heldout_step": self.evals[-1]["step"] if self.evals else None}
+
+
+# The ledger table's columns, as ledger.json's rows name them; the link's only on a run with an
+# emulated link.
+LEDGER_COLUMNS = ("traffic", "collective", "ranks", "size_bytes", "count", "total_s", "mean_s",
+                  "algbw_gbps", "busbw_gbps", "bus_factor", "bytes", "counted_bytes")
+LINK_COLUMNS = ("link_s", "link_wait_s", "link_share")
+
+
+def ledger_view(path: str | Path) -> dict:
+    """A run's communication ledger as its pages show it: the rows (``LEDGER_COLUMNS``, and the
+    link's when it had one), the totals by traffic (``ledger.totals``), the step it was written
+    after (None: the run has no ledger: instrument off, or no step yet) and what each traffic is."""
+    written = store.RunFolder(path).ledger()
+    rows = written.get("rows", [])
+    columns = LEDGER_COLUMNS + (LINK_COLUMNS if written.get("emulated_link") else ())
+    return {"rows": [{k: r.get(k) for k in columns} for r in rows], "columns": columns,
+            "totals": ledger.totals(rows), "step": written.get("step"),
+            "emulated_link": bool(written.get("emulated_link")), "traffic": ledger.TRAFFIC}
 
 
 def pitfall_lines(records: list[dict]) -> list[str]:

@@ -1,0 +1,84 @@
+"""Does a setting pay here?  The link bandwidth at which it starts (or stops) beating the baseline
+in step time, on a named world size and latency, by the what-if model (pure).
+
+Agarwal et al. (MLSys 2022) found that compression beat well-tuned synchronous SGD in only 6 of
+more than 200 realistic setups: whether it pays depends on the cluster.  ``payoff`` answers for one
+setting against the baseline (``commlab.tune.baseline``) from the two profiles' own step-time
+function (``HookProfile.step_s``): it solves where the two curves cross, with scipy's ``brentq`` on
+a log scale of bandwidth between ``LOWEST_GBPS`` and ``HIGHEST_GBPS``.  The model is linear in
+1/bandwidth (compute and arithmetic, plus latencies, plus bytes over bandwidth), so the curves cross
+once at most: below the crossing the side that sends fewer bytes wins.  No crossing in that range
+is "always" (faster at every bandwidth) or "never at this size" (no faster at any); a setting that
+sends more bytes but pays fewer latencies (an allgather against a ring allreduce) can win *above*
+its crossing, and the sentence says so.
+
+The Compare and Sweep pages, ``commlab compare``, ``commlab sweep`` and the What-if page ask it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from commlab.tune import baseline as baselines
+from commlab.tune.whatif import HookProfile
+
+LOWEST_GBPS, HIGHEST_GBPS = 1e-3, 1e6  # 1 Mb/s to 1 Pb/s: "every bandwidth" means these and all between
+BELOW, ABOVE, ALWAYS, NEVER, ITSELF = "below", "above", "always", "never", "baseline"
+
+
+@dataclass(frozen=True)
+class Payoff:
+    """Where ``label`` beats the baseline ``against`` in step time on ``world_size`` workers."""
+
+    label: str
+    against: str  # a baseline's name (``baseline.BASELINES``)
+    world_size: int
+    latency_us: float
+    verdict: str  # BELOW, ABOVE, ALWAYS, NEVER, or ITSELF (it is the baseline's own run)
+    break_even_gbps: float | None = None  # where the curves cross (BELOW and ABOVE)
+
+    def sentence(self) -> str:
+        """What it does, as a verb phrase ("beats fp16 allreduce in step time on links below ...")."""
+        base = baselines.title(self.against)
+        where = f"{self.world_size} workers, {self.latency_us:g} µs per hop"
+        if self.verdict == ITSELF:
+            return f"is the baseline ({base})"
+        if self.verdict == ALWAYS:
+            return f"always beats {base} in step time, at every bandwidth ({where})"
+        if self.verdict == NEVER:
+            return f"never beats {base} in step time at this size, at any bandwidth ({where})"
+        return (f"beats {base} in step time on links {self.verdict} {self.break_even_gbps:.3g} Gb/s "
+                f"({where})")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "sentence": self.sentence()}
+
+
+def payoff(base: HookProfile, other: HookProfile, world_size: int, latency_us: float,
+           against: str = baselines.DEFAULT) -> Payoff:
+    """``other`` against ``base`` (the profile of a run of baseline ``against``) on ``world_size``
+    workers with ``latency_us`` per hop."""
+    from scipy.optimize import brentq
+
+    said = dict(label=other.label, against=against, world_size=world_size, latency_us=latency_us)
+    if other is base or (base.run_id and other.run_id == base.run_id):
+        return Payoff(**said, verdict=ITSELF)
+
+    def gain(log_gbps: float) -> float:
+        """Seconds per step ``other`` saves over the baseline at 10**log_gbps Gb/s."""
+        bw = 10.0 ** log_gbps
+        return base.step_s(world_size, bw, latency_us) - other.step_s(world_size, bw, latency_us)
+
+    lo, hi = math.log10(LOWEST_GBPS), math.log10(HIGHEST_GBPS)
+    slow, fast = gain(lo) > 0, gain(hi) > 0
+    if slow == fast:
+        return Payoff(**said, verdict=ALWAYS if slow else NEVER)
+    crossing = 10.0 ** brentq(gain, lo, hi, xtol=1e-12)
+    return Payoff(**said, verdict=BELOW if slow else ABOVE, break_even_gbps=crossing)
+
+
+def speedup(base: HookProfile, other: HookProfile, world_size: int, bandwidth_gbps: float,
+            latency_us: float) -> float | None:
+    """The baseline's predicted step time over ``other``'s: above 1, ``other`` is faster."""
+    own = other.step_s(world_size, bandwidth_gbps, latency_us)
+    return base.step_s(world_size, bandwidth_gbps, latency_us) / own if own > 0 else None
