@@ -126,7 +126,7 @@ def test_diloco_matches_the_float64_reference_of_its_update_on_2_and_3_ranks():
 def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(tmp_path):
     """A real 2-rank run through the lab: nothing sent between syncs; at every H-th step the int8
     codes and scales of every parameter, allgathered, held by the emulated link, in the timeline."""
-    from commlab.analysis import ring
+    from commlab.analysis import metrics, ring
     from commlab.api import run
     from commlab.config import RunConfig
     from commlab.tune import whatif
@@ -164,6 +164,8 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     charged = whatif.per_step(whatif.steady_rows(records, cfg, skip=1), cfg, "link_s")
     assert profile.comm_s(2, bw, 0.0) == pytest.approx(charged, rel=1e-9)
     assert profile.wire_bytes(8) == pytest.approx(7 * sync / 4)
+    steady = metrics.steady_rows(records, cfg)  # steps 3 to 7: two of them sync
+    assert metrics.headline(records, cfg)["bytes_per_step"] == pytest.approx(2 * sync / len(steady))
 
 
 def test_state_refuses_bad_settings_by_name():
