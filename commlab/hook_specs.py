@@ -39,11 +39,10 @@ WHOLE_STATE = "state"  # the state object, pickled whole (PowerSGD's, the compre
 STEP_COUNTS = "steps"  # step counts only: the state holds process groups, which do not pickle
 
 ALLREDUCE, ALLGATHER = "allreduce", "allgather"  # what a hook's messages go through
-# What DiLoCo's outer collective sends the pseudo-gradient in: bytes an element, and the
-# collective.  int8 codes travel by allgather (a sum of int8 codes overflows in an allreduce), with
-# one float32 scale a parameter tensor, and are averaged in float32 on every rank.
-OUTER_PRECISIONS = {"fp32": (4, ALLREDUCE), "bf16": (2, ALLREDUCE), "fp16": (2, ALLREDUCE),
-                    "int8": (1, ALLGATHER)}
+# What DiLoCo's outer collective sends the pseudo-gradient in, and the collective it goes by:
+# int8 codes travel by allgather (a sum of int8 codes overflows in an allreduce), with one float32
+# scale a parameter tensor, and are averaged in float32 on every rank.
+OUTER_PRECISIONS = {"fp32": ALLREDUCE, "bf16": ALLREDUCE, "fp16": ALLREDUCE, "int8": ALLGATHER}
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,8 @@ def final_loss(records: Sequence[dict], window: int = 1) -> float | None:
     return sum(tail) / len(tail) if tail else None
 
 
-def _averages(cfg: dict) -> bool:
+def averages_model(cfg: dict) -> bool:
+    """Whether a stored config's hook averages the model every period (post-local SGD, DiLoCo)."""
     spec = spec_of(cfg)
     return spec is not None and spec.averages_parameters
 
@@ -134,7 +135,7 @@ def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
     if bytes_over_run:
         nbytes = (sum(r.get("payload_bytes", 0) for r in records) / len(records)
                   if records and "payload_bytes" in records[0] else None)
-    elif _averages(cfg) and rows and _has(rows, "payload_bytes"):
+    elif averages_model(cfg) and rows and _has(rows, "payload_bytes"):
         # One step in a period averages the model (post-local SGD, DiLoCo): the median step sends
         # none of it, the mean step its share.
         nbytes = _total(rows, "payload_bytes") / len(rows)

@@ -237,22 +237,17 @@ def traffic(cfg: dict) -> tuple[str, int, int]:
     return kind, group, period
 
 
-def _averages(cfg: dict) -> bool:
-    spec = spec_of(cfg)
-    return spec is not None and spec.averages_parameters
-
-
 def _averaging(steady: Sequence[dict], cfg: dict, world: int) -> tuple[str, float]:
     """How a hook's model averaging travels: (the collective, the bytes each rank hands it).
     Post-local SGD allreduces the parameters as they are (the buckets' bytes); DiLoCo's hook sends
     nothing else, so an averaging is what the run counted over a period, in the collective its
     outer precision goes by (``OUTER_PRECISIONS``); (allreduce, 0) for hooks that average nothing."""
     spec = spec_of(cfg)
-    if not _averages(cfg):
+    if not metrics.averages_model(cfg):
         return ring.ALLREDUCE, 0.0
     if not spec.averaging_precision:
         return ring.ALLREDUCE, metrics.median(steady, "plain_bytes")
-    _, collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
+    collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
     kind = ring.ALLGATHER if collective == ALLGATHER else ring.ALLREDUCE
     counted = per_step(steady, cfg, "payload_bytes") * cfg.get(spec.period, 1)
     return kind, ring.message_bytes(kind, counted, world, world)
@@ -263,7 +258,7 @@ def _local_sgd_from(cfg: dict) -> int:
     ``starts``, which ``metrics.first_steady_step`` counts); 0 for hooks that average nothing or
     from the start (DiLoCo)."""
     spec = spec_of(cfg)
-    if not _averages(cfg) or not spec.averaging_from:
+    if not metrics.averages_model(cfg) or not spec.averaging_from:
         return 0
     return cfg.get(spec.averaging_from, 0)
 
