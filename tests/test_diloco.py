@@ -395,3 +395,14 @@ def test_the_cli_exports_diloco_s_loop_and_refuses_it_for_a_comm_hook(tmp_path, 
     assert "SYNC_EVERY = 16" in capsys.readouterr().out
     assert cli.main(["export", "--hook", "powersgd", "--format", "torchft"]) == 2
     assert "the torchft export is DiLoCo's" in capsys.readouterr().err
+
+
+def test_diloco_sweeps_over_h_outer_lr_and_precision_and_labels_its_runs_by_them():
+    from commlab.config import RunConfig
+    from commlab.tune.sweep import SweepSpec, grid, hook_axes
+
+    assert [s.name for s in hook_axes("diloco")] == ["sync_every", "outer_lr", "outer_precision"]
+    spec = SweepSpec(base=RunConfig(hook="diloco", workload="mlp", steps=20), sync_every=[4, 32],
+                     outer_lr=[0.7], outer_precision=["fp32", "int8"], repeats=1)
+    labels = [c.label() for c in grid(spec) if c.hook == "diloco"]
+    assert labels == [f"diloco H={h} outer_lr=0.7 outer={p}" for h in (4, 32) for p in ("fp32", "int8")]
