@@ -91,8 +91,10 @@ def _plan(hook: str, wrapper: str, impl: str, backend: str) -> tuple[str, str]:
     problems = [p.fails[backend] for p in parts if backend in p.fails]
     ours = _commlab_parts(hook, wrapper, impl, backend)
     if SPECS[hook].commlab_only:
-        return "commlab", (f"PyTorch has no {name}: commlab's issues every collective from the hook "
-                           "body, in bucket order, so it is safe on every backend")
+        where = ("issues its collective after the optimizer step, on the training loop's thread, none "
+                 "from the hook" if SPECS[hook].averages_parameters else
+                 "issues every collective from the hook body, in bucket order")
+        return "commlab", f"PyTorch has no {name}: commlab's {where}, so it is safe on every backend"
     note = SPECS[hook].note
     if impl == "stock":
         if problems:

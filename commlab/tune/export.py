@@ -171,6 +171,8 @@ def choice_line(cfg: RunConfig, backend: str) -> str:
     if any(c.commlab and c.piece.module for c in chosen):
         ours = (" commlab's are PyTorch's algorithm and state with every collective issued from the "
                 "hook body, in bucket order.")
+    elif any(c.commlab for c in chosen) and spec(cfg.hook).outer_loop:
+        ours = " commlab's hook averages nothing; the outer step runs after optimizer.step()."
     elif any(c.commlab for c in chosen):
         ours = " commlab's issues every collective from the hook body, in bucket order."
     return "# Hooks: " + ", ".join(c.why(backend) for c in chosen) + "." + ours + "\n"
