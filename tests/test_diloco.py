@@ -132,6 +132,8 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     from commlab.analysis import metrics, ring
     from commlab.api import run
     from commlab.config import RunConfig
+    from commlab.engine.checkpoint import resume_errors
+    from commlab.hook_specs import SPECS
     from commlab.tune import whatif
     from commlab.workloads import load
 
@@ -140,7 +142,7 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     bw = 0.05
     done = run(RunConfig(hook="diloco", workload="mlp", steps=8, world_size=2, sync_every=4,
                          outer_precision="int8", eval_every=4, trace_steps=[3], emulate_bandwidth_gbps=bw,
-                         save_checkpoint=False, runs_dir=str(tmp_path), stall_timeout_s=600), timeout=600)
+                         runs_dir=str(tmp_path), stall_timeout_s=600), timeout=600)
     assert done.status() == "finished", done.status_record()
     rows = {r["step"]: r for r in done.metrics_records()}
     # An allgather of s bytes on 2 ranks is counted as the allreduce of s bytes (payload_of).
@@ -167,6 +169,9 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     charged = whatif.per_step(whatif.steady_rows(records, cfg, skip=1), cfg, "link_s")
     assert profile.comm_s(2, bw, 0.0) == pytest.approx(charged, rel=1e-9)
     assert profile.wire_bytes(8) == pytest.approx(7 * sync / 4)
+    # Its checkpoint story, as its row declares it: a resume is refused, saying why.
+    refused = resume_errors(RunConfig.from_dict({**cfg, "steps": 16}), done.path)
+    assert refused == {"hook": f"diloco cannot be resumed yet: {SPECS['diloco'].not_resumable}"}
     steady = metrics.steady_rows(records, cfg)  # steps 3 to 7: two of them sync
     assert metrics.headline(records, cfg)["bytes_per_step"] == pytest.approx(2 * sync / len(steady))
 
