@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from commlab import rules
-from commlab.hook_specs import BASELINE, HOOKS, SPECS, WRAPPERS
+from commlab.hook_specs import BASELINE, HOOKS, OUTER_PRECISIONS, SPECS, WRAPPERS
 from commlab.rules import Rule
 
 IMPLS = ("auto", "stock", "commlab")
@@ -31,7 +31,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 # The sections of the settings table, in the Launch form's order: group -> its heading.
 GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
           "workload": "Workload", "instrument": "Instrumentation and an emulated link",
-          "localsgd": "Post-local SGD settings", "compressors": "Quantization and sparsification settings"}
+          "localsgd": "Post-local SGD settings", "compressors": "Quantization and sparsification settings",
+          "diloco": "DiLoCo settings"}
 
 
 def default_runs_dir() -> str:
@@ -226,6 +227,29 @@ class RunConfig:
         "terngrad's gradient clipping (Wen et al. 2017, as GRACE has it): each bucket is clipped "
         "to ±this many standard deviations of its elements before it is ternarized; 2.5 as in the "
         "paper (0 = off: unbiased for the bucket itself, with a larger scale)."))
+    # -- DiLoCo's outer loop (read only by diloco; commlab.hooks.diloco): torchft's DiLoCo names
+    #    the period sync_every; the outer optimizer's defaults are the paper's
+    sync_every: int = setting(8, group="diloco", bounds=Bounds(1, MAX_STEPS, (
+        "a number of steps; 1 syncs after every step")), export=True, sweep=(8, 32), label="sync_every (H)",
+        help=("DiLoCo's H: each replica takes this many steps with its own gradients and the run's "
+              "optimizer (the inner one), then the replicas' pseudo-gradients (the parameters at the "
+              "last sync minus their own) are averaged and the outer optimizer steps."))
+    outer_lr: float = setting(0.7, group="diloco", bounds=Bounds(0, 10, (
+        "the outer SGD's step on the averaged pseudo-gradient; 1 without momentum is plain model "
+        "averaging, past 10 it overshoots by far"), lo_open=True), export=True, sweep=(0.4, 0.7, 1.0),
+        help="The outer SGD's learning rate (DiLoCo's 0.7).")
+    outer_momentum: float = setting(0.9, group="diloco", bounds=Bounds(0, 0.999, (
+        "a momentum factor below 1: at 1 the momentum would never forget")), export=True,
+        help="The outer SGD's momentum (DiLoCo's 0.9; 0 with outer_nesterov off and outer_lr 1 is model averaging).")
+    outer_nesterov: bool = setting(True, group="diloco", export=True, help=(
+        "Nesterov momentum in the outer SGD (DiLoCo's); it needs outer_momentum above 0."))
+    outer_precision: str = setting("fp32", choices=tuple(OUTER_PRECISIONS), group="diloco", export=True,
+                                   sweep=(), help=(
+        "What the outer collective sends the pseudo-gradient in: fp32, bf16 or fp16 (cast, divided "
+        "by the ranks and allreduced, as PyTorch's fp16 hook does), or int8 (OpenDiLoCo's and "
+        "INTELLECT-1's choice): each parameter tensor's codes round(x / scale) with scale = "
+        "max|x| / 127, allgathered with the scales (an int8 sum would overflow in an allreduce) "
+        "and averaged in float32 on every rank."))
     # -- the job and its workload
     world_size: int = setting(2, group="job", bounds=Bounds(1, 64, (
         "each rank is a process of its own on this machine, with torch (about 300 MB) loaded")), export=True, label="ranks", help=(
@@ -481,7 +505,7 @@ def _kind(f: dataclasses.Field) -> str:
 
 # The groups of settings that belong to hooks: one there that a hook's spec reads means nothing to
 # the hooks that do not read it (``applies``).  The hook and its implementation apply to every run.
-HOOK_GROUPS = ("hook", "powersgd", "localsgd", "compressors")
+HOOK_GROUPS = ("hook", "powersgd", "localsgd", "compressors", "diloco")
 _READ_BY_SOME_HOOK = frozenset(name for spec in SPECS.values() for name in spec.reads())
 
 

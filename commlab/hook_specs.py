@@ -30,7 +30,8 @@ PAGE = "PyTorch's DDP Communication Hooks page"
 QUANTIZATION = "PyTorch's quantization hooks"
 LOCAL_SGD = "PyTorch's post-local SGD"
 COMPRESSOR = "the classic compressors (commlab's)"
-FAMILIES = (PAGE, QUANTIZATION, LOCAL_SGD, COMPRESSOR)
+SEMI_SYNC = "semi-synchronous training (DiLoCo)"
+FAMILIES = (PAGE, QUANTIZATION, LOCAL_SGD, COMPRESSOR, SEMI_SYNC)
 
 # What a hook's checkpoint holds (``HookSpec.checkpoint``).
 NO_STATE = "none"  # nothing beyond the model and optimizer
@@ -38,6 +39,10 @@ WHOLE_STATE = "state"  # the state object, pickled whole (PowerSGD's, the compre
 STEP_COUNTS = "steps"  # step counts only: the state holds process groups, which do not pickle
 
 ALLREDUCE, ALLGATHER = "allreduce", "allgather"  # what a hook's messages go through
+# What DiLoCo's outer collective sends the pseudo-gradient in, and the collective it goes by:
+# int8 codes travel by allgather (a sum of int8 codes overflows in an allreduce), with one float32
+# scale a parameter tensor, and are averaged in float32 on every rank.
+OUTER_PRECISIONS = {"fp32": ALLREDUCE, "bf16": ALLREDUCE, "fp16": ALLREDUCE, "int8": ALLGATHER}
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,10 @@ class HookSpec:
     fails_at_compression: bool = False  # PyTorch's fails when compression starts, not at once
     note: str = ""  # what the reason for PyTorch's adds (how commlab builds its state)
     state: Build | None = None  # None: the hook takes the process group as its state
-    averager: Build | None = None  # run after every optimizer step (post-local SGD's)
+    averager: Build | None = None  # run after every optimizer step (post-local SGD's); the state's own Build: the state is it
+    period: str | None = None  # the setting naming the steps from one model averaging to the next
+    averaging_from: str | None = None  # the setting naming the step model averaging starts at; None: 0
+    averaging_precision: str | None = None  # the setting naming what the averaging sends (OUTER_PRECISIONS); None: the parameters as they are
     bound: Mapping[str, str] = field(default_factory=dict)  # keyword -> setting, bound after (state, bucket)
     blocking: str | None = None  # commlab's variant that waits in the hook, run with `overlap` off
     wrap_refusal: str | None = None  # why no compress wrapper may wrap it; None: one may
@@ -131,6 +139,11 @@ class HookSpec:
     @property
     def averages_parameters(self) -> bool:
         return self.averager is not None
+
+    @property
+    def outer_loop(self) -> bool:
+        """Whether its state is its averager (DiLoCo's outer optimizer): one object, built once."""
+        return self.averager is not None and self.averager == self.state
 
     @property
     def subgroup(self) -> bool:
@@ -206,6 +219,12 @@ _SUBGROUPS_DIVIDE = Rule(
     lambda c: c.world_size % c.localsgd_subgroup_size != 0,
     lambda c: (f"must divide the number of ranks ({c.world_size}), got {c.localsgd_subgroup_size}: "
                "dist.new_subgroups cuts the ranks into subgroups of equal size"))
+
+_NESTEROV_NEEDS_MOMENTUM = Rule(
+    "outer_nesterov", ("hook", "outer_nesterov", "outer_momentum"),
+    lambda c: c.outer_nesterov and c.outer_momentum == 0,
+    lambda c: ("needs outer_momentum above 0, got 0: torch.optim.SGD refuses Nesterov momentum "
+               "without momentum (turn outer_nesterov off for plain outer SGD)"))
 
 # PowerSGDState's own defaults (torch 2.13); tests/test_export.py holds them to its signature.
 TORCH_POWERSGD_DEFAULTS = {
@@ -361,6 +380,10 @@ _ONEBIT = Definition(
     grace="the same with its residual memory, per tensor: bit for bit equal.",
     choice="two floats per bucket, not per column: a DDP bucket has no columns.")
 
+# DiLoCo's state is its averager too: its hook records the parameters the first outer step starts from.
+_DILOCO = Build("DiLoCoState", {"sync_every": "sync_every", "outer_lr": "outer_lr",
+                                "outer_momentum": "outer_momentum", "nesterov": "outer_nesterov",
+                                "precision": "outer_precision"})
 
 _SPARSE = {"compress_ratio": "compress_ratio", "use_error_feedback": "sparse_error_feedback"}
 
@@ -399,6 +422,7 @@ SPECS: dict[str, HookSpec] = {s.name: s for s in (
                                                       "warmup_steps": "averager_warmup_steps"},
                             module="torch.distributed.algorithms.model_averaging.averagers",
                             group_keyword=True),
+             period="averager_period", averaging_from="averager_warmup_steps",
              checkpoint=STEP_COUNTS, starts="start_localSGD_iter",
              not_resumable=("the checkpoint holds no PostLocalSGDState iteration or averager step, so the "
                             "resumed run would start local SGD over"),
@@ -418,6 +442,22 @@ SPECS: dict[str, HookSpec] = {s.name: s for s in (
                                           "clip_norm": "dgc_clip_norm"}),
     _compressor("natural", "NaturalState", _NATURAL),
     _compressor("signum", "SignumState", _SIGNUM, {"momentum": "compressor_momentum"}),
+    # The field's newer algorithms: commlab's alone (commlab.hooks.diloco)
+    HookSpec("diloco", SEMI_SYNC, "diloco_hook", None, f"{OURS}.diloco", state=_DILOCO, averager=_DILOCO,
+             period="sync_every", averaging_precision="outer_precision",
+             wrap_refusal=("it averages no gradients (each replica steps with its own); its outer "
+                           "collective sends the pseudo-gradient in outer_precision"),
+             checkpoint_why=("DiLoCoState (the parameters at the last sync, the outer SGD's momentum) "
+                             "is not saved by these lines: save the model at a sync step, where it is "
+                             "the last sync's parameters, and the outer momentum starts again from zero "
+                             "when resumed."),
+             not_resumable=("the checkpoint holds the model and the inner optimizer, not the outer "
+                            "optimizer's momentum nor the parameters at the last sync, so the resumed "
+                            "run would start the outer optimization over"),
+             short_names={"sync_every": "H", "outer_lr": "outer_lr", "outer_momentum": "mom",
+                          "outer_nesterov": "nesterov", "outer_precision": "outer"},
+             named_when_changed=("outer_momentum", "outer_nesterov"), rules=(_NESTEROV_NEEDS_MOMENTUM,),
+             exports=("DiLoCoState",)),
 )}
 
 WRAPPER_SPECS: dict[str, WrapperSpec] = {w.name: w for w in (

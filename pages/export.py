@@ -11,7 +11,8 @@ from commlab.tune import export
 from commlab.ui import form, runs
 
 TITLES = {"json": "JSON", "toml": "TOML", "ddp": "Plain DDP", "lightning": "Lightning",
-          "accelerate": "Accelerate", "trainer": "HF Trainer", "torchrun": "torchrun", "slurm": "SLURM"}
+          "accelerate": "Accelerate", "trainer": "HF Trainer", "torchrun": "torchrun", "slurm": "SLURM",
+          "loop": "DiLoCo: plain PyTorch", "torchft": "DiLoCo: torchft"}
 # What the form shows first: PowerSGD, the hook an export is usually for.
 PRESET = RunConfig(hook="powersgd")
 
@@ -109,8 +110,9 @@ elif cfg is not None:
     general = export.notes(cfg, target)
     for note in general:
         st.warning(note)
-    tabs = st.tabs([TITLES[f] for f in export.FORMATS])
-    for tab, fmt in zip(tabs, export.FORMATS):
+    formats = export.formats_for(cfg)
+    tabs = st.tabs([TITLES[f] for f in formats])
+    for tab, fmt in zip(tabs, formats):
         with tab:
             try:
                 out = export.render(cfg, fmt, target, source_id)

@@ -60,7 +60,7 @@ HOOK_SETTINGS = dict(start_localSGD_iter=1, averager_warmup_steps=1, averager_pe
                      post_local_gradient_allreduce=True, localsgd_subgroup_size=1,
                      compress_ratio=0.25, qsgd_levels=3, sparsify_threshold=5e-4,
                      compressor_momentum=0.5, dgc_clip_norm=1.0, terngrad_clip_sigmas=1.5,
-                     sparse_error_feedback=False, quantization_bucket_size=64, seed=3)
+                     sparse_error_feedback=False, quantization_bucket_size=64, seed=3, sync_every=2)
 # A compressor state's attribute for each keyword its constructor takes
 STATE_ATTRS = {"use_error_feedback": "error_feedback"}
 # Every snippet is made for the two-node line that launches them: 2 nodes of 1 process.
@@ -177,7 +177,9 @@ def summary(ddp_model, module, state, averager=None):
     elif state is not None:  # a compressor: its hyperparameters
         out["params"] = {k: v for k, v in vars(state).items() if isinstance(v, (bool, int, float))
                          and k != "iter"}
-    if averager is not None:
+    if averager is state and state is not None:  # DiLoCo's state steps itself
+        out.update(cls=type(state).__name__, outer_steps=state.outer_steps, sync_every=state.sync_every)
+    elif averager is not None:
         out["averager"] = [averager.period, averager.warmup_steps, averager.step]
     return out
 
@@ -421,6 +423,9 @@ def test_every_snippet_runs_as_pasted_under_the_two_node_torchrun_line(tmp_path)
                 assert [d < 1e-5 for d in r["diffs"]] == [
                     a or i < cfg.start_localSGD_iter for i, a in enumerate(averaged)], (name, r)
                 assert not all(averaged), "no local step was left unaveraged"
+        if hook == "diloco":  # replicas apart after a local step, the same after each outer step
+            assert (r["cls"], r["sync_every"], r["outer_steps"]) == ("DiLoCoState", 2, STEPS // 2), (name, r)
+            assert [d < 1e-5 for d in r["diffs"]] == [(i + 1) % 2 == 0 for i in range(STEPS)], (name, r)
         if fmt == "ddp" and "resumed_iter" in r:  # the exported checkpoint lines saved and loaded it
             assert (r["resumed_iter"], r["resumed_cls"]) == (r["iter"], r["cls"]), (name, r)
             if hook == "post_localsgd":

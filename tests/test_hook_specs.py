@@ -52,7 +52,8 @@ def test_every_function_and_class_a_row_names_exists(hook):
         if spec.state:
             assert isinstance(getattr(module, spec.state.attr), type), (hook, module)
     if spec.averager:
-        assert isinstance(getattr(importlib.import_module(spec.averager.module), spec.averager.attr), type)
+        assert isinstance(getattr(importlib.import_module(spec.averager.module or spec.module(True)),
+                                  spec.averager.attr), type)
     for name in (spec.attr, *spec.exports) if spec.variant else ():
         assert name in library.__all__ and getattr(library, name) is not None
 

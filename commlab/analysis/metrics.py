@@ -110,10 +110,17 @@ def final_loss(records: Sequence[dict], window: int = 1) -> float | None:
     return sum(tail) / len(tail) if tail else None
 
 
+def averages_model(cfg: dict) -> bool:
+    """Whether a stored config's hook averages the model every period (post-local SGD, DiLoCo)."""
+    spec = spec_of(cfg)
+    return spec is not None and spec.averages_parameters
+
+
 def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
              bytes_over_run: bool = False, steady: Sequence[dict] | Columns | None = None) -> dict:
     """A run's final_loss (``final_loss`` over ``final_window`` steps), median_step_s and
-    bytes_per_step (medians over its steady steps), and steady_steps, how many those are.
+    bytes_per_step (medians over its steady steps; the mean for a hook that averages the model
+    every period), and steady_steps, how many those are.
 
     A run with no steady step yet (young, or too short for PowerSGD to have compressed) is read
     from every step it has: a live view shows numbers from its first step on, and they settle as
@@ -128,6 +135,10 @@ def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
     if bytes_over_run:
         nbytes = (sum(r.get("payload_bytes", 0) for r in records) / len(records)
                   if records and "payload_bytes" in records[0] else None)
+    elif averages_model(cfg) and rows and _has(rows, "payload_bytes"):
+        # One step in a period averages the model (post-local SGD, DiLoCo): the median step sends
+        # none of it, the mean step its share.
+        nbytes = _total(rows, "payload_bytes") / len(rows)
     else:
         nbytes = median(rows, "payload_bytes")
     return {"final_loss": final_loss(records, final_window), "median_step_s": median(rows, "step_s"),

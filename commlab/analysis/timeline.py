@@ -4,8 +4,9 @@ same timeline as a Chrome trace (the JSON format Perfetto and chrome://tracing o
 A rank's step is a list of events, each a dict with ``kind``, ``start`` and ``end`` (seconds on the
 rank's ``time.perf_counter``, one clock for every rank of a machine) and, by kind:
 
-- ``backward``, ``optimizer``: the compute thread's phases (``loss.backward()`` ends once DDP has
-  waited for every bucket's future);
+- ``backward``, ``optimizer``, ``averaging``: the compute thread's phases (``loss.backward()`` ends
+  once DDP has waited for every bucket's future; ``averaging``, after the optimizer step, is a model
+  averager's: post-local SGD's, DiLoCo's outer step);
 - ``hook``: DDP calling the hook for ``bucket`` (its gradients are ready) until the hook returned;
 - ``future``: from that call until the hook's future completed (the bucket's window);
 - ``collective``: one ``all_reduce``, from its issue until it completed, with ``bucket`` (None when
@@ -26,7 +27,7 @@ without ``clock`` is the host's.
 from __future__ import annotations
 
 COMPUTE, COMM = "compute", "comm"  # the two threads of a rank in the Chrome trace
-PHASES = ("backward", "optimizer", "hook")  # drawn on the compute thread; the rest on comm
+PHASES = ("backward", "optimizer", "averaging", "hook")  # drawn on the compute thread; the rest on comm
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -78,13 +78,14 @@ def _export(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from commlab.config import RESOLVED_BACKENDS
-    from commlab.tune.export import FORMATS, Target
+    from commlab.tune.export import ALL_FORMATS, Target
 
     d = Target()
     p = sub.add_parser("export", help="a run's settings as a config file, a snippet or a launch script")
     p.add_argument("run_dir", nargs="?", help="a run folder (else --config or the run options)")
     add_run_options(p)
-    p.add_argument("--format", required=True, choices=list(FORMATS))
+    p.add_argument("--format", required=True, choices=list(ALL_FORMATS),
+                   help="loop and torchft: DiLoCo's, without DDP")
     p.add_argument("--output", help="write the text to this file instead of printing it")
     p.add_argument("--nnodes", type=int, default=d.nnodes, help="nodes (torchrun, slurm, lightning)")
     p.add_argument("--nproc-per-node", type=int, help="processes per node (default: world size)")

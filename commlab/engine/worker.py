@@ -104,7 +104,8 @@ def train_step(job: Job, batch) -> tuple[float, float]:
         loss.backward()  # DDP waits here for every bucket's hook future
     with job.measure.phase("optimizer"):
         job.optimizer.step()
-        if job.choice.averager:  # post-local SGD: its allreduce of the parameters is the hook's traffic
+    if job.choice.averager:  # post-local SGD's, DiLoCo's: its collectives are the hook's traffic
+        with job.measure.phase("averaging"):
             job.choice.averager.average_parameters(job.ddp.parameters())
     loss_work.wait()
     return mean_loss.item() / job.world, time.perf_counter() - t0

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from commlab.analysis import timeline
 
-COLOURS = {"backward": "#9ecae1", "optimizer": "#fdae6b", "hook": "#3182bd",
+COLOURS = {"backward": "#9ecae1", "optimizer": "#fdae6b", "averaging": "#e6550d", "hook": "#3182bd",
            "collective": "#31a354", "measure": "#bcbd22", "other": "#969696",
            "link": "#d62728"}
 
@@ -44,7 +44,9 @@ def step_figure(recorded: dict, step: str) -> go.Figure:
                     groups["link"].append((comm, start + real, e["link_s"] * 1e3,
                                            f"{label}: the emulated link held it {e['link_s'] * 1e3:.2f} ms"))
     fig = go.Figure()
-    names = {"backward": "backward", "optimizer": "optimizer step", "hook": "hook call (gradients ready)",
+    names = {"backward": "backward", "optimizer": "optimizer step",
+             "averaging": "model averaging (post-local SGD's, DiLoCo's outer step)",
+             "hook": "hook call (gradients ready)",
              "collective": "hook's allreduce", "measure": "exact-mean allreduce (measurement)",
              "other": "mean-loss allreduce", "link": "emulated link"}
     for key, rows in groups.items():

@@ -39,7 +39,7 @@ class HookChoice:
     name: str  # readable, e.g. "fp16_compress_wrapper(powerSGD_hook)"
     reason: str  # why this implementation was chosen, one sentence
     spec: HookSpec  # everything else the lab knows of the hook
-    averager: object = None  # post-local SGD's PeriodicModelAverager: average_parameters() after each step
+    averager: object = None  # post-local SGD's PeriodicModelAverager, DiLoCo's state: average_parameters() after each step
 
 
 def hook_name(hook: str, wrapper: str = "none") -> str:
@@ -91,8 +91,10 @@ def _plan(hook: str, wrapper: str, impl: str, backend: str) -> tuple[str, str]:
     problems = [p.fails[backend] for p in parts if backend in p.fails]
     ours = _commlab_parts(hook, wrapper, impl, backend)
     if SPECS[hook].commlab_only:
-        return "commlab", (f"PyTorch has no {name}: commlab's issues every collective from the hook "
-                           "body, in bucket order, so it is safe on every backend")
+        where = ("issues its collective after the optimizer step, on the training loop's thread, none "
+                 "from the hook" if SPECS[hook].averages_parameters else
+                 "issues every collective from the hook body, in bucket order")
+        return "commlab", f"PyTorch has no {name}: commlab's {where}, so it is safe on every backend"
     note = SPECS[hook].note
     if impl == "stock":
         if problems:
@@ -212,6 +214,8 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
         hook = _function(wrapper, wrapper in ours)(hook)
     module = spec.module(commlab_hook)
     state = build(spec.state, module, cfg, process_group) if spec.state else process_group
-    averager = build(spec.averager, module, cfg, process_group) if spec.averager else None
+    averager = None
+    if spec.averager:
+        averager = state if spec.outer_loop else build(spec.averager, module, cfg, process_group)
     return HookChoice(state, hook, impl, hook_name(cfg.hook, cfg.wrapper), reason, spec, averager)
 

@@ -171,6 +171,8 @@ def choice_line(cfg: RunConfig, backend: str) -> str:
     if any(c.commlab and c.piece.module for c in chosen):
         ours = (" commlab's are PyTorch's algorithm and state with every collective issued from the "
                 "hook body, in bucket order.")
+    elif any(c.commlab for c in chosen) and spec(cfg.hook).outer_loop:
+        ours = " commlab's hook averages nothing; the outer step runs after optimizer.step()."
     elif any(c.commlab for c in chosen):
         ours = " commlab's issues every collective from the hook body, in bucket order."
     return "# Hooks: " + ", ".join(c.why(backend) for c in chosen) + "." + ours + "\n"
@@ -262,8 +264,8 @@ class HookCode:
         if not self.averager:
             return ""
         return (f"averager = {self.averager}\n"
-                + _comment(["In the training loop, right after every optimizer.step() (PyTorch's "
-                            "post-local SGD example), average the parameters:",
+                + _comment(["In the training loop, right after every optimizer.step() (where PyTorch's "
+                            "post-local SGD example steps its averager), step the averager:",
                             f"  averager.average_parameters({model}.parameters())"]))
 
 
@@ -289,7 +291,9 @@ def hook_code(cfg: RunConfig, chosen: list[Choice], subgroups_here: bool = True)
                 imports.append("import torch.distributed as dist")
             first.append(f"subgroup={'subgroup' if subgroups_here else None}")
         state = _call(f"{hook.alias}.{s.state.attr}", first, s.state.spelled(cfg))
-    if s.averager:
+    if s.outer_loop:  # DiLoCo's state steps itself after the optimizer
+        averager = "state"
+    elif s.averager:
         alias = _module_alias(s.averager)
         if subgroups_here:
             imports.append(f"import {s.averager.module} as {alias}")
@@ -324,7 +328,8 @@ def _checkpoint(cfg: RunConfig, model: str, load_when: str, lightning: bool = Fa
             f'  state.iter, averager.step = torch.load({CHECKPOINT!r}, weights_only=False)'
             '["localsgd_steps"]  # on resume, before training'])
     if s.checkpoint != WHOLE_STATE:
-        return (f"# Checkpoint: {registry.hook_name(cfg.hook)} keeps no state; the model's "
+        return (_comment([f"Checkpoint: {s.checkpoint_why}"]) if s.checkpoint_why else
+                f"# Checkpoint: {registry.hook_name(cfg.hook)} keeps no state; the model's "
                 "checkpoint is all there is to save.\n")
     save = ('in your LightningModule: def on_save_checkpoint(self, checkpoint): '
             'checkpoint["comm_hook_state"] = state' if lightning else
@@ -387,7 +392,8 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
     so CPU exports use commlab's ``AnyDeviceDDPStrategy``, which does; post-local SGD uses it on
     every backend, for its subgroups, with Lightning's own ``model_averaging_period``."""
     chosen = choices(cfg, target.backend)
-    localsgd = spec(cfg.hook).averages_parameters  # Lightning's own model averaging
+    outer = spec(cfg.hook).outer_loop  # DiLoCo's state steps after the optimizer, from the module
+    localsgd = spec(cfg.hook).averages_parameters and not outer  # Lightning's own model averaging
     if localsgd and cfg.averager_warmup_steps != cfg.start_localSGD_iter:
         raise ExportRefused(
             f"Lightning cannot express averager_warmup_steps={cfg.averager_warmup_steps} with "
@@ -429,6 +435,11 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
     accelerator = "cpu" if cpu else "gpu"
     text += (f"trainer = Trainer(accelerator={accelerator!r}, devices={target.procs(cfg)}, "
              f"num_nodes={target.nnodes}, strategy=strategy)\n")
+    if outer:
+        text += _comment(["In your LightningModule, the outer step after every optimizer step "
+                          "(Lightning calls on_train_batch_end after it):",
+                          "  def on_train_batch_end(self, outputs, batch, batch_idx): "
+                          "state.average_parameters(self.parameters())"])
     return text + _checkpoint(
         cfg, "", "on resume, before the strategy is built; a Lightning checkpoint path works too",
         lightning=True)
@@ -672,6 +683,143 @@ def slurm_script(cfg: RunConfig, target: Target, source: str | None = None) -> s
     return text + _shell(argv, 1 + len(target.script_args), ours) + "\n"
 
 
+# ============================================================================ DiLoCo without DDP
+DILOCO_WHAT = ("DiLoCo (Douillard et al., 2023): no DDP and no comm hook. Each replica steps with "
+               "its own gradients and `optimizer` (the inner one); every {h} steps the "
+               "pseudo-gradients (the parameters at the last sync minus the replica's) are averaged "
+               "over the ranks in {precision} and an outer SGD (lr {lr!r}, momentum {momentum!r}, "
+               "Nesterov {nesterov}) steps the last sync's parameters, which every replica then "
+               "copies.")
+_AVERAGE_CAST = '''
+
+def average(tensors):
+    """The mean over the ranks of each tensor: cast to {dtype}, divided by the ranks, allreduced."""
+    world = dist.get_world_size()
+    wire = torch.cat([t.reshape(-1) for t in tensors]).to(torch.{dtype}).div_(world)
+    dist.all_reduce(wire)
+    return wire.float().split([t.numel() for t in tensors])
+'''
+_AVERAGE_INT8 = '''
+
+def average(tensors):
+    """The mean over the ranks of each tensor, sent as int8: its codes round(x / scale), scale =
+    max|x| / 127, allgathered with the scales (an int8 sum would overflow in an allreduce) and
+    averaged in float32."""
+    world = dist.get_world_size()
+    scales = torch.stack([t.abs().max() / 127 for t in tensors])
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.cat([torch.round(t.reshape(-1) / s).clamp_(-127, 127)
+                       for t, s in zip(tensors, safe)]).to(torch.int8)
+    all_scales = [torch.empty_like(scales) for _ in range(world)]
+    dist.all_gather(all_scales, scales)
+    all_codes = [torch.empty_like(codes) for _ in range(world)]
+    dist.all_gather(all_codes, codes)
+    sizes = [t.numel() for t in tensors]
+    total = torch.zeros(codes.numel(), device=codes.device)
+    for c, s in zip(all_codes, all_scales):
+        total += c.float() * torch.repeat_interleave(s, torch.tensor(sizes, device=s.device))
+    return total.div_(world).split(sizes)
+'''
+_OUTER_STEP = '''
+
+def diloco_step(step):
+    """After optimizer.step(): the outer step at every SYNC_EVERY-th (``step`` counts from 0)."""
+    if (step + 1) % SYNC_EVERY:
+        return
+    params = list(model.parameters())
+    with torch.no_grad():
+        pseudo = [outer - p.detach().float() for outer, p in zip(outer_params, params)]
+        for outer, g in zip(outer_params, average(pseudo)):
+            outer.grad = g.view_as(outer)
+        outer_optimizer.step()
+        outer_optimizer.zero_grad(set_to_none=True)
+        for outer, p in zip(outer_params, params):
+            p.copy_(outer)
+'''
+
+
+def _outer_loop(cfg: RunConfig, fmt: str) -> None:
+    if not spec(cfg.hook).outer_loop:
+        raise ExportRefused(f"the {fmt} export is DiLoCo's (an outer optimizer over local steps, no "
+                            f"comm hook); {cfg.hook} is a comm hook: export ddp, lightning, "
+                            "accelerate or trainer")
+
+
+def _diloco_what(cfg: RunConfig) -> str:
+    return DILOCO_WHAT.format(h=cfg.sync_every, precision=cfg.outer_precision, lr=cfg.outer_lr,
+                              momentum=cfg.outer_momentum, nesterov="on" if cfg.outer_nesterov else "off")
+
+
+def loop_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
+    """DiLoCo in plain PyTorch: the outer optimizer over the parameters at the last sync, the
+    pseudo-gradient averaged as commlab's ``DiLoCoState`` averages it (the same operations: a run
+    of both gives the same parameters), and the one line for the training loop."""
+    _outer_loop(cfg, "loop")
+    text = _comment(_header(cfg, target, source)[:1] + [
+        _diloco_what(cfg) + " commlab.hooks.DiLoCoState runs the same steps in the lab.",
+        f"Paste after dist.init_process_group({target.backend!r}) and after `model` (not wrapped in "
+        "DistributedDataParallel) and its `optimizer` are made, on every rank."])
+    text += "import torch\nimport torch.distributed as dist\n\n"
+    text += f"SYNC_EVERY = {cfg.sync_every!r}\n"
+    text += ("for p in model.parameters():  # every replica starts from rank 0's parameters\n"
+             "    dist.broadcast(p.data, src=0)\n"
+             "outer_params = [p.detach().float().clone() for p in model.parameters()]  # at the last sync\n"
+             f"outer_optimizer = torch.optim.SGD(outer_params, lr={cfg.outer_lr!r}, "
+             f"momentum={cfg.outer_momentum!r}, nesterov={cfg.outer_nesterov!r})\n")
+    dtypes = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    text += (_AVERAGE_INT8 if cfg.outer_precision == "int8" else
+             _AVERAGE_CAST.format(dtype=dtypes[cfg.outer_precision]))
+    text += _OUTER_STEP + "\n\n"
+    text += _comment(["In the training loop, right after optimizer.step(), with `step` counting the "
+                      "steps from 0:", "  diloco_step(step)",
+                      "Checkpoint at a sync step (the model is then the last sync's parameters) with "
+                      "outer_optimizer.state_dict() beside the model's."])
+    return text
+
+
+TORCHFT_WHY = ("torchft (pip install torchft-nightly) runs each replica group as a job of its own "
+               "(its own torchrun line, ranks within it sharded or replicated as you like) and "
+               "joins the groups through a lighthouse: start `torchft_lighthouse --min_replicas 1 "
+               "--quorum_tick_ms 100 --join_timeout_ms 10000` on one machine and set "
+               "TORCHFT_LIGHTHOUSE=http://<that machine>:29510, and REPLICA_GROUP_ID to each group's "
+               "index, in every job's environment.")
+
+
+def torchft_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
+    """torchft's ``DiLoCo(manager, model_fragments, inner_optimizer, outer_optimizer, sync_every)``
+    with the run's outer SGD: the outer step runs from the inner optimizer's step hook."""
+    _outer_loop(cfg, "torchft")
+    notes_ = [_diloco_what(cfg), TORCHFT_WHY]
+    if cfg.outer_precision != "fp32":
+        notes_.append(f"torchft cannot send the pseudo-gradient in {cfg.outer_precision}: its "
+                      "allreduce sends float32, or with should_quantize=True fp8 through Triton "
+                      "kernels on CUDA; this snippet sends float32 (the loop export sends "
+                      f"{cfg.outer_precision}).")
+    pg = "ProcessGroupBabyNCCL" if target.backend == "nccl" else "ProcessGroupGloo"
+    text = _comment(_header(cfg, target, source)[:1] + notes_ + [
+        "Paste after `model` (not wrapped in DistributedDataParallel) and its `optimizer` are made."])
+    text += ("import os\nfrom datetime import timedelta\n\nimport torch\n"
+             f"from torchft import Manager, {pg}\nfrom torchft.local_sgd import DiLoCo\n\n")
+    text += (f"outer_optimizer = torch.optim.SGD(model.parameters(), lr={cfg.outer_lr!r}, "
+             f"momentum={cfg.outer_momentum!r}, nesterov={cfg.outer_nesterov!r})\n")
+    text += ("manager = Manager(\n"
+             f"    pg={pg}(timeout=timedelta(seconds=60)),\n"
+             "    min_replica_size=1,\n"
+             "    load_state_dict=lambda sd: (model.load_state_dict(sd[\"model\"]), "
+             "optimizer.load_state_dict(sd[\"optimizer\"])),\n"
+             "    state_dict=lambda: {\"model\": model.state_dict(), \"optimizer\": optimizer.state_dict()},\n"
+             "    replica_id=f\"replica_{os.environ['REPLICA_GROUP_ID']}\",\n"
+             "    use_async_quorum=False,  # DiLoCo needs a synchronous quorum\n"
+             ")\n")
+    text += (f"diloco = DiLoCo(manager, [model], optimizer, outer_optimizer, sync_every={cfg.sync_every!r}, "
+             "should_quantize=False)\n")
+    text += _comment(["Train inside it: the outer step runs after every sync_every-th optimizer.step().",
+                      "  with diloco:",
+                      "      for x, y in batches:",
+                      "          optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()"])
+    return text
+
+
 # ============================================================================ dispatch
 FORMATS = {
     # format: (builder, filename, language for display, MIME type)
@@ -684,18 +832,29 @@ FORMATS = {
     "torchrun": (torchrun_lines, "launch.sh", "bash", "text/x-shellscript"),
     "slurm": (slurm_script, "job.sbatch", "bash", "text/x-shellscript"),
 }
+# Formats of a hook with an outer loop (DiLoCo's), without DDP: ``formats_for`` offers them.
+OUTER_LOOP_FORMATS = {
+    "loop": (loop_snippet, "diloco_loop.py", "python", "text/x-python"),
+    "torchft": (torchft_snippet, "diloco_torchft.py", "python", "text/x-python"),
+}
+ALL_FORMATS = {**FORMATS, **OUTER_LOOP_FORMATS}
+
+
+def formats_for(cfg: RunConfig) -> tuple[str, ...]:
+    """The formats that can express ``cfg``'s hook: every one, and DiLoCo's own for DiLoCo."""
+    return tuple(FORMATS) + (tuple(OUTER_LOOP_FORMATS) if spec(cfg.hook).outer_loop else ())
 
 
 def render(cfg: RunConfig, fmt: str, target: Target | None = None, source: str | None = None) -> Export:
     """One export of ``cfg``.  Raises ValueError for an unknown format or target, ExportRefused
     when the format cannot express the settings."""
     target = target or Target()
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; formats are: {', '.join(FORMATS)}")
+    if fmt not in ALL_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; formats are: {', '.join(ALL_FORMATS)}")
     errs = target.errors()
     if errs:
         raise ValueError("; ".join(f"{k}: {v}" for k, v in errs.items()))
-    build, filename, language, mime = FORMATS[fmt]
+    build, filename, language, mime = ALL_FORMATS[fmt]
     if fmt not in ("json", "toml") and (why := world_refusal(cfg, target)):
         raise ExportRefused(why)
     text = build(cfg, target, source)

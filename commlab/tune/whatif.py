@@ -24,7 +24,9 @@ rank receives does.  Post-local SGD pays its gradient allreduce within a subgrou
 of the parameters over all ranks every ``averager_period`` steps, averaged over the period: one
 step in a period averages, so its per-step figures (bytes, times, measured or predicted) are the
 median over whole periods of each period's mean (``per_step``), from the first period that local
-SGD and averaging both cover.  The formulas are those the
+SGD and averaging both cover.  DiLoCo averages the same way, every ``sync_every`` steps from its
+first: its outer collective carries the pseudo-gradient in its outer precision, as the run counted
+it (int8 codes and scales by allgather, whose bytes received grow with N).  The formulas are those the
 emulated link (``Link.seconds`` in ``commlab.hooks.instrument``) enforces: a run over an emulated
 link is a measurement of this model.  Summed over collectives it stays linear, so a hook is
 summarized by its bytes and its collective count per step, medians over the run's steady steps
@@ -49,7 +51,7 @@ from dataclasses import asdict, dataclass
 
 from commlab.analysis import metrics, ring, timeline
 from commlab.config import is_plain_allreduce, label_of, link_of
-from commlab.hook_specs import ALLGATHER, spec_of
+from commlab.hook_specs import ALLGATHER, OUTER_PRECISIONS, spec_of
 from commlab.tune import baseline as baselines
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -76,8 +78,9 @@ class HookProfile:
     overlap_share: float = 0.0  # of comm, hidden behind backward, as measured; 0: no overlap
     collective: str = ring.ALLREDUCE  # what the hook's collectives are (``traffic``)
     group_size: int = 0  # ranks each of the hook's collectives spans; 0: all of them, at any N
-    averaged_bytes: float = 0.0  # model averaging: parameter bytes allreduced over all ranks ...
-    period: int = 1  # ... every ``period`` steps (counted in payload_bytes and collectives)
+    averaged_bytes: float = 0.0  # model averaging: the bytes each rank hands over all ranks ...
+    period: int = 1  # ... every ``period`` steps (counted in payload_bytes and collectives) ...
+    averaging_collective: str = ring.ALLREDUCE  # ... by this collective (DiLoCo's int8: allgather)
     comm_here_s: float | None = None  # per step, on the link it ran over, as recorded (None: not)
 
     @property
@@ -85,9 +88,16 @@ class HookProfile:
         """Model averagings per step."""
         return 1.0 / self.period if self.averaged_bytes else 0.0
 
+    def averaging_counted(self) -> float:
+        """One averaging as the run's count has it (an allgather counted as the allreduce that puts
+        as many bytes on the wire, on the ranks it ran on: ``CollectiveCounter.payload_of``)."""
+        per_byte = ring.factor(self.world_size)
+        sent = ring.sent_bytes(self.averaging_collective, self.averaged_bytes, self.world_size)
+        return sent / per_byte if per_byte else 0.0
+
     def message_bytes(self) -> float:
         """What one rank hands to the hook's own collectives per step (averaging apart)."""
-        counted = max(0.0, self.payload_bytes - self.averaged_bytes * self.averages)
+        counted = max(0.0, self.payload_bytes - self.averaging_counted() * self.averages)
         return ring.message_bytes(self.collective, counted, self.world_size,
                                   self.group_size or self.world_size)
 
@@ -98,15 +108,19 @@ class HookProfile:
         return own + self.averaging_s(world_size, bandwidth_gbps, latency_us)
 
     def averaging_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
-        """Model averaging's share of a step: one allreduce of the parameters every period."""
-        return ring.allreduce_s(self.averaged_bytes * self.averages, world_size, bandwidth_gbps,
-                                latency_us, self.averages)
+        """Model averaging's share of a step: one collective of the parameters every period
+        (post-local SGD's allreduce; DiLoCo's pseudo-gradient in its outer precision)."""
+        return ring.collective_s(self.averaging_collective, self.averaged_bytes * self.averages,
+                                 world_size, bandwidth_gbps, latency_us, self.averages)
+
+    def averaging_wire_bytes(self, world_size: int) -> float:
+        """Bytes each rank sends per step for model averaging on ``world_size`` ranks."""
+        return self.averages * ring.sent_bytes(self.averaging_collective, self.averaged_bytes, world_size)
 
     def wire_bytes(self, world_size: int) -> float:
         """Bytes each rank sends per step on ``world_size`` ranks."""
         group = min(self.group_size, world_size) if self.group_size else world_size
-        return (ring.sent_bytes(self.collective, self.message_bytes(), group)
-                + self.averages * ring.wire_bytes(self.averaged_bytes, world_size))
+        return ring.sent_bytes(self.collective, self.message_bytes(), group) + self.averaging_wire_bytes(world_size)
 
     def step_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
         exposed = (1.0 - self.overlap_share) * self.comm_s(world_size, bandwidth_gbps, latency_us)
@@ -176,13 +190,14 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
                          f"the model needs steps from {_first_step(cfg, skip)} on"
                          + (f", in whole periods of {period}" if period > 1 else ""))
     world = cfg.get("world_size", 2)
+    averaging_kind, averaged = _averaging(steady, cfg, world)
     profile = HookProfile(
         label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
         compute_s=0.0, arithmetic_s=0.0, payload_bytes=per_step(steady, cfg, "payload_bytes"),
         collectives=per_step(steady, cfg, "collectives"), world_size=world, run_id=run_id,
         measured_over=link_of(cfg) or "loopback", steady_steps=len(steady),
         collective=collective, group_size=group_size, period=period,
-        averaged_bytes=metrics.median(steady, "plain_bytes") if _averages(cfg) else 0.0)
+        averaged_bytes=averaged, averaging_collective=averaging_kind)
 
     recorded = "collective_s" in steady[0]
 
@@ -192,8 +207,8 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
             loop = per_step(steady, cfg, "collective_s")
         else:
             loop = (loopback_s_per_byte or 0.0) * (
-                profile.averages * ring.wire_bytes(profile.averaged_bytes, world) if averaging
-                else profile.wire_bytes(world) - profile.averages * ring.wire_bytes(profile.averaged_bytes, world))
+                profile.averaging_wire_bytes(world) if averaging
+                else profile.wire_bytes(world) - profile.averaging_wire_bytes(world))
         if not link_of(cfg):
             return loop
         bw, lat = cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0)
@@ -218,21 +233,34 @@ def traffic(cfg: dict) -> tuple[str, int, int]:
     kind = ring.ALLGATHER if spec.collective == ALLGATHER else ring.ALLREDUCE
     group = cfg.get("localsgd_subgroup_size", 1) if spec.subgroup else 0
     # Model averaging: the parameters, not the gradients, every period.
-    period = cfg.get(spec.averager.settings["period"], 1) if spec.averages_parameters else 1
+    period = cfg.get(spec.period, 1) if spec.averages_parameters else 1
     return kind, group, period
 
 
-def _averages(cfg: dict) -> bool:
+def _averaging(steady: Sequence[dict], cfg: dict, world: int) -> tuple[str, float]:
+    """How a hook's model averaging travels: (the collective, the bytes each rank hands it).
+    Post-local SGD allreduces the parameters as they are (the buckets' bytes); DiLoCo's hook sends
+    nothing else, so an averaging is what the run counted over a period, in the collective its
+    outer precision goes by (``OUTER_PRECISIONS``); (allreduce, 0) for hooks that average nothing."""
     spec = spec_of(cfg)
-    return spec is not None and spec.averages_parameters
+    if not metrics.averages_model(cfg):
+        return ring.ALLREDUCE, 0.0
+    if not spec.averaging_precision:
+        return ring.ALLREDUCE, metrics.median(steady, "plain_bytes")
+    collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
+    kind = ring.ALLGATHER if collective == ALLGATHER else ring.ALLREDUCE
+    counted = per_step(steady, cfg, "payload_bytes") * cfg.get(spec.period, 1)
+    return kind, ring.message_bytes(kind, counted, world, world)
 
 
 def _local_sgd_from(cfg: dict) -> int:
     """Post-local SGD's first step with averaging on too (its local steps start at its spec's
-    ``starts``, which ``metrics.first_steady_step`` counts); 0 for hooks that average nothing."""
-    if not _averages(cfg):
+    ``starts``, which ``metrics.first_steady_step`` counts); 0 for hooks that average nothing or
+    from the start (DiLoCo)."""
+    spec = spec_of(cfg)
+    if not metrics.averages_model(cfg) or not spec.averaging_from:
         return 0
-    return cfg.get(spec_of(cfg).averager.settings["warmup_steps"], 0)
+    return cfg.get(spec.averaging_from, 0)
 
 
 def _first_step(cfg: dict, skip: int) -> int:
@@ -253,7 +281,7 @@ def _periods(rows: Sequence[dict], cfg: dict) -> list[list[dict]]:
     _, _, period = traffic(cfg)
     if period == 1:
         return [[r] for r in rows]
-    warmup = cfg.get("averager_warmup_steps", 0)
+    warmup = _local_sgd_from(cfg)
     cut: dict[int, list[dict]] = {}
     for r in rows:
         if r["step"] >= warmup:
