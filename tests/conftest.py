@@ -232,3 +232,17 @@ def allreduce_run(runs_dir):
     from commlab.api import list_runs
 
     return next(r for r in list_runs(runs_dir) if r.config_dict()["hook"] == "allreduce")
+
+
+@pytest.fixture
+def slurm(tmp_path_factory):
+    """A real one-node Slurm cluster (``tests/slurm_cluster.py``), started for the test and torn
+    down after it with every job: skipped without Debian's slurm-wlm and munge, failed under CI."""
+    from slurm_cluster import SlurmCluster, skip_or_fail
+
+    skip_or_fail()
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
