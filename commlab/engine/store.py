@@ -147,7 +147,7 @@ OPT_STR, OPT_NUM, OPT_INT = (str, type(None)), (int, float, type(None)), (int, t
 # The shape of each file, as far as its readers rely on it: {key: kind} ("key?" optional),
 # [kind] a list of such, a type or a tuple of types (bool is never taken for a number).
 STATUS = {"status": str, "error?": OPT_STR, "step?": OPT_INT}
-OWNER = {"pid?": OPT_INT, "create_time?": OPT_NUM}
+OWNER = {"pid?": OPT_INT, "create_time?": OPT_NUM, "host?": str}
 SUPERVISOR = {**OWNER, "torchrun_pid?": OPT_INT, "torchrun_create_time?": OPT_NUM, "worker_pids?": [int], "worker_create_times?": dict}
 LAUNCH = {"backend?": OPT_STR, "hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "warning?": OPT_STR,
           "resumed_from?": OPT_STR,
@@ -511,7 +511,7 @@ class RunFolder(Folder):
         supervisor the launcher spawned, before that the launching process itself.  When that
         process is gone the run is orphaned while any other process of it still runs, lost once
         none does: it can never record an end."""
-        from commlab.engine.procs import alive
+        from commlab.engine.procs import alive, elsewhere
 
         rec = read_json(self.file("status.json"), {"status": "starting"})
         if rec.get("status") not in GOING:
@@ -520,6 +520,8 @@ class RunFolder(Folder):
         if up:
             rec = {**rec, "status": "running"}
         owner = self.supervisor() or self.launch_info().get("launcher", {})
+        if elsewhere(owner):  # a compute node's process: what the folder says is all that is known here
+            return rec
         if owner.get("create_time") is not None and alive(owner.get("pid"), owner["create_time"]):
             return rec
         if up and self.processes():
