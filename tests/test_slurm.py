@@ -91,3 +91,86 @@ def test_the_exported_slurm_script_runs_as_pasted_and_completes(slurm, tmp_path)
     assert result["world"] == 2, result
     assert result["iter"] == steps, result  # PowerSGD's state counted every step
     assert "powerSGD_hook" in result["hook"], result  # the exported hook was the one DDP ran
+
+
+# ---------------------------------------------------------------------------- lab runs on Slurm
+def _lab_env(slurm) -> dict:
+    return {**slurm.env, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_a_lab_run_on_slurm_follows_its_job_from_pending_to_finished(slurm, tmp_path, monkeypatch):
+    from commlab.api import launch
+    from commlab.engine.slurm import SlurmJob, job_of
+
+    for k, v in _lab_env(slurm).items():
+        monkeypatch.setenv(k, v)
+    # The partition down: the job waits in the queue, and the run says why (Slurm's reason).
+    slurm.client(["scontrol", "update", "PartitionName=debug", "State=DOWN"])
+    run = launch(RunConfig(workload="mlp", steps=8, runs_dir=str(tmp_path)), slurm=SlurmJob())
+    assert procs_wait(lambda: run.status_record().get("slurm", {}).get("reason") == "PartitionDown")
+    assert run.status() == "pending"
+    seen = ["pending"]
+    slurm.client(["scontrol", "update", "PartitionName=debug", "State=UP"])
+    while run.is_running():
+        if run.status() != seen[-1]:
+            seen.append(run.status())
+        time.sleep(0.05)
+    seen.append(run.wait())
+    assert seen[0] == "pending" and "running" in seen and seen[-1] == "finished", seen
+    job = job_of(run)
+    state = slurm.job_state(job)
+    assert state["JobState"] == "COMPLETED", state
+    assert run.status_record()["slurm"]["state"] == "COMPLETED"  # the follower's last word
+    assert run.meta()["world_size"] == 2 and len(run.metrics_records()) == 8
+    up = run.launch_info()["slurm"]["submitted_at"]
+    first = run.meta()["started_at"] + run.metrics_records()[0]["t"]
+    print(f"Slurm job {job}: {' -> '.join(seen)}; submit to first step {first - up:.1f} s "
+          f"(partition held down for part of it)")
+
+
+def procs_wait(predicate, timeout: float = 60) -> bool:
+    from commlab.engine import procs
+
+    return procs.wait_until(predicate, timeout, 0.1)
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_ctrl_c_on_commlab_run_launcher_slurm_cancels_the_job(slurm, tmp_path):
+    import signal
+
+    from commlab.api import list_runs
+
+    cli = subprocess.Popen([sys.executable, "-m", "commlab", "run", "--launcher", "slurm", "--workload", "mlp",
+                            "--steps", "100000", "--runs-dir", str(tmp_path)], env=_lab_env(slurm),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert procs_wait(lambda: list_runs(tmp_path) and list_runs(tmp_path)[0].metrics_records(), JOB_TIMEOUT_S)
+    run = list_runs(tmp_path)[0]
+    cli.send_signal(signal.SIGINT)  # Stop: the stop request and scancel
+    out, err = cli.communicate(timeout=120)
+    assert cli.returncode == 1, (out, err)
+    assert run.wait(60) == "stopped", run.status_record()
+    state = slurm.job_state(run.launch_info()["slurm"]["job_id"])
+    assert state["JobState"] == "CANCELLED", state
+    assert run.status_record()["error"] == "stopped by the user", run.status_record()
+    assert not run.processes()
+
+
+@pytest.mark.timeout(2 * JOB_TIMEOUT_S + 60)
+def test_a_sweep_on_slurm_runs_each_configuration_as_a_job_of_its_own(slurm, tmp_path):
+    from commlab.tune.sweep import list_sweeps
+
+    done = subprocess.run([sys.executable, "-m", "commlab", "sweep", "--launcher", "slurm", "--workload", "mlp",
+                           "--steps", "6", "--matrix-approximation-rank", "1,2", "--start-powersgd-iter", "2",
+                           "--no-baseline", "--repeats", "1", "--runs-dir", str(tmp_path), "--json"],
+                          env=_lab_env(slurm), capture_output=True, text=True, timeout=2 * JOB_TIMEOUT_S)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert json.loads(done.stdout)["status"] == "finished"
+    runs = list_sweeps(tmp_path)[0].runs()
+    jobs = [r.launch_info()["slurm"]["job_id"] for r in runs]
+    assert len(runs) == 2 and len(set(jobs)) == 2, jobs
+    assert [r.status() for r in runs] == ["finished", "finished"]
+    assert [slurm.job_state(j)["JobState"] for j in jobs] == ["COMPLETED", "COMPLETED"]
+    ups = [r.meta()["started_at"] + r.metrics_records()[0]["t"] - r.launch_info()["slurm"]["submitted_at"]
+           for r in runs]
+    print(f"sweep on Slurm: jobs {jobs}, COMPLETED; submit to first step {', '.join(f'{u:.1f} s' for u in ups)}")

@@ -83,11 +83,12 @@ def _run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args).check()
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
     # while the run is still being started (the handle does not exist yet).
-    node = node_from_args(args)
+    slurm = slurm_from_args(args)
+    node = None if slurm else node_from_args(args)
     pressed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: pressed.append(True))
-    run = launch(cfg, resume=args.resume, node=node)
+    run = launch(cfg, resume=args.resume, node=node, slurm=slurm)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: run.stop())
     if pressed:
@@ -101,6 +102,8 @@ def _run(args: argparse.Namespace) -> int:
         where = (f"{cfg.world_size} {info['backend']} rank(s)" if node is None else
                  f"node {node.node_rank} of {node.nnodes}, {cfg.world_size} {info['backend']} rank(s) "
                  f"here, {cfg.world_size * node.nnodes} in all")
+        if slurm:
+            where = f"{slurm.nodes} node(s) x {cfg.world_size} {info['backend']} rank(s) of Slurm job {info['slurm']['job_id']}"
         print(f"run {whole.id}: {cfg.label()} on {where} ({info['hook_impl']} implementation) "
               f"-> {whole.path}", file=sys.stderr)
         _follow(whole, cfg.steps, run)
@@ -165,8 +168,42 @@ def register(sub) -> None:
         "settings, with the flags given (--steps counts from its step 0; default: as many steps "
         "again)"))
     add_node_options(p)
+    add_launcher_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)
+
+
+def add_launcher_options(p: argparse.ArgumentParser, nodes_flag: bool = False) -> None:
+    """Where the runs start: this machine, or Slurm (``commlab.engine.slurm``); ``nodes_flag``
+    adds --nodes (``run`` has it among its several-nodes flags)."""
+    g = p.add_argument_group("Slurm", "--launcher slurm submits each run as a batch job (sbatch); "
+                             "the runs folder must be shared with the compute nodes")
+    g.add_argument("--launcher", choices=["local", "slurm"], default="local", help="where the runs start")
+    if nodes_flag:
+        g.add_argument("--nodes", "--nnodes", dest="nnodes", type=int, metavar="N",
+                       help="nodes per run (default: 1)")
+        g.add_argument("--ifname", metavar="NAME", help="the network interface the ranks talk on "
+                       "between nodes (default: $GLOO_SOCKET_IFNAME)")
+    g.add_argument("--partition", help="the Slurm partition (default: the cluster's)")
+    g.add_argument("--time-limit", metavar="HH:MM:SS", help="the job's time limit (default: 01:00:00)")
+    g.add_argument("--rdzv-port", type=int, metavar="PORT", help="the rendezvous port on the "
+                   "allocation's first node (default: 29400)")
+
+
+def slurm_from_args(args: argparse.Namespace):
+    """The Slurm job each run is submitted as, or None for this machine; ConfigError naming the flag."""
+    from commlab.engine.slurm import SlurmJob
+
+    if args.launcher != "slurm":
+        given = [f for f in ("partition", "time_limit", "rdzv_port") if getattr(args, f, None) is not None]
+        if given:
+            raise ConfigError({f: "only with --launcher slurm" for f in given})
+        return None
+    placed = [f for f in ("node_rank", "rdzv_endpoint", "run_id", "local_addr", "join_timeout")
+              if getattr(args, f, None) is not None]
+    if placed:
+        raise ConfigError({f: "Slurm places the nodes of a --launcher slurm run: leave it out" for f in placed})
+    return SlurmJob.given(args.nnodes, args.time_limit, args.partition, args.ifname, args.rdzv_port)
 
 
 def add_node_options(p: argparse.ArgumentParser) -> None:

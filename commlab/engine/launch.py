@@ -21,12 +21,13 @@ from pathlib import Path
 
 from commlab.config import RunConfig, default_runs_dir
 from commlab.devices import pick_backend
-from commlab.engine import nodes as node_mod
 from commlab.engine import procs, store
 from commlab.engine.commands import run_argv, submit_argv
-from commlab.engine.nodes import Nodes
+from commlab.engine.nodes import STOP_GRACE_S, Nodes, request_stop
 from commlab.engine.pool import Pool
 from commlab.engine.ranks import loopback_interface
+from commlab.engine.slurm import SlurmJob, cancel, submit
+from commlab.engine.slurm import job_of as slurm_job_of
 
 POOLS = ".pools"  # in the runs folder: the warm ranks of a comparison or a headroom measurement
 
@@ -153,8 +154,9 @@ class Run(store.RunFolder):
         # The worker writes "finished" a moment before its processes are gone (longer on a busy
         # machine); callers that go on to count processes, or start the next run (whose step
         # times the leftovers would spoil), want them gone.
-        sup, me = self.supervisor(), str(self.path.resolve())
-        procs.wait_until(lambda: not procs.belonging([sup], me), timeout)
+        # (a Slurm job's follower, too, which records Slurm's word on the job once it has left)
+        sups, me = [self.supervisor(), self.launch_info().get("supervisor", {})], str(self.path.resolve())
+        procs.wait_until(lambda: not procs.belonging(sups, me), timeout)
 
     def stop(self) -> str:
         return stop(self)
@@ -165,13 +167,15 @@ class Run(store.RunFolder):
 
 def start(cfg: RunConfig, request_id: str | None = None,
           resume: str | os.PathLike | None = None, owner: str | None = None,
-          pool: str | os.PathLike | None = None, node: Nodes | None = None) -> Run:
+          pool: str | os.PathLike | None = None, node: Nodes | None = None,
+          slurm: SlurmJob | None = None) -> Run:
     """Start a run in the background and return its folder at once, status ``starting``;
     ``resume``: continue the finished run in that folder (see ``prepare``).  The run outlives
     this process, unless ``owner`` names what this process is (``"sweep <id>"``): then its
     supervisor stops it once this process has ended.  ``pool``: run it on warm ranks
     (``commlab.engine.pool``).  ``node``: this node of a run on several (``commlab.engine.nodes``);
-    the folder returned holds this node's records (``Run.whole`` is the run's).
+    the folder returned holds this node's records (``Run.whole`` is the run's).  ``slurm``: submit
+    it as a Slurm job instead (``commlab.engine.slurm``), followed from here.
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
     a second browser tab, another process at the same moment) returns the run the first one
@@ -194,6 +198,9 @@ def start(cfg: RunConfig, request_id: str | None = None,
         store.write_json(claim, {"run": folder.id})
     me = str(folder.path.resolve())
     try:
+        if slurm is not None:
+            submit(folder, cfg, slurm, procs.package_env())
+            return Run(folder.path)
         child = procs.spawn([sys.executable, "-m", "commlab.engine.supervisor", me],
                             log=folder.file("supervisor.log"),
                             env={**worker_env(cfg, node=node), procs.OWNER_ENV: me}, detached=True)
@@ -214,16 +221,19 @@ class Batch:
     never hold memory beside a run's.  Every run dies with this process (``owner``), as its pool
     does.  ``warm`` False starts every run cold (one run gains nothing from a pool).  ``folder``
     keeps the pools' folders (a sweep's); by default a folder under the runs folder, removed by
-    ``close``.  A context manager: ``close`` ends the pool and waits for it."""
+    ``close``.  ``slurm``: every run a Slurm job of its own (``commlab.engine.slurm``), cold.  A
+    context manager: ``close`` ends the pool and waits for it."""
 
-    def __init__(self, owner: str, folder: str | os.PathLike | None = None, warm: bool = True):
-        self.owner, self.folder, self.warm = owner, folder, warm
+    def __init__(self, owner: str, folder: str | os.PathLike | None = None, warm: bool = True,
+                 slurm: SlurmJob | None = None):
+        self.owner, self.folder, self.warm, self.slurm = owner, folder, warm and slurm is None, slurm
         self.pool: Pool | None = None
         self._made: Path | None = None  # a folder of its own, removed by close
 
     def start(self, cfg: RunConfig, request_id: str | None = None) -> Run:
         pool = self._pool(cfg) if self.warm else None
-        return start(cfg, request_id=request_id, owner=self.owner, pool=pool.path if pool else None)
+        return start(cfg, request_id=request_id, owner=self.owner, pool=pool.path if pool else None,
+                     slurm=self.slurm)
 
     def _pool(self, cfg: RunConfig) -> Pool:
         world, backend = cfg.world_size, resolve_backend(cfg)[0]
@@ -290,13 +300,17 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
     """Stop a run and every process it started, starting, running or orphaned; returns the status
     it ends with.  Only processes proven to be the run's are signalled (``procs.belonging``): a
     forged or stale supervisor.json makes it kill nothing else."""
-    if folder.launch_info().get("nodes"):
+    if job := slurm_job_of(folder):
+        request_stop(folder.path)  # every node's supervisor ends its agent; then Slurm ends the job
+        cancel(job)
+        procs.wait_until(lambda: folder.status() not in store.GOING, grace_s + STOP_GRACE_S)
+    elif folder.launch_info().get("nodes"):
         # Every node's supervisor ends its own agent on the request; a PID is local, the folder shared.
         whole = Path(folder.launch_info().get("run_dir") or folder.path)
-        node_mod.request_stop(whole)
+        request_stop(whole)
         node0 = Run(whole)
         procs.wait_until(lambda: node0.status() not in store.GOING and folder.status() not in store.GOING,
-                         grace_s + node_mod.STOP_GRACE_S)
+                         grace_s + STOP_GRACE_S)
     me = str(folder.path.resolve())
     head = procs.belonging([folder.supervisor()], me)
     if head:

@@ -53,9 +53,10 @@ from typing import Any
 from commlab.config import settings
 
 FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
-# starting: the folder exists, its supervisor is not up yet; orphaned: the supervisor is gone but
-# some of the run's processes still run (nothing supervises them: Stop ends them)
-GOING = ("starting", "running", "orphaned")
+# pending: a Slurm job waiting in the queue (``commlab.engine.slurm``); starting: the folder exists,
+# its supervisor is not up yet; orphaned: the supervisor is gone but some of the run's processes
+# still run (nothing supervises them: Stop ends them)
+GOING = ("pending", "starting", "running", "orphaned")
 STOPPABLE = (*GOING, "lost")  # a lost run's torchrun or workers may still live: Stop ends them
 
 

@@ -57,7 +57,7 @@ def supervise(run_dir: Path) -> int:
                             die_with_caller=True)
         watch = Watch(folder, child, stop_requested, run, node)
         said = store.read_json(folder.file("status.json"), {})
-        if said.get("status") == "starting":  # up: supervisor.json is written, the command runs
+        if said.get("status") in ("pending", "starting"):  # up: supervisor.json is written, the command runs
             store.write_json(folder.file("status.json"), {**said, "status": "running"})
         procs.wait_until(watch, interval=POLL_S)
         ending = watch.ending
@@ -152,7 +152,8 @@ class Watch:
             self.ending = {"status": "stopped", "error": "stopped by the user"}
         elif self.node and (elsewhere := ended_elsewhere(self.run.path, self.node)):
             self.ending = elsewhere  # a Stop pressed on any node, or another node's bad end
-        elif self.owner and not procs.alive(self.owner["pid"], self.owner["create_time"]):
+        elif (self.owner and not procs.elsewhere(self.owner)  # else the Slurm follower watches it
+              and not procs.alive(self.owner["pid"], self.owner["create_time"])):
             self.ending = {"status": "stopped", "error": (
                 f"its {self.owner['what']} ended (process {self.owner['pid']}), so the run was "
                 "stopped with it")}
