@@ -4,13 +4,13 @@
 
 ``submit`` writes the run folder's job script (``job.sbatch``: one ``srun`` task per node), submits
 it with ``sbatch`` (an argv list, never a shell string) and records the job id in launch.json.  Each
-task runs ``python -m commlab.engine.slurm node RUN_DIR``: that node's supervisor, in the foreground,
+task runs ``python -m commlab.engine.slurm_node RUN_DIR``: that node's supervisor, in the foreground,
 owning its torchrun agent; on several nodes a run on several nodes (``commlab.engine.nodes``) with
 the c10d rendezvous on the allocation's first node, on one node an ordinary run on loopback there.
 The runs folder must be one folder that the login node and the compute nodes share, at the same
 path, and so must the Python environment (the job runs this machine's ``sys.executable``).
 
-A detached follower on the submitting machine (``python -m commlab.engine.slurm follow RUN_DIR``)
+A detached follower on the submitting machine (``python -m commlab.engine.slurm RUN_DIR``)
 keeps status.json in step with the job, read with ``scontrol show job`` (no accounting daemon is
 needed): ``pending`` with Slurm's reason while queued, ``starting`` once the job runs, then the
 node supervisors take over (``running``, the end); when the job leaves, a run that did not record
@@ -90,7 +90,7 @@ def available() -> bool:
 
 
 def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable) -> str:
-    """The job script: one task per node, each that node's supervisor (``node_main``)."""
+    """The job script: one task per node, each that node's supervisor (``commlab.engine.slurm_node``)."""
     lines = ["#!/bin/bash", f"#SBATCH --nodes={job.nodes}", "#SBATCH --ntasks-per-node=1",
              f"#SBATCH --cpus-per-task={cfg.world_size}", f"#SBATCH --time={job.time_limit}"]
     if job.partition:
@@ -99,7 +99,7 @@ def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable) -> s
               f"# starts torchrun there with {cfg.world_size} rank(s); the run folder is on the shared runs folder.",
               "set -euo pipefail",
               "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
-              + " ".join(map(shlex.quote, [python, "-m", "commlab.engine.slurm", "node", str(run_dir)]))]
+              + " ".join(map(shlex.quote, [python, "-m", "commlab.engine.slurm_node", str(run_dir)]))]
     return "\n".join(lines) + "\n"
 
 
@@ -122,7 +122,7 @@ def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
     store.write_json(folder.file("launch.json"), {
         **folder.launch_info(), "slurm": {"job_id": job_id, "job": job.as_dict(), "submitted_at": time.time()}})
     me = str(folder.path.resolve())
-    child = procs.spawn([sys.executable, "-m", "commlab.engine.slurm", "follow", me],
+    child = procs.spawn([sys.executable, "-m", "commlab.engine.slurm", me],
                         log=folder.file("supervisor.log"), env={**env, procs.OWNER_ENV: me}, detached=True)
     store.write_json(folder.file("launch.json"), {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     return job_id
@@ -206,42 +206,9 @@ def _tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
-# ---------------------------------------------------------------------------- a node's task
-def node_main(run_dir: Path) -> int:
-    """One node's task of the job: this node's records, then its supervisor in the foreground."""
-    from commlab.engine.commands import run_argv
-    from commlab.engine.launch import worker_env
-    from commlab.engine.supervisor import supervise
-
-    folder = store.RunFolder(run_dir)
-    cfg, info = folder.config(), folder.launch_info()
-    job = SlurmJob(**info["slurm"]["job"])
-    count, rank = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NODEID"])
-    node = None
-    if count > 1:
-        hosts = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                               capture_output=True, text=True, check=True).stdout.split()
-        node = nodes.Nodes(count, rank, f"{hosts[0]}:{job.port}", folder.id, str(job.ifname),
-                           nodes.interface_address(str(job.ifname)))
-    records = node.records(folder.path) if node else folder.path
-    mine = {"command": run_argv(cfg.world_size, folder.path, sys.executable, node),
-            "nodes": node.as_dict() if node else None}
-    if records == folder.path:
-        store.write_json(folder.file("launch.json"), {**info, **mine})
-    else:
-        records.mkdir(parents=True, exist_ok=True)
-        store.write_json(records / "config.json", folder.config_dict())
-        store.write_json(records / "status.json", {"status": "starting", "step": None})
-        store.write_json(records / "launch.json", {**{k: v for k, v in info.items() if k != "supervisor"},
-                                                   **mine, "run_dir": str(folder.path)})
-    os.environ.update(worker_env(cfg, dict(os.environ), node))
-    os.environ[procs.OWNER_ENV] = str(Path(records).resolve())
-    return supervise(Path(records))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    return {"follow": follow, "node": node_main}[argv[0]](Path(argv[1]))
+    return follow(Path(argv[0]))
 
 
 if __name__ == "__main__":
