@@ -174,3 +174,45 @@ def test_a_sweep_on_slurm_runs_each_configuration_as_a_job_of_its_own(slurm, tmp
     ups = [r.meta()["started_at"] + r.metrics_records()[0]["t"] - r.launch_info()["slurm"]["submitted_at"]
            for r in runs]
     print(f"sweep on Slurm: jobs {jobs}, COMPLETED; submit to first step {', '.join(f'{u:.1f} s' for u in ups)}")
+
+
+@pytest.mark.timeout(2 * JOB_TIMEOUT_S + 60)
+def test_the_launch_and_sweep_pages_offer_slurm_and_submit_to_it(slurm, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from commlab.api import list_runs
+    from commlab.tune.sweep import list_sweeps
+
+    for k, v in {**_lab_env(slurm), "COMMLAB_RUNS_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(k, v)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=JOB_TIMEOUT_S)
+    at.run()
+    at.radio(key="launch_launcher").set_value("Slurm").run()
+    at.text_input(key="launch_time_limit").set_value("ten minutes").run()
+    assert at.button(key="launch").disabled  # refused by name before anything is submitted
+    assert any("time_limit" in str(e.value) for e in at.error), [e.value for e in at.error]
+    at.text_input(key="launch_time_limit").set_value("00:10:00")
+    at.number_input(key="f_steps").set_value(6).run()
+    at.button(key="launch").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    run = list_runs(tmp_path)[0]
+    assert run.launch_info()["slurm"]["job"]["time_limit"] == "00:10:00"
+    assert run.wait(JOB_TIMEOUT_S) == "finished", run.status_record()
+    assert slurm.job_state(run.launch_info()["slurm"]["job_id"])["JobState"] == "COMPLETED"
+    at.run()
+    assert any("Slurm job" in str(c.value) for c in at.caption)
+
+    at.switch_page("pages/sweep.py").run()
+    at.radio(key="sweep_launcher").set_value("Slurm").run()
+    at.number_input(key="sweep_steps").set_value(6)
+    at.number_input(key="sweep_repeats").set_value(1)
+    at.text_input(key="sweep_matrix_approximation_rank").set_value("1")
+    at.checkbox[0].uncheck()  # no baseline: one run, one job
+    next(b for b in at.button if b.label == "Start sweep").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    sweep = list_sweeps(tmp_path)[0]
+    assert sweep.slurm() is not None
+    assert procs_wait(lambda: sweep.status() != "running", 2 * JOB_TIMEOUT_S)
+    assert sweep.status() == "finished", sweep.state()
+    (only,) = sweep.runs()
+    assert only.status() == "finished" and "slurm" in only.launch_info()
