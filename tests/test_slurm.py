@@ -21,7 +21,9 @@ from commlab.tune import export
 from commlab.tune.export import Target
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+# A test that starts the cluster: slow, and one xdist worker runs them all, one cluster at a time.
+def cluster_test(f):
+    return pytest.mark.slow(pytest.mark.xdist_group("slurm")(f))
 JOB_TIMEOUT_S = 240
 
 TRAIN = """\
@@ -68,6 +70,7 @@ def _wait_gone(slurm, job_id: str, timeout: float = JOB_TIMEOUT_S) -> dict:
     return slurm.job_state(job_id)
 
 
+@cluster_test
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_the_exported_slurm_script_runs_as_pasted_and_completes(slurm, tmp_path):
     cfg = RunConfig(hook="powersgd", matrix_approximation_rank=1, start_powerSGD_iter=2)
@@ -98,43 +101,13 @@ def _lab_env(slurm) -> dict:
     return {**slurm.env, "PYTHONPATH": str(ROOT)}
 
 
-@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
-def test_a_lab_run_on_slurm_follows_its_job_from_pending_to_finished(slurm, tmp_path, monkeypatch):
-    from commlab.api import launch
-    from commlab.engine.slurm import SlurmJob, job_of
-
-    for k, v in _lab_env(slurm).items():
-        monkeypatch.setenv(k, v)
-    # The partition down: the job waits in the queue, and the run says why (Slurm's reason).
-    slurm.client(["scontrol", "update", "PartitionName=debug", "State=DOWN"])
-    run = launch(RunConfig(workload="mlp", steps=8, runs_dir=str(tmp_path)), slurm=SlurmJob())
-    assert procs_wait(lambda: run.status_record().get("slurm", {}).get("reason") == "PartitionDown")
-    assert run.status() == "pending"
-    seen = ["pending"]
-    slurm.client(["scontrol", "update", "PartitionName=debug", "State=UP"])
-    while run.is_running():
-        if run.status() != seen[-1]:
-            seen.append(run.status())
-        time.sleep(0.05)
-    seen.append(run.wait())
-    assert seen[0] == "pending" and "running" in seen and seen[-1] == "finished", seen
-    job = job_of(run)
-    state = slurm.job_state(job)
-    assert state["JobState"] == "COMPLETED", state
-    assert run.status_record()["slurm"]["state"] == "COMPLETED"  # the follower's last word
-    assert run.meta()["world_size"] == 2 and len(run.metrics_records()) == 8
-    up = run.launch_info()["slurm"]["submitted_at"]
-    first = run.meta()["started_at"] + run.metrics_records()[0]["t"]
-    print(f"Slurm job {job}: {' -> '.join(seen)}; submit to first step {first - up:.1f} s "
-          f"(partition held down for part of it)")
-
-
 def procs_wait(predicate, timeout: float = 60) -> bool:
     from commlab.engine import procs
 
     return procs.wait_until(predicate, timeout, 0.1)
 
 
+@cluster_test
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_ctrl_c_on_commlab_run_launcher_slurm_cancels_the_job(slurm, tmp_path):
     import signal
@@ -156,28 +129,11 @@ def test_ctrl_c_on_commlab_run_launcher_slurm_cancels_the_job(slurm, tmp_path):
     assert not run.processes()
 
 
+@cluster_test
 @pytest.mark.timeout(2 * JOB_TIMEOUT_S + 60)
-def test_a_sweep_on_slurm_runs_each_configuration_as_a_job_of_its_own(slurm, tmp_path):
-    from commlab.tune.sweep import list_sweeps
-
-    done = subprocess.run([sys.executable, "-m", "commlab", "sweep", "--launcher", "slurm", "--workload", "mlp",
-                           "--steps", "6", "--matrix-approximation-rank", "1,2", "--start-powersgd-iter", "2",
-                           "--no-baseline", "--repeats", "1", "--runs-dir", str(tmp_path), "--json"],
-                          env=_lab_env(slurm), capture_output=True, text=True, timeout=2 * JOB_TIMEOUT_S)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    assert json.loads(done.stdout)["status"] == "finished"
-    runs = list_sweeps(tmp_path)[0].runs()
-    jobs = [r.launch_info()["slurm"]["job_id"] for r in runs]
-    assert len(runs) == 2 and len(set(jobs)) == 2, jobs
-    assert [r.status() for r in runs] == ["finished", "finished"]
-    assert [slurm.job_state(j)["JobState"] for j in jobs] == ["COMPLETED", "COMPLETED"]
-    ups = [r.meta()["started_at"] + r.metrics_records()[0]["t"] - r.launch_info()["slurm"]["submitted_at"]
-           for r in runs]
-    print(f"sweep on Slurm: jobs {jobs}, COMPLETED; submit to first step {', '.join(f'{u:.1f} s' for u in ups)}")
-
-
-@pytest.mark.timeout(2 * JOB_TIMEOUT_S + 60)
-def test_the_launch_and_sweep_pages_offer_slurm_and_submit_to_it(slurm, tmp_path, monkeypatch):
+def test_the_launch_and_sweep_pages_submit_to_slurm_and_follow_the_jobs(slurm, tmp_path, monkeypatch):
+    """The Launch page's run waits in the queue (the partition down: Slurm's reason shown), runs
+    and finishes as its job completes; the Sweep page's two runs are two jobs, one after another."""
     from streamlit.testing.v1 import AppTest
 
     from commlab.api import list_runs
@@ -192,27 +148,127 @@ def test_the_launch_and_sweep_pages_offer_slurm_and_submit_to_it(slurm, tmp_path
     assert at.button(key="launch").disabled  # refused by name before anything is submitted
     assert any("time_limit" in str(e.value) for e in at.error), [e.value for e in at.error]
     at.text_input(key="launch_time_limit").set_value("00:10:00")
-    at.number_input(key="f_steps").set_value(6).run()
+    at.number_input(key="f_steps").set_value(8).run()
+    slurm.client(["scontrol", "update", "PartitionName=debug", "State=DOWN"])
     at.button(key="launch").click().run()
     assert not at.exception, [e.value for e in at.exception]
     run = list_runs(tmp_path)[0]
+    job = run.launch_info()["slurm"]["job_id"]
     assert run.launch_info()["slurm"]["job"]["time_limit"] == "00:10:00"
-    assert run.wait(JOB_TIMEOUT_S) == "finished", run.status_record()
-    assert slurm.job_state(run.launch_info()["slurm"]["job_id"])["JobState"] == "COMPLETED"
+    assert procs_wait(lambda: run.status_record().get("slurm", {}).get("reason") == "PartitionDown")
+    assert run.status() == "pending"
     at.run()
-    assert any("Slurm job" in str(c.value) for c in at.caption)
+    assert any("PartitionDown" in str(c.value) for c in at.caption), [c.value for c in at.caption]
+    seen = ["pending"]
+    slurm.client(["scontrol", "update", "PartitionName=debug", "State=UP"])
+    while run.is_running():
+        if run.status() != seen[-1]:
+            seen.append(run.status())
+        time.sleep(0.05)
+    seen.append(run.wait())
+    assert "running" in seen and seen[-1] == "finished", seen
+    assert slurm.job_state(job)["JobState"] == "COMPLETED"
+    assert run.status_record()["slurm"]["state"] == "COMPLETED"  # the follower's last word
+    assert run.meta()["world_size"] == 2 and len(run.metrics_records()) == 8
+    first = run.meta()["started_at"] + run.metrics_records()[0]["t"] - run.launch_info()["slurm"]["submitted_at"]
+    print(f"Slurm job {job}: {' -> '.join(seen)}; submit to first step {first:.1f} s (partition held down "
+          "for part of it)")
 
     at.switch_page("pages/sweep.py").run()
     at.radio(key="sweep_launcher").set_value("Slurm").run()
     at.number_input(key="sweep_steps").set_value(6)
     at.number_input(key="sweep_repeats").set_value(1)
-    at.text_input(key="sweep_matrix_approximation_rank").set_value("1")
-    at.checkbox[0].uncheck()  # no baseline: one run, one job
+    at.text_input(key="sweep_matrix_approximation_rank").set_value("1, 2")
+    at.checkbox[0].uncheck()  # no baseline: two runs
     next(b for b in at.button if b.label == "Start sweep").click().run()
     assert not at.exception, [e.value for e in at.exception]
     sweep = list_sweeps(tmp_path)[0]
     assert sweep.slurm() is not None
     assert procs_wait(lambda: sweep.status() != "running", 2 * JOB_TIMEOUT_S)
     assert sweep.status() == "finished", sweep.state()
-    (only,) = sweep.runs()
-    assert only.status() == "finished" and "slurm" in only.launch_info()
+    runs = sweep.runs()
+    jobs = [r.launch_info()["slurm"]["job_id"] for r in runs]
+    assert [r.status() for r in runs] == ["finished", "finished"] and len(set(jobs)) == 2
+    assert [slurm.job_state(j)["JobState"] for j in jobs] == ["COMPLETED", "COMPLETED"]
+    ups = [r.meta()["started_at"] + r.metrics_records()[0]["t"] - r.launch_info()["slurm"]["submitted_at"]
+           for r in runs]
+    print(f"sweep on Slurm: jobs {jobs}, COMPLETED; submit to first step {', '.join(f'{u:.1f} s' for u in ups)}")
+
+
+@cluster_test
+def test_a_job_slurm_refuses_is_a_run_failed_with_slurm_s_words(slurm, tmp_path, monkeypatch):
+    from commlab.api import launch, list_runs
+    from commlab.engine.slurm import SlurmJob
+
+    for k, v in _lab_env(slurm).items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(RuntimeError, match="sbatch refused the job: .*[Ii]nvalid partition"):
+        launch(RunConfig(workload="mlp", runs_dir=str(tmp_path)), slurm=SlurmJob(partition="nosuch"))
+    (run,) = list_runs(tmp_path)
+    assert run.status() == "failed" and "sbatch refused the job" in run.status_record()["error"]
+
+
+# ---------------------------------------------------------------------------- Slurm's word on an end
+@pytest.mark.parametrize("state, before, status, error", [
+    ({"JobState": "TIMEOUT", "TimeLimit": "00:01:00"}, "stopped", "stopped",
+     "Slurm ended job 7: TIMEOUT (time limit 00:01:00)"),
+    ({"JobState": "CANCELLED"}, "running", "stopped", "Slurm cancelled job 7 (scancel, or the cluster's administrator)"),
+    ({"JobState": "FAILED", "Reason": "NonZeroExitCode", "ExitCode": "1:0"}, "pending", "failed",
+     "Slurm job 7 ended FAILED (reason NonZeroExitCode, exit code 1:0) before the run recorded an end"),
+    ({"JobState": "COMPLETED"}, "finished", "finished", None),
+])
+def test_a_job_s_end_gives_the_run_slurm_s_reason_unless_the_run_recorded_its_own(tmp_path, state, before,
+                                                                                 status, error):
+    from commlab.engine import store
+    from commlab.engine.slurm import record_end
+
+    folder = store.RunFolder(tmp_path)
+    store.write_json(folder.file("status.json"), {"status": before, "step": 3, **(
+        {"error": "stopped by the user"} if before == "stopped" else {})})
+    (tmp_path / "slurm-7.out").write_text("python: No module named commlab\n")
+    record_end(folder, "7", state, wait_s=0)
+    said = folder.status_record()
+    assert (said["status"], said.get("error")) == (status, error), said
+    assert said["slurm"]["state"] == state["JobState"]
+    if status == "failed":
+        assert "No module named commlab" in said["traceback"]
+
+
+def test_launcher_flags_are_refused_by_name_where_they_do_not_apply(monkeypatch):
+    from commlab.cli import build_parser
+    from commlab.commands.run import node_from_args, slurm_from_args
+    from commlab.config import ConfigError
+    from commlab.engine import slurm
+
+    parse = build_parser().parse_args
+    with pytest.raises(ConfigError) as e:
+        slurm_from_args(parse(["run", "--partition", "gpu", "--time-limit", "1:00:00"]))
+    assert set(e.value.errors) == {"partition", "time_limit"}  # only with --launcher slurm
+    monkeypatch.setattr(slurm, "available", lambda: True)  # as where sbatch is on PATH
+    with pytest.raises(ConfigError) as e:  # Slurm places the nodes itself
+        slurm_from_args(parse(["run", "--launcher", "slurm", "--node-rank", "1", "--run-id", "x"]))
+    assert set(e.value.errors) == {"node_rank", "run_id"}
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    with pytest.raises(ConfigError) as e:
+        slurm_from_args(parse(["sweep", "--launcher", "slurm", "--nodes", "2", "--time-limit", "1 hour"]))
+    assert set(e.value.errors) == {"ifname", "time_limit"}
+    job = slurm_from_args(parse(["run", "--launcher", "slurm", "--nodes", "2", "--ifname", "eth0"]))
+    assert (job.nodes, job.ifname, job.port) == (2, "eth0", slurm.RDZV_PORT)
+    assert node_from_args(parse(["run"])) is None  # one node: loopback, as always
+    monkeypatch.setattr(slurm, "available", lambda: False)
+    with pytest.raises(ConfigError, match="sbatch is not on PATH"):
+        slurm_from_args(parse(["run", "--launcher", "slurm"]))
+
+
+def test_the_job_script_runs_one_supervisor_per_node_with_paths_quoted(tmp_path):
+    from commlab.engine.slurm import SlurmJob, sbatch_argv, script
+    from commlab.engine.store import RunFolder
+
+    run_dir = tmp_path / "a run; rm -rf ~"
+    text = script(run_dir, RunConfig(world_size=3), SlurmJob(nodes=2, partition="cpu", ifname="eth0"), "/opt/py")
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=3\n" in text
+    assert "#SBATCH --partition=cpu\n" in text
+    assert text.endswith(f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 /opt/py -m commlab.engine.slurm_node "
+                         f"'{run_dir}'\n")
+    argv = sbatch_argv(RunFolder(run_dir))
+    assert argv[0] == "sbatch" and argv[-1] == str(run_dir / "job.sbatch")  # a list: no shell reads it

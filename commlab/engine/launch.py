@@ -208,7 +208,8 @@ def start(cfg: RunConfig, request_id: str | None = None,
                          {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     except BaseException as e:  # this process owns the starting run: it must not stay starting
         store.write_json(folder.file("status.json"), {
-            "status": "failed", "step": None, "error": f"the supervisor could not be started: {e!r}"})
+            "status": "failed", "step": None, "error": str(e) if slurm is not None else
+            f"the supervisor could not be started: {e!r}"})
         raise
     return Run(folder.path)
 

@@ -161,7 +161,7 @@ def follow(run_dir: Path) -> int:
         elif js not in ("", "PENDING", *ENDED) and said.get("status") == "pending":
             store.write_json(folder.file("status.json"), {**said, "status": "starting", "slurm": slurm})
         elif not js or js in ENDED:
-            _record_end(folder, job_id, state, cancelled_for)
+            record_end(folder, job_id, state, cancelled_for)
             return 0
         if owner and cancelled_for is None and not procs.alive(owner["pid"], owner["create_time"]):
             cancelled_for = (f"its {owner['what']} ended (process {owner['pid']}), so the run was "
@@ -171,12 +171,14 @@ def follow(run_dir: Path) -> int:
         time.sleep(POLL_S)
 
 
-def _record_end(folder: store.RunFolder, job_id: str, state: dict, cancelled_for: str | None) -> None:
-    """The run's end once the job has left: what the supervisors recorded, unless Slurm ended it
-    (cancelled, time limit, a failure before or outside the ranks): then Slurm's reason."""
+def record_end(folder: store.RunFolder, job_id: str, state: dict, cancelled_for: str | None = None,
+               wait_s: float = RECORD_WAIT_S) -> None:
+    """The run's end once the job has left (``state``: its last ``job_state``): what the
+    supervisors recorded (given ``wait_s`` to record it), unless Slurm ended it (cancelled, time
+    limit, a failure before or outside the ranks): then Slurm's reason."""
     js = state.get("JobState", "GONE")
     procs.wait_until(lambda: store.read_json(folder.file("status.json"), {}).get("status") in store.FINAL,
-                     RECORD_WAIT_S if js != "PENDING" else 0, 0.2)
+                     wait_s, 0.2)
     said = store.read_json(folder.file("status.json"), {})
     asked = nodes.stop_request(folder.path)
     slurm = {"job_id": job_id, "state": js, "reason": state.get("Reason"), "exit_code": state.get("ExitCode")}
