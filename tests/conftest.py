@@ -69,6 +69,7 @@ _adopt_orphans()
 LONG_FIRST = [
     "tests/test_notebook_02.py::",
     "tests/test_browser.py::",
+    "tests/test_slurm.py::",  # one xdist group (a test Slurm cluster at a time): about 2 minutes
     "tests/test_faults.py::test_a_rank_killed_is_named_as_the_one_that_failed",
     "tests/test_app_pages.py::test_bandwidth_headroom_button_runs_noop_and_allreduce",
     "tests/test_resume.py::",
@@ -96,6 +97,7 @@ LONG_FIRST = [
     "tests/test_notebook_03.py::",
     "tests/test_faults.py::test_a_killed_supervisor_takes_torchrun_and_every_worker_with_it",
     "tests/test_overlap.py::test_overlap_matches_blocking_bit_for_bit_in_the_same_order_on_every_rank",
+    "tests/test_nodes.py::",
 ]
 
 

@@ -85,17 +85,17 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
     impl, impl_reason = registry.plan(cfg, backend)
     if node is not None and (resume is not None or pool is not None):
         raise ConfigError({"nnodes": "a run on several nodes starts cold, from step 0 (no resume, no warm ranks)"})
-    run_dir = store.new_run_dir(cfg.runs_dir, cfg.label()) if node is None else _node_dir(cfg, node)
+    whole = Path(cfg.runs_dir, node.run_id).resolve() if node is not None else None  # the run's folder
+    run_dir = store.new_run_dir(cfg.runs_dir, cfg.label()) if node is None else _node_dir(cfg, node, whole)
     store.write_json(run_dir / "status.json", {"status": "starting", "step": None})
     store.write_json(run_dir / "launch.json", {
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
         "resumed_from": str(Path(resume).resolve()) if resume is not None else None,
         "command": (submit_argv(pool, run_dir.resolve()) if pool is not None
-                    else torchrun_command(cfg, (run_dir if node is None else
-                                                Path(cfg.runs_dir, node.run_id)).resolve(), node=node)),
+                    else torchrun_command(cfg, whole or run_dir.resolve(), node=node)),
         "nodes": node.as_dict() if node is not None else None,
-        "run_dir": str(Path(cfg.runs_dir, node.run_id).resolve()) if node is not None else None,
+        "run_dir": str(whole) if whole and whole != run_dir.resolve() else None,  # node K's: the run's folder
         "pool": str(Path(pool).resolve()) if pool is not None else None, "created_at": time.time(),
         "launcher": procs.identity(os.getpid()),
         "owner": {**procs.identity(os.getpid()), "what": owner} if owner else None})
@@ -103,12 +103,12 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
     return store.RunFolder(run_dir)
 
 
-def _node_dir(cfg: RunConfig, node: Nodes) -> Path:
-    """This node's records folder in the run folder named by the run id (made here if this node is
-    first); ConfigError when this node's records are there already (an id used before)."""
+def _node_dir(cfg: RunConfig, node: Nodes, run_dir: Path) -> Path:
+    """This node's records folder in ``run_dir``, the run folder named by the run id (made here if
+    this node is first); ConfigError when this node's records are there already (an id used
+    before), or when node 0's settings differ."""
     from commlab.config import ConfigError
 
-    run_dir = Path(cfg.runs_dir, node.run_id)
     path = node.records(run_dir)
     if (path / "config.json").exists():
         raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} already holds node "
@@ -132,7 +132,7 @@ class Run(store.RunFolder):
         return Run(self.launch_info().get("run_dir") or self.path)
 
     def is_running(self) -> bool:
-        """Still going: starting, running or orphaned."""
+        """Still going: pending (a Slurm job in the queue), starting, running or orphaned."""
         return self.status() in store.GOING
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.2, processes: bool = True) -> str:
