@@ -237,13 +237,15 @@ def allreduce_run(runs_dir):
 
 
 @pytest.fixture
-def slurm(tmp_path_factory):
+def slurm(tmp_path_factory, request):
     """A real one-node Slurm cluster (``tests/slurm_cluster.py``), started for the test and torn
-    down after it with every job: skipped without Debian's slurm-wlm and munge, failed under CI."""
+    down after it with every job: skipped without Debian's slurm-wlm and munge, failed under CI.
+    ``@pytest.mark.slurm_nodes(2)``: two nodes (the second at 127.0.0.2)."""
     from slurm_cluster import SlurmCluster, skip_or_fail
 
     skip_or_fail()
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    marked = request.node.get_closest_marker("slurm_nodes")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), marked.args[0] if marked else 1)
     try:
         yield cluster.start()
     finally:

@@ -1,9 +1,11 @@
-"""A real one-node Slurm cluster for the tests, in a temporary folder.
+"""A real Slurm cluster for the tests, in a temporary folder: one node, or two on this machine.
 
 Debian's ``slurm-wlm`` and ``munge`` (the README's test command installs them; this module installs
 nothing) started as root: ``munged`` with a key made here and its own socket, ``slurmctld`` and
 ``slurmd`` with a ``slurm.conf`` of their own (free ports, state, spool, logs and pid files under the
-folder), so nothing of the machine's own /etc is read or written.  The clients (``sbatch``,
+folder), so nothing of the machine's own /etc is read or written.  With ``nodes=2`` a second
+``slurmd`` serves node ``n2`` at 127.0.0.2 beside ``n1`` (each its own port, spool, log and pid
+file), so that a job of two nodes runs one task on each, as on two machines.  The clients (``sbatch``,
 ``squeue``, ``scancel``, ``scontrol``) find it through ``SLURM_CONF`` in ``env``.
 
 ``stop`` cancels every job, waits for the queue to empty, then ends the three daemons by their pid
@@ -59,7 +61,6 @@ CONF = """\
 ClusterName=commlabtest
 SlurmctldHost=localhost
 SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
 AuthType=auth/munge
 AuthInfo=socket={munge_socket}
 CredType=cred/munge
@@ -71,25 +72,28 @@ SelectTypeParameters=CR_Core
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MinJobAge=600
 KillWait=5
-NodeName=localhost NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=2 RealMemory=2000 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+{node_lines}
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
+# (name, address) of each node: one node is "localhost", a name that resolves (the exported script's
+# rendezvous is "$head_node:29500"); two are n1 and n2, whose addresses scontrol gives (NodeAddr).
+NODES = {1: (("localhost", "127.0.0.1"),), 2: (("n1", "127.0.0.1"), ("n2", "127.0.0.2"))}
 
 
 class SlurmCluster:
-    def __init__(self, root: Path):
-        self.root = Path(root)
+    def __init__(self, root: Path, nodes: int = 1):
+        self.root, self.nodes = Path(root), NODES[nodes]
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -102,22 +106,26 @@ class SlurmCluster:
 
     def start(self) -> SlurmCluster:
         munge = self.munge_socket.parent
-        for sub in ("state", "spool", "munge"):
+        for sub in ("state", "munge", *(f"spool-{name}" for name, _ in self.nodes)):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(munge, 0o700)
         key = munge / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-        ctld_port, d_port = _free_ports(2)
-        self.conf.write_text(CONF.format(ctld_port=ctld_port, d_port=d_port, root=self.root,
-                                         munge_socket=self.munge_socket))
+        ctld_port, *ports = _free_ports(1 + len(self.nodes))
+        lines = [f"NodeName={name} NodeHostname={socket.gethostname()} NodeAddr={addr} Port={port} CPUs=2 "
+                 "RealMemory=2000 State=UNKNOWN" for (name, addr), port in zip(self.nodes, ports)]
+        self.conf.write_text(CONF.format(ctld_port=ctld_port, root=self.root, munge_socket=self.munge_socket,
+                                         node_lines="\n".join(lines),
+                                         names=",".join(name for name, _ in self.nodes)))
         self._daemon("munged", ["munged", "--foreground", "--force", f"--socket={self.munge_socket}",
                                 f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
                                 f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'seed'}"])
         self._wait(lambda: self.munge_socket.exists(), "munged's socket")
         self._daemon("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._daemon("slurmd", ["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)])
-        self._wait(self._idle, "the node to be idle (sinfo)")
+        for name, _ in self.nodes:
+            self._daemon(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
+        self._wait(self._idle, "every node to be idle (sinfo)")
         return self
 
     def _daemon(self, name: str, argv: list[str]) -> None:
@@ -131,8 +139,8 @@ class SlurmCluster:
         for name, p in self.procs.items():
             if p.poll() is not None:
                 raise RuntimeError(f"{name} exited with {p.returncode}: {self.logs()}")
-        out = self.client(["sinfo", "-h", "-o", "%t"], check=False)
-        return out.strip() in ("idle", "mix", "alloc")
+        out = self.client(["sinfo", "-N", "-h", "-o", "%t"], check=False).split()
+        return len(out) == len(self.nodes) and set(out) <= {"idle", "mix", "alloc"}
 
     def _wait(self, ready, what: str, timeout: float = READY_S) -> None:
         deadline = time.monotonic() + timeout
@@ -169,9 +177,9 @@ class SlurmCluster:
             deadline = time.monotonic() + 60
             while self.jobs() and time.monotonic() < deadline:
                 time.sleep(0.3)
-        for name in reversed(DAEMONS):
-            p = self.procs.get(name)
-            if p is None or p.poll() is not None:
+        for name in reversed(self.procs):
+            p = self.procs[name]
+            if p.poll() is not None:
                 continue
             # slurmd's job steps (slurmstepd) are its children: they end with their jobs above
             p.send_signal(signal.SIGTERM)

@@ -8,6 +8,7 @@ sacct record; slurmctld keeps a finished job for MinJobAge seconds).
 from __future__ import annotations
 
 import json
+import socket
 import stat
 import subprocess
 import sys
@@ -193,6 +194,43 @@ def test_the_launch_and_sweep_pages_submit_to_slurm_and_follow_the_jobs(slurm, t
     ups = [r.meta()["started_at"] + r.metrics_records()[0]["t"] - r.launch_info()["slurm"]["submitted_at"]
            for r in runs]
     print(f"sweep on Slurm: jobs {jobs}, COMPLETED; submit to first step {', '.join(f'{u:.1f} s' for u in ups)}")
+
+
+@cluster_test
+@pytest.mark.slurm_nodes(2)
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_a_lab_run_on_two_slurm_nodes_is_one_run_of_both(slurm, tmp_path):
+    """Two slurmd on this machine (the second at 127.0.0.2): one srun task on each, each its node's
+    supervisor, one rendezvous on the allocation's first node."""
+    from commlab.api import list_runs, open_run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "commlab", "run", "--launcher", "slurm", "--nodes", "2",
+                           "--ifname", "lo", "--rdzv-port", str(port), "--world-size", "1", "--workload", "mlp",
+                           "--steps", "8", "--runs-dir", str(tmp_path), "--json"], env=_lab_env(slurm),
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    (run,) = list_runs(tmp_path)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], run.status_record(),
+                                  _tail_of(run.path / f"slurm-{run.launch_info()['slurm']['job_id']}.out"))
+    assert json.loads(done.stdout)["status"] == "finished"
+    assert run.meta()["world_size"] == 2 and len(run.metrics_records()) == 8  # 2 nodes x 1 rank
+    assert run.launch_info()["nodes"]["rdzv_endpoint"] == f"127.0.0.1:{port}"  # n1's NodeAddr
+    node1 = open_run(run.path / "nodes" / "1")  # node 1's supervisor, ending a moment after node 0's
+    assert node1.wait(60) == "finished", node1.status_record()
+    job = run.launch_info()["slurm"]["job_id"]
+    state = slurm.job_state(job)
+    assert (state["JobState"], state["NumNodes"]) == ("COMPLETED", "2"), state
+    print(f"two Slurm nodes: job {job} {state['NodeList']} COMPLETED, world size 2, 8 steps; submit to "
+          f"first step {run.meta()['started_at'] + run.metrics_records()[0]['t'] - run.launch_info()['slurm']['submitted_at']:.1f} s")
+
+
+def _tail_of(path) -> str:
+    try:
+        return Path(path).read_text(errors="replace")[-3000:]
+    except FileNotFoundError:
+        return ""
 
 
 @cluster_test

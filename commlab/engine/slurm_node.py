@@ -2,8 +2,8 @@
 
     srun --ntasks-per-node=1 python -m commlab.engine.slurm_node RUN_DIR      (the run's job.sbatch)
 
-The node's place comes from Slurm (SLURM_NNODES, SLURM_NODEID, the allocation's first host for the
-rendezvous); on several nodes the run is a run on several nodes (``commlab.engine.nodes``), on one
+The node's place comes from Slurm (SLURM_NNODES, SLURM_NODEID, the allocation's first node's
+address for the rendezvous); on several nodes the run is a run on several nodes (``commlab.engine.nodes``), on one
 an ordinary run on loopback.  This node's records are written, then its supervisor runs in the
 foreground, owning the node's torchrun agent, so that Slurm's signals reach it.
 """
@@ -21,6 +21,17 @@ from commlab.engine.slurm import SlurmJob
 from commlab.engine.supervisor import supervise
 
 
+def first_address() -> str:
+    """The address of the allocation's first node, where node 0 serves the rendezvous: its NodeAddr
+    in Slurm's configuration (a node's name need not resolve; its address is how Slurm reaches it)."""
+    def scontrol(*args: str) -> str:
+        return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True).stdout
+
+    first = scontrol("show", "hostnames", os.environ["SLURM_JOB_NODELIST"]).split()[0]
+    fields = dict(w.split("=", 1) for w in scontrol("-o", "show", "node", first).split() if "=" in w)
+    return fields.get("NodeAddr") or first
+
+
 def node_main(run_dir: Path) -> int:
     """One node's task of the job: this node's records, then its supervisor in the foreground."""
     folder = store.RunFolder(run_dir)
@@ -29,9 +40,7 @@ def node_main(run_dir: Path) -> int:
     count, rank = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NODEID"])
     node = None
     if count > 1:
-        hosts = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                               capture_output=True, text=True, check=True).stdout.split()
-        node = nodes.Nodes(count, rank, f"{hosts[0]}:{job.port}", folder.id, str(job.ifname),
+        node = nodes.Nodes(count, rank, f"{first_address()}:{job.port}", folder.id, str(job.ifname),
                            nodes.interface_address(str(job.ifname)))
     records = node.records(folder.path) if node else folder.path
     mine = {"command": run_argv(cfg.world_size, folder.path, sys.executable, node),
