@@ -124,7 +124,7 @@ def test_ctrl_c_on_commlab_run_launcher_slurm_cancels_the_job(slurm, tmp_path):
     out, err = cli.communicate(timeout=120)
     assert cli.returncode == 1, (out, err)
     assert run.wait(60) == "stopped", run.status_record()
-    state = slurm.job_state(run.launch_info()["slurm"]["job_id"])
+    state = _wait_gone(slurm, run.launch_info()["slurm"]["job_id"])
     assert state["JobState"] == "CANCELLED", state
     assert run.status_record()["error"] == "stopped by the user", run.status_record()
     assert not run.processes()
@@ -168,7 +168,7 @@ def test_the_launch_and_sweep_pages_submit_to_slurm_and_follow_the_jobs(slurm, t
         time.sleep(0.05)
     seen.append(run.wait())
     assert "running" in seen and seen[-1] == "finished", seen
-    assert slurm.job_state(job)["JobState"] == "COMPLETED"
+    assert _wait_gone(slurm, job)["JobState"] == "COMPLETED"
     assert run.status_record()["slurm"]["state"] == "COMPLETED"  # the follower's last word
     assert run.meta()["world_size"] == 2 and len(run.metrics_records()) == 8
     first = run.meta()["started_at"] + run.metrics_records()[0]["t"] - run.launch_info()["slurm"]["submitted_at"]
@@ -190,7 +190,7 @@ def test_the_launch_and_sweep_pages_submit_to_slurm_and_follow_the_jobs(slurm, t
     runs = sweep.runs()
     jobs = [r.launch_info()["slurm"]["job_id"] for r in runs]
     assert [r.status() for r in runs] == ["finished", "finished"] and len(set(jobs)) == 2
-    assert [slurm.job_state(j)["JobState"] for j in jobs] == ["COMPLETED", "COMPLETED"]
+    assert [_wait_gone(slurm, j)["JobState"] for j in jobs] == ["COMPLETED", "COMPLETED"]
     ups = [r.meta()["started_at"] + r.metrics_records()[0]["t"] - r.launch_info()["slurm"]["submitted_at"]
            for r in runs]
     print(f"sweep on Slurm: jobs {jobs}, COMPLETED; submit to first step {', '.join(f'{u:.1f} s' for u in ups)}")
@@ -220,7 +220,7 @@ def test_a_lab_run_on_two_slurm_nodes_is_one_run_of_both(slurm, tmp_path):
     node1 = open_run(run.path / "nodes" / "1")  # node 1's supervisor, ending a moment after node 0's
     assert node1.wait(60) == "finished", node1.status_record()
     job = run.launch_info()["slurm"]["job_id"]
-    state = slurm.job_state(job)
+    state = _wait_gone(slurm, job)  # the tasks end a moment after the run recorded its end
     assert (state["JobState"], state["NumNodes"]) == ("COMPLETED", "2"), state
     print(f"two Slurm nodes: job {job} {state['NodeList']} COMPLETED, world size 2, 8 steps; submit to "
           f"first step {run.meta()['started_at'] + run.metrics_records()[0]['t'] - run.launch_info()['slurm']['submitted_at']:.1f} s")

@@ -37,7 +37,14 @@ RDZV_PORT = 29400  # the rendezvous port on the allocation's first node (torchru
 RECORD_WAIT_S = 20.0  # after the job ends: time for the supervisors to record the run's end
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED")
-_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
+SBATCH_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def sbatch_line_errors(values: dict) -> dict[str, str]:
+    """Each value that cannot go in an ``#SBATCH`` line: sbatch reads those, not a shell, so no
+    quoting can protect them (the lab's job scripts and the exported one)."""
+    return {name: f"may hold letters, digits and . _ : - only, got {value!r}" for name, value in values.items()
+            if value is not None and not SBATCH_SAFE.fullmatch(value)}
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,7 @@ class SlurmJob:
             e["launcher"] = "sbatch is not on PATH here: Slurm's launcher needs a machine that submits to Slurm"
         if not isinstance(self.nodes, int) or self.nodes < 1:
             e["nodes"] = f"must be a whole number of at least 1, got {self.nodes!r}"
-        for name in ("time_limit", "partition"):  # #SBATCH lines are read by sbatch, not a shell
-            value = getattr(self, name)
-            if value is not None and not _SAFE.fullmatch(value):
-                e[name] = f"may hold letters, digits and . _ : - only, got {value!r}"
+        e |= sbatch_line_errors({"time_limit": self.time_limit, "partition": self.partition})
         if self.nodes > 1 and not self.ifname:
             e["ifname"] = ("name the network interface the ranks talk on between nodes (--ifname or "
                            f"{nodes.IFNAME_ENV}): on several nodes the lab cannot default to loopback")
