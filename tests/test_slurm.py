@@ -282,6 +282,9 @@ def test_launcher_flags_are_refused_by_name_where_they_do_not_apply(monkeypatch)
     with pytest.raises(ConfigError) as e:
         slurm_from_args(parse(["run", "--partition", "gpu", "--time-limit", "1:00:00"]))
     assert set(e.value.errors) == {"partition", "time_limit"}  # only with --launcher slurm
+    with pytest.raises(ConfigError) as e:  # a sweep spans nodes only through Slurm
+        slurm_from_args(parse(["sweep", "--nodes", "2"]))
+    assert set(e.value.errors) == {"nnodes"}
     monkeypatch.setattr(slurm, "available", lambda: True)  # as where sbatch is on PATH
     with pytest.raises(ConfigError) as e:  # Slurm places the nodes itself
         slurm_from_args(parse(["run", "--launcher", "slurm", "--node-rank", "1", "--run-id", "x"]))

@@ -195,7 +195,9 @@ def slurm_from_args(args: argparse.Namespace):
     from commlab.engine.slurm import SlurmJob
 
     if args.launcher != "slurm":
-        given = [f for f in ("partition", "time_limit", "rdzv_port") if getattr(args, f, None) is not None]
+        # a sweep's --nodes and --ifname are Slurm's; a run's are its own several-nodes flags
+        only = ("partition", "time_limit", "rdzv_port", *(("nnodes", "ifname") if args.command == "sweep" else ()))
+        given = [f for f in only if getattr(args, f, None) not in (None, 1)]
         if given:
             raise ConfigError({f: "only with --launcher slurm" for f in given})
         return None
