@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commlab.engine import store
+from commlab.engine import procs, store
 
 NODES = "nodes"  # in a run folder: node K's records, K > 0
 STOP = "stop.json"
@@ -98,10 +98,6 @@ class Nodes:
             e["join_timeout_s"] = f"must be a positive number of seconds, got {self.join_timeout_s!r}"
         return e
 
-    @property
-    def host(self) -> str:
-        return self.rdzv_endpoint.rpartition(":")[0]
-
     def records(self, run_dir: Path) -> Path:
         """Where this node's supervisor keeps its records: node 0 the run folder, node K its own."""
         return records(run_dir, self.node_rank)
@@ -125,7 +121,7 @@ def interface_address(ifname: str) -> str | None:
 
 
 def request_stop(run_dir: Path, why: str = "stopped by the user") -> None:
-    store.write_json(Path(run_dir) / STOP, {"error": why, "host": socket.gethostname(), "at": time.time()})
+    store.write_json(Path(run_dir) / STOP, {"error": why, "host": procs.HOST, "at": time.time()})
 
 
 def stop_request(run_dir: Path) -> dict | None:
