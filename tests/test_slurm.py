@@ -313,3 +313,15 @@ def test_the_job_script_runs_one_supervisor_per_node_with_paths_quoted(tmp_path)
                          f"'{run_dir}'\n")
     argv = sbatch_argv(RunFolder(run_dir))
     assert argv[0] == "sbatch" and argv[-1] == str(run_dir / "job.sbatch")  # a list: no shell reads it
+
+
+def test_without_slurm_its_tests_skip_except_under_ci(monkeypatch):
+    from slurm_cluster import skip_or_fail
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no sbatch, squeue, ... (the daemons' /usr/sbin is looked in)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y --no-install-recommends slurm-wlm munge"):
+        skip_or_fail()
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="sbatch"):
+        skip_or_fail()
