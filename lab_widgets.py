@@ -1,4 +1,4 @@
-"""Streamlit pieces every page shares: one error display, one run picker.
+"""Streamlit pieces every page shares: one error display, one run picker, one launcher picker.
 
 It lives beside ``app.py`` because ``commlab`` never imports Streamlit; ``streamlit run`` puts this
 folder on ``sys.path`` (and the tests do the same for AppTest).
@@ -27,6 +27,36 @@ def _warm_imports() -> None:
 
 # Once per server process: every page imports this module, Python runs its body once.
 threading.Thread(target=_warm_imports, name="commlab-warm-imports", daemon=True).start()
+
+
+LAUNCHERS = ("this machine", "Slurm")
+
+
+def launcher(prefix: str):
+    """Where runs start: this machine, or Slurm where ``sbatch`` is found here (then the job's
+    nodes, time limit, partition and interface).  Returns (``SlurmJob`` or None, errors by field)."""
+    import os
+
+    from commlab.engine import nodes, slurm
+
+    if not slurm.available():
+        return None, {}
+    where = st.radio("Launcher", LAUNCHERS, horizontal=True, key=f"{prefix}_launcher",
+                     help="Slurm submits each run as a batch job (sbatch) and follows it here: "
+                          "pending in the queue, running, its end; Stop cancels the job. The runs "
+                          "folder must be shared with the compute nodes.")
+    if where == LAUNCHERS[0]:
+        return None, {}
+    c1, c2, c3, c4 = st.columns(4)
+    count = c1.number_input("Nodes", min_value=1, value=1, step=1, key=f"{prefix}_nodes")
+    limit = c2.text_input("Time limit", slurm.SlurmJob.time_limit, key=f"{prefix}_time_limit")
+    partition = c3.text_input("Partition (empty: the cluster's default)", key=f"{prefix}_partition")
+    ifname = c4.text_input("Interface between nodes", os.environ.get(nodes.IFNAME_ENV, ""),
+                           key=f"{prefix}_ifname", help="needed on several nodes: `ip -brief address` lists them")
+    try:
+        return slurm.SlurmJob.given(int(count), limit, partition, ifname), {}
+    except ConfigError as e:
+        return None, e.errors
 
 
 def show_errors(errors: ConfigError | dict[str, str], slots: dict | None = None) -> None:

@@ -17,13 +17,15 @@ __all__ = ["RunConfig", "Run", "GOING", "STOPPABLE", "launch", "run", "resume", 
            "list_runs"]
 
 
-def launch(cfg: RunConfig | None = None, request_id: str | None = None, resume=None,
-           **overrides) -> Run:
+def launch(cfg: RunConfig | None = None, request_id: str | None = None, resume=None, node=None,
+           slurm=None, **overrides) -> Run:
     """Validate and start a run in the background (status ``starting``, then ``running``: both
     in ``GOING``); raises ConfigError before starting anything.  ``resume``: the folder of a
-    finished run that this one continues from its checkpoint (see ``resume``)."""
+    finished run that this one continues from its checkpoint (see ``resume``).  ``node``: this
+    node of a run on several (``commlab.engine.nodes.Nodes``).  ``slurm``: submit it to Slurm
+    (``commlab.engine.slurm.SlurmJob``)."""
     cfg = (cfg or RunConfig()).with_overrides(**overrides) if overrides else (cfg or RunConfig())
-    return _launch.start(cfg, request_id, resume)
+    return _launch.start(cfg, request_id, resume, node=node, slurm=slurm)
 
 
 def resume(run_dir, request_id: str | None = None, **overrides) -> Run:

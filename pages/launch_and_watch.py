@@ -43,6 +43,8 @@ def settings() -> dict:
 
 
 def launch_area(cfg, errors: dict) -> None:
+    job, job_errors = lab_widgets.launcher("launch")
+    errors = {**errors, **job_errors}
     for name, msg in errors.items():
         if name in slots:  # under its widget, which names it
             slots[name].error(msg)
@@ -59,7 +61,7 @@ def launch_area(cfg, errors: dict) -> None:
     if st.button("Launch", type="primary", disabled=bool(errors), key="launch"):
         draft = st.session_state.setdefault("draft", form.new_draft())
         try:
-            run, started = form.launch(cfg, form.request_id(cfg, draft))
+            run, started = form.launch(cfg, form.request_id(cfg, draft), slurm=job)
         except ConfigError as e:  # found only at launch (a workload edited since the check)
             lab_widgets.show_errors(e)
             return
@@ -101,6 +103,10 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
     planned = "?" if h["steps_planned"] is None else f"{h['steps_planned']:,}"  # a damaged config
     st.markdown(f"**Status: {lab_widgets.literal(status['status'])}** · {h['steps_done']:,} of "
                 f"{planned} steps done")
+    if status.get("slurm"):
+        job = status["slurm"]
+        st.caption(f"Slurm job {lab_widgets.literal(job['job_id'])}: {lab_widgets.literal(job['state'])}"
+                   + (f" (reason: {lab_widgets.literal(job['reason'])})" if job.get("reason") not in (None, "None") else ""))
     if status["status"] == "stopped":  # the person pressed Stop: news, not a failure
         st.caption(f"Stopped by the user after {h['steps_done']:,} steps.")
     elif status.get("error") and status["status"] not in api.GOING:

@@ -225,10 +225,13 @@ st.caption("Every combination of the chosen hook's settings listed (PowerSGD's r
            "baseline, one run at a time. Held-out loss against bytes per step and against the time "
            "predicted on your cluster, with the Pareto front: the settings nothing else beats on both.")
 
+job, job_errors = lab_widgets.launcher("sweep")
 spec = spec_form(hook_picker())
-if spec is not None:
+if spec is not None and job_errors:
+    refuse(job_errors, {})
+elif spec is not None:
     try:
-        started = sw.start(spec)
+        started = sw.start(spec, slurm=job)
         st.session_state[CHOSEN] = str(started.path)
     except ConfigError as e:
         lab_widgets.show_errors(e)

@@ -538,7 +538,7 @@ def test_launch_is_one_run_under_concurrent_requests(tmp_path, monkeypatch, slee
     cfg = RunConfig(runs_dir=str(runs), workload="mlp", steps=50)
     started = []
 
-    def slow_launch(c, request_id=None):
+    def slow_launch(c, request_id=None, slurm=None):
         time.sleep(0.5)  # a slow start widens the window in which a second request could slip in
         run = fake_running_run(runs, sleeper)
         started.append(run)

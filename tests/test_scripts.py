@@ -25,8 +25,10 @@ def test_ci_runs_the_readme_s_two_set_up_commands():
     assert "pip install -r requirements.txt" in lab and lab.endswith("streamlit run app.py"), lab
     assert "pip install -r requirements-dev.txt" in tests and tests.endswith("python -m pytest"), tests
     assert "chromium" in tests  # the browser test's browser, from Debian
+    assert "slurm-wlm munge" in tests  # the one-node Slurm the Slurm tests start (tests/slurm_cluster.py)
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 -m venv" in ci and "readme_commands.py lab" in ci and "readme_commands.py test" in ci
+    assert 'export CI="${CI:-1}"' in ci  # under CI a missing Slurm fails its tests instead of skipping them
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")

@@ -86,10 +86,12 @@ def _run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args).check()
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
     # while the run is still being started (the handle does not exist yet).
+    slurm = slurm_from_args(args)
+    node = None if slurm else node_from_args(args)
     pressed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: pressed.append(True))
-    run = launch(cfg, resume=args.resume)
+    run = launch(cfg, resume=args.resume, node=node, slurm=slurm)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: run.stop())
     if pressed:
@@ -97,13 +99,21 @@ def _run(args: argparse.Namespace) -> int:
     warning = run.launch_info().get("warning")
     if warning and not args.json:
         print(f"warning: {warning}", file=sys.stderr)
+    whole = run.whole()  # the run folder; on node K of several, ``run`` is this node's records
     if not args.json:
         info = run.launch_info()
-        print(f"run {run.id}: {cfg.label()} on {cfg.world_size} {info['backend']} rank(s) "
-              f"({info['hook_impl']} implementation) -> {run.path}", file=sys.stderr)
-        _follow(run, cfg.steps)
+        where = (f"{cfg.world_size} {info['backend']} rank(s)" if node is None else
+                 f"node {node.node_rank} of {node.nnodes}, {cfg.world_size} {info['backend']} rank(s) "
+                 f"here, {cfg.world_size * node.nnodes} in all")
+        if slurm:
+            where = f"{slurm.nodes} node(s) x {cfg.world_size} {info['backend']} rank(s) of Slurm job {info['slurm']['job_id']}"
+        print(f"run {whole.id}: {cfg.label()} on {where} ({info['hook_impl']} implementation) "
+              f"-> {whole.path}", file=sys.stderr)
+        _follow(whole, cfg.steps, run)
     run.wait(processes=False)  # its end is recorded: the command returns while the processes exit
-    payload = result_payload(run)
+    if whole.path != run.path:  # node K: node 0 records the run's end
+        whole.wait(timeout=60, processes=False)
+    payload = result_payload(whole if whole.exists() else run)
     text = result_text(payload) + _heldout_text(payload)
     if payload["error"]:
         text += f"\n{payload['error']}"
@@ -131,8 +141,9 @@ def result_text(payload: dict) -> str:
     return text + (f"; loss: {payload['loss']}" if payload.get("loss") else "")
 
 
-def _follow(run, steps: int) -> None:
-    """Progress on stderr while the run goes (``commands.Progress``)."""
+def _follow(run, steps: int, records=None) -> None:
+    """Progress on stderr while the run goes (``commands.Progress``); ``records``: this node's,
+    whose end ends the following (node K of a run on several)."""
     from commlab.commands import Progress
     from commlab.engine import procs
     from commlab.engine.store import JsonlTail
@@ -144,7 +155,7 @@ def _follow(run, steps: int) -> None:
         rows = tail.read_new()
         if rows:
             progress.update(rows[-1]["step"] + 1, loss=rows[-1]["loss"])
-        return not run.is_running()
+        return not (records or run).is_running()
 
     try:
         procs.wait_until(show_new_steps, interval=0.25)
@@ -159,5 +170,67 @@ def register(sub) -> None:
         "continue this finished run from its checkpoint, in a new run folder that names it: its "
         "settings, with the flags given (--steps counts from its step 0; default: as many steps "
         "again)"))
+    add_node_options(p)
+    add_launcher_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)
+
+
+def add_launcher_options(p: argparse.ArgumentParser, nodes_flag: bool = False) -> None:
+    """Where the runs start: this machine, or Slurm (``commlab.engine.slurm``); ``nodes_flag``
+    adds --nodes (``run`` has it among its several-nodes flags)."""
+    g = p.add_argument_group("Slurm", "--launcher slurm submits each run as a batch job (sbatch); "
+                             "the runs folder must be shared with the compute nodes")
+    g.add_argument("--launcher", choices=["local", "slurm"], default="local", help="where the runs start")
+    if nodes_flag:
+        g.add_argument("--nodes", "--nnodes", dest="nnodes", type=int, metavar="N",
+                       help="nodes per run (default: 1)")
+        g.add_argument("--ifname", metavar="NAME", help="the network interface the ranks talk on "
+                       "between nodes (default: $GLOO_SOCKET_IFNAME)")
+    g.add_argument("--partition", help="the Slurm partition (default: the cluster's)")
+    g.add_argument("--time-limit", metavar="HH:MM:SS", help="the job's time limit (default: 01:00:00)")
+    g.add_argument("--rdzv-port", type=int, metavar="PORT", help="the rendezvous port on the "
+                   "allocation's first node (default: 29400)")
+
+
+def slurm_from_args(args: argparse.Namespace):
+    """The Slurm job each run is submitted as, or None for this machine; ConfigError naming the flag."""
+    from commlab.engine.slurm import SlurmJob
+
+    if args.launcher != "slurm":
+        # a sweep's --nodes and --ifname are Slurm's; a run's are its own several-nodes flags
+        only = ("partition", "time_limit", "rdzv_port", *(("nnodes", "ifname") if args.command == "sweep" else ()))
+        given = [f for f in only if getattr(args, f, None) not in (None, 1)]
+        if given:
+            raise ConfigError({f: "only with --launcher slurm" for f in given})
+        return None
+    placed = [f for f in ("node_rank", "rdzv_endpoint", "run_id", "local_addr", "join_timeout")
+              if getattr(args, f, None) is not None]
+    if placed:
+        raise ConfigError({f: "Slurm places the nodes of a --launcher slurm run: leave it out" for f in placed})
+    return SlurmJob.given(args.nnodes, args.time_limit, args.partition, args.ifname, args.rdzv_port)
+
+
+def add_node_options(p: argparse.ArgumentParser) -> None:
+    """Where this command's run stands on several nodes (``commlab.engine.nodes``)."""
+    g = p.add_argument_group("several nodes", "run the same command on every node, each with its "
+                             "--node-rank; the runs folder must be one shared folder")
+    g.add_argument("--nnodes", "--nodes", type=int, metavar="N", help="nodes in the run (default: 1)")
+    g.add_argument("--node-rank", type=int, metavar="K", help="this node's place, 0 to N-1; node 0 "
+                   "serves the rendezvous")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and a free port there")
+    g.add_argument("--run-id", metavar="ID", help="the same on every node: the run folder's name")
+    g.add_argument("--ifname", metavar="NAME", help="the network interface the ranks talk on "
+                   "(default: $GLOO_SOCKET_IFNAME; refused when neither names one)")
+    g.add_argument("--local-addr", metavar="ADDR", help="this node's address as the others reach it "
+                   "(default: the interface's IPv4 address)")
+    g.add_argument("--join-timeout", type=float, metavar="S", help="seconds to wait for every node "
+                   "to join (default: 600, torchrun's)")
+
+
+def node_from_args(args: argparse.Namespace):
+    """This node of a run on several (ConfigError naming the flag), or None on one node."""
+    from commlab.engine.nodes import Nodes
+
+    return Nodes.given(args.nnodes, args.node_rank, args.rdzv_endpoint, args.run_id, args.ifname,
+                       args.local_addr, args.join_timeout)

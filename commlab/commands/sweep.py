@@ -27,7 +27,7 @@ import signal
 import sys
 
 from commlab.commands import Progress
-from commlab.commands.run import add_run_options, config_from_args
+from commlab.commands.run import add_launcher_options, add_run_options, config_from_args, slurm_from_args
 from commlab.config import ConfigError, default_runs_dir
 from commlab.hook_specs import BASELINE
 from commlab.tune import baseline as baselines
@@ -145,6 +145,7 @@ def _sweep(args: argparse.Namespace) -> int:
         emit(args, out, _text(out))
         return 0
     try:  # every bad field is named at once
+        slurm = slurm_from_args(args)
         if args.resume:
             sweep = _find(args.resume, args.runs_dir)
             configs = sweep.configs()
@@ -160,13 +161,14 @@ def _sweep(args: argparse.Namespace) -> int:
             labels = [sw.plan_label(c, spec) for c in configs]
             emit(args, {"runs": labels}, "\n".join(f"{i + 1}. {lab}" for i, lab in enumerate(labels)))
             return 0
-        sweep = sw.create(spec)
+        sweep = sw.create(spec, slurm)
     interrupted: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: interrupted.append(signum))
     on_progress, bar = None, None
     if not args.json:
-        print(f"sweep {sweep.id}: {len(configs)} run(s), one after another -> {sweep.path}",
+        where = " (each a Slurm job)" if sweep.slurm() else ""
+        print(f"sweep {sweep.id}: {len(configs)} run(s), one after another{where} -> {sweep.path}",
               file=sys.stderr)
         bar = Progress(sum(c.steps for c in configs), "step", lines=0)  # piped: the runs' own lines
         on_progress = _on_progress(bar, configs)
@@ -223,5 +225,6 @@ def register(sub) -> None:
     p.add_argument("--show", metavar="SWEEP",
                    help="print a sweep's table and recommendation again (its id or folder), start nothing")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs, start nothing")
+    add_launcher_options(p, nodes_flag=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_sweep)

@@ -6,19 +6,31 @@ import os
 import sys
 from pathlib import Path
 
+from commlab.engine.nodes import Nodes
 
-def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable) -> list[str]:
+
+def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable,
+                  node: Nodes | None = None) -> list[str]:
     """torchrun (its stores kept on loopback, see ``commlab.engine.torchrun``) running
-    ``program`` on ``nproc`` ranks: one node, rendezvous at 127.0.0.1 on a free port, no restarts."""
-    return [python, "-m", "commlab.engine.torchrun",
-            "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
+    ``program`` on ``nproc`` ranks: one node, rendezvous at 127.0.0.1 on a free port, no restarts.
+    ``node``: this node's agent in a run on several nodes (``commlab.engine.nodes``): the c10d
+    rendezvous at node 0's endpoint, which node 0 serves, waiting ``join_timeout_s`` for the rest."""
+    nnodes, endpoint, addr, joined = "1", "127.0.0.1:0", "127.0.0.1", []
+    if node is not None:
+        wait = f"{node.join_timeout_s:g}"
+        nnodes, endpoint, addr = str(node.nnodes), node.rdzv_endpoint, str(node.local_addr)
+        joined = ["--rdzv-id", node.run_id, "--rdzv-conf",
+                  f"is_host={int(node.node_rank == 0)},join_timeout={wait},read_timeout={wait}"]
+    return [python, "-m", "commlab.engine.torchrun", "--nnodes", nnodes, "--nproc-per-node", str(nproc),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", addr, *joined,
             "--max-restarts", "0", "--monitor-interval", "0.2", *program]
 
 
-def run_argv(world_size: int, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:
-    """A cold run: torchrun starting ``world_size`` ranks of ``commlab.engine.worker``."""
-    return torchrun_argv(world_size, ["-m", "commlab.engine.worker", str(run_dir)], python)
+def run_argv(world_size: int, run_dir: str | os.PathLike, python: str = sys.executable,
+             node: Nodes | None = None) -> list[str]:
+    """A cold run: torchrun starting ``world_size`` ranks of ``commlab.engine.worker`` (on this
+    node, of a run on several: ``node``)."""
+    return torchrun_argv(world_size, ["-m", "commlab.engine.worker", str(run_dir)], python, node)
 
 
 def pool_argv(world_size: int, pool_dir: str | os.PathLike) -> list[str]:

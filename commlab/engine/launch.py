@@ -23,8 +23,11 @@ from commlab.config import RunConfig, default_runs_dir
 from commlab.devices import pick_backend
 from commlab.engine import procs, store
 from commlab.engine.commands import run_argv, submit_argv
+from commlab.engine.nodes import STOP_GRACE_S, Nodes, request_stop
 from commlab.engine.pool import Pool
 from commlab.engine.ranks import loopback_interface
+from commlab.engine.slurm import SlurmJob, cancel, submit
+from commlab.engine.slurm import job_of as slurm_job_of
 
 POOLS = ".pools"  # in the runs folder: the warm ranks of a comparison or a headroom measurement
 
@@ -34,32 +37,39 @@ def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
     return pick_backend(cfg.backend, cfg.world_size, gpus)
 
 
-def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable) -> list[str]:
+def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable,
+                     node: Nodes | None = None) -> list[str]:
     """The exact argv that runs a run's workers (recorded in launch.json, run by the supervisor)."""
-    return run_argv(cfg.world_size, run_dir, python)
+    return run_argv(cfg.world_size, run_dir, python, node)
 
 
-def worker_env(cfg: RunConfig, base: dict | None = None) -> dict:
+def worker_env(cfg: RunConfig, base: dict | None = None, node: Nodes | None = None) -> dict:
     """The environment of the supervisor, torchrun and the workers, computed once, by ``start``."""
     env = procs.package_env(base)
     # Share the cores out instead of letting each rank start a thread per core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.world_size)))
-    env["MASTER_ADDR"] = "127.0.0.1"
+    env["MASTER_ADDR"] = "127.0.0.1" if node is None else str(node.local_addr)
     # Set, not defaulted: an interface already named here (a cluster's eth0) would make Gloo listen
-    # on the network.
-    env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = loopback_interface() or "lo"
+    # on the network.  On several nodes the interface is the one the person named, and this node's
+    # stores listen on its address.
+    env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = (
+        loopback_interface() or "lo" if node is None else node.ifname)
+    if node is not None:
+        env[procs.STORE_ADDR_ENV] = str(node.local_addr)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
 def prepare(cfg: RunConfig, request_id: str | None = None,
             resume: str | os.PathLike | None = None, owner: str | None = None,
-            pool: str | os.PathLike | None = None) -> store.RunFolder:
+            pool: str | os.PathLike | None = None, node: Nodes | None = None) -> store.RunFolder:
     """Validate, then create the run folder, status ``starting`` and owned by this process until
     ``start`` hands it to a supervisor; config.json, the marker, last.  ``resume``: the folder of
     a finished run this one continues from its checkpoint (``commlab.engine.checkpoint``).
     ``owner``: what this process is (``"sweep <id>"``), when the run must not outlive it.
     ``pool``: the folder of warm ranks (``commlab.engine.pool``) that runs it, in place of torchrun.
+    ``node``: this node of a run on several (``commlab.engine.nodes``): the run folder is the run
+    id's in the runs folder, made by node 0; the folder returned holds this node's records.
     Raises ConfigError."""
     from commlab.config import ConfigError
     from commlab.engine import workload_probe
@@ -73,14 +83,19 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
             raise ConfigError(errors)
     backend, why = resolve_backend(cfg)
     impl, impl_reason = registry.plan(cfg, backend)
-    run_dir = store.new_run_dir(cfg.runs_dir, cfg.label())
+    if node is not None and (resume is not None or pool is not None):
+        raise ConfigError({"nnodes": "a run on several nodes starts cold, from step 0 (no resume, no warm ranks)"})
+    whole = Path(cfg.runs_dir, node.run_id).resolve() if node is not None else None  # the run's folder
+    run_dir = store.new_run_dir(cfg.runs_dir, cfg.label()) if node is None else _node_dir(cfg, node, whole)
     store.write_json(run_dir / "status.json", {"status": "starting", "step": None})
     store.write_json(run_dir / "launch.json", {
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
         "resumed_from": str(Path(resume).resolve()) if resume is not None else None,
         "command": (submit_argv(pool, run_dir.resolve()) if pool is not None
-                    else torchrun_command(cfg, run_dir.resolve())),
+                    else torchrun_command(cfg, whole or run_dir.resolve(), node=node)),
+        "nodes": node.as_dict() if node is not None else None,
+        "run_dir": str(whole) if whole and whole != run_dir.resolve() else None,  # node K's: the run's folder
         "pool": str(Path(pool).resolve()) if pool is not None else None, "created_at": time.time(),
         "launcher": procs.identity(os.getpid()),
         "owner": {**procs.identity(os.getpid()), "what": owner} if owner else None})
@@ -88,11 +103,36 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
     return store.RunFolder(run_dir)
 
 
+def _node_dir(cfg: RunConfig, node: Nodes, run_dir: Path) -> Path:
+    """This node's records folder in ``run_dir``, the run folder named by the run id (made here if
+    this node is first); ConfigError when this node's records are there already (an id used
+    before), or when node 0's settings differ."""
+    from commlab.config import ConfigError
+
+    path = node.records(run_dir)
+    if (path / "config.json").exists():
+        raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} already holds node "
+                                     f"{node.node_rank}'s records (give each run an id of its own)"})
+    path.mkdir(parents=True, exist_ok=True)
+    theirs = store.read_json(run_dir / "config.json") if node.node_rank else None
+    if theirs and (differ := sorted(k for k, v in cfg.to_dict().items() if k != "runs_dir" and theirs.get(k) != v)):
+        raise ConfigError({"run_id": f"node 0 started {node.run_id!r} with other settings: "
+                                     f"{', '.join(differ)} differ (every node gives the same)"})
+    if node.node_rank == 0:
+        store.make_reserve(path)
+    return path
+
+
 class Run(store.RunFolder):
     """A run folder plus control: wait for it, stop it, ask whether it still goes."""
 
+    def whole(self) -> Run:
+        """The run this folder is part of: itself, or for node K's records of a run on several
+        nodes, the run folder (node 0's, where the metrics are)."""
+        return Run(self.launch_info().get("run_dir") or self.path)
+
     def is_running(self) -> bool:
-        """Still going: starting, running or orphaned."""
+        """Still going: pending (a Slurm job in the queue), starting, running or orphaned."""
         return self.status() in store.GOING
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.2, processes: bool = True) -> str:
@@ -114,8 +154,9 @@ class Run(store.RunFolder):
         # The worker writes "finished" a moment before its processes are gone (longer on a busy
         # machine); callers that go on to count processes, or start the next run (whose step
         # times the leftovers would spoil), want them gone.
-        sup, me = self.supervisor(), str(self.path.resolve())
-        procs.wait_until(lambda: not procs.belonging([sup], me), timeout)
+        # (a Slurm job's follower, too, which records Slurm's word on the job once it has left)
+        sups, me = [self.supervisor(), self.launch_info().get("supervisor", {})], str(self.path.resolve())
+        procs.wait_until(lambda: not procs.belonging(sups, me), timeout)
 
     def stop(self) -> str:
         return stop(self)
@@ -126,12 +167,15 @@ class Run(store.RunFolder):
 
 def start(cfg: RunConfig, request_id: str | None = None,
           resume: str | os.PathLike | None = None, owner: str | None = None,
-          pool: str | os.PathLike | None = None) -> Run:
+          pool: str | os.PathLike | None = None, node: Nodes | None = None,
+          slurm: SlurmJob | None = None) -> Run:
     """Start a run in the background and return its folder at once, status ``starting``;
     ``resume``: continue the finished run in that folder (see ``prepare``).  The run outlives
     this process, unless ``owner`` names what this process is (``"sweep <id>"``): then its
     supervisor stops it once this process has ended.  ``pool``: run it on warm ranks
-    (``commlab.engine.pool``).
+    (``commlab.engine.pool``).  ``node``: this node of a run on several (``commlab.engine.nodes``);
+    the folder returned holds this node's records (``Run.whole`` is the run's).  ``slurm``: submit
+    it as a Slurm job instead (``commlab.engine.slurm``), followed from here.
 
     ``request_id`` makes starting idempotent: a second call with the same id (a double click,
     a second browser tab, another process at the same moment) returns the run the first one
@@ -145,7 +189,7 @@ def start(cfg: RunConfig, request_id: str | None = None,
         if first:
             return Run(first)  # started (or being started) by the first call: never a second supervisor
     try:
-        folder = prepare(cfg, request_id, resume, owner, pool)
+        folder = prepare(cfg, request_id, resume, owner, pool, node)
     except BaseException:
         if claim:
             claim.unlink(missing_ok=True)  # nothing was started: the id is free again
@@ -154,14 +198,18 @@ def start(cfg: RunConfig, request_id: str | None = None,
         store.write_json(claim, {"run": folder.id})
     me = str(folder.path.resolve())
     try:
+        if slurm is not None:
+            submit(folder, cfg, slurm, procs.package_env())
+            return Run(folder.path)
         child = procs.spawn([sys.executable, "-m", "commlab.engine.supervisor", me],
                             log=folder.file("supervisor.log"),
-                            env={**worker_env(cfg), procs.OWNER_ENV: me}, detached=True)
+                            env={**worker_env(cfg, node=node), procs.OWNER_ENV: me}, detached=True)
         store.write_json(folder.file("launch.json"),
                          {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     except BaseException as e:  # this process owns the starting run: it must not stay starting
         store.write_json(folder.file("status.json"), {
-            "status": "failed", "step": None, "error": f"the supervisor could not be started: {e!r}"})
+            "status": "failed", "step": None, "error": str(e) if slurm is not None else
+            f"the supervisor could not be started: {e!r}"})
         raise
     return Run(folder.path)
 
@@ -174,16 +222,19 @@ class Batch:
     never hold memory beside a run's.  Every run dies with this process (``owner``), as its pool
     does.  ``warm`` False starts every run cold (one run gains nothing from a pool).  ``folder``
     keeps the pools' folders (a sweep's); by default a folder under the runs folder, removed by
-    ``close``.  A context manager: ``close`` ends the pool and waits for it."""
+    ``close``.  ``slurm``: every run a Slurm job of its own (``commlab.engine.slurm``), cold.  A
+    context manager: ``close`` ends the pool and waits for it."""
 
-    def __init__(self, owner: str, folder: str | os.PathLike | None = None, warm: bool = True):
-        self.owner, self.folder, self.warm = owner, folder, warm
+    def __init__(self, owner: str, folder: str | os.PathLike | None = None, warm: bool = True,
+                 slurm: SlurmJob | None = None):
+        self.owner, self.folder, self.warm, self.slurm = owner, folder, warm and slurm is None, slurm
         self.pool: Pool | None = None
         self._made: Path | None = None  # a folder of its own, removed by close
 
     def start(self, cfg: RunConfig, request_id: str | None = None) -> Run:
         pool = self._pool(cfg) if self.warm else None
-        return start(cfg, request_id=request_id, owner=self.owner, pool=pool.path if pool else None)
+        return start(cfg, request_id=request_id, owner=self.owner, pool=pool.path if pool else None,
+                     slurm=self.slurm)
 
     def _pool(self, cfg: RunConfig) -> Pool:
         world, backend = cfg.world_size, resolve_backend(cfg)[0]
@@ -250,6 +301,17 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
     """Stop a run and every process it started, starting, running or orphaned; returns the status
     it ends with.  Only processes proven to be the run's are signalled (``procs.belonging``): a
     forged or stale supervisor.json makes it kill nothing else."""
+    if job := slurm_job_of(folder):
+        request_stop(folder.path)  # every node's supervisor ends its agent; then Slurm ends the job
+        cancel(job)
+        procs.wait_until(lambda: folder.status() not in store.GOING, grace_s + STOP_GRACE_S)
+    elif folder.launch_info().get("nodes"):
+        # Every node's supervisor ends its own agent on the request; a PID is local, the folder shared.
+        whole = Path(folder.launch_info().get("run_dir") or folder.path)
+        request_stop(whole)
+        node0 = Run(whole)
+        procs.wait_until(lambda: node0.status() not in store.GOING and folder.status() not in store.GOING,
+                         grace_s + STOP_GRACE_S)
     me = str(folder.path.resolve())
     head = procs.belonging([folder.supervisor()], me)
     if head:

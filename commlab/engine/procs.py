@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,9 @@ OWNER_ENV = "COMMLAB_RUN_DIR"
 LAUNCHER_ENV = "COMMLAB_LAUNCHER_PID"
 # Where ``commlab.engine.torchrun`` writes torchrun's record of failed workers.
 TORCHRUN_RECORD_ENV = "COMMLAB_TORCHRUN_RECORD"
+# The address ``commlab.engine.torchrun``'s stores listen on: 127.0.0.1 unless a run on several
+# nodes names this node's (``commlab.engine.nodes``).
+STORE_ADDR_ENV = "COMMLAB_STORE_ADDR"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -184,14 +188,24 @@ def marked(name: str, value: str) -> list[psutil.Process]:
     return found
 
 
+HOST = socket.gethostname()
+
+
 def identity(pid: int) -> dict:
-    """``{"pid", "create_time"}``: what a run folder records of a process, so that ``alive`` can
-    tell it from a later process given the same PID."""
+    """``{"pid", "create_time", "host"}``: what a run folder records of a process, so that ``alive``
+    can tell it from a later process given the same PID; ``host``, because a run folder on a shared
+    file system is read on other machines, where the PID means nothing (``elsewhere``)."""
     try:
         created = psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:
         created = 0.0  # gone already: no live process matches this record
-    return {"pid": pid, "create_time": created}
+    return {"pid": pid, "create_time": created, "host": HOST}
+
+
+def elsewhere(record: dict) -> bool:
+    """Whether an ``identity`` record names a process of another machine (a compute node's, read
+    from a login node): its liveness cannot be told here."""
+    return record.get("host", HOST) != HOST
 
 
 def alive(pid: int | None, create_time: float | None = None) -> bool:

@@ -31,14 +31,15 @@ TIMEOUT_BOUNDS = Bounds(0, 86400, "seconds before the ranks are given up; torch'
                         lo_open=True)
 
 
-def loopback_listener(port: int = 0) -> socket.socket:
-    """A socket listening on 127.0.0.1 only (port 0: a free one), for a TCPStore server.
+def loopback_listener(port: int = 0, host: str = "127.0.0.1") -> socket.socket:
+    """A socket listening on 127.0.0.1 only (port 0: a free one), for a TCPStore server; on
+    ``host`` only, when a run on several nodes names this node's address.
 
     Given a host and a port, ``torch.distributed.TCPStore`` listens on every interface whatever
     the host (pytorch/pytorch#173909); given this socket (``master_listen_fd``), it serves on it.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", port))
+    sock.bind((host, port))
     sock.listen()
     return sock
 

@@ -55,9 +55,10 @@ from typing import Any
 from commlab.config import settings
 
 FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
-# starting: the folder exists, its supervisor is not up yet; orphaned: the supervisor is gone but
-# some of the run's processes still run (nothing supervises them: Stop ends them)
-GOING = ("starting", "running", "orphaned")
+# pending: a Slurm job waiting in the queue (``commlab.engine.slurm``); starting: the folder exists,
+# its supervisor is not up yet; orphaned: the supervisor is gone but some of the run's processes
+# still run (nothing supervises them: Stop ends them)
+GOING = ("pending", "starting", "running", "orphaned")
 STOPPABLE = (*GOING, "lost")  # a lost run's torchrun or workers may still live: Stop ends them
 
 
@@ -149,7 +150,7 @@ OPT_STR, OPT_NUM, OPT_INT = (str, type(None)), (int, float, type(None)), (int, t
 # The shape of each file, as far as its readers rely on it: {key: kind} ("key?" optional),
 # [kind] a list of such, a type or a tuple of types (bool is never taken for a number).
 STATUS = {"status": str, "error?": OPT_STR, "step?": OPT_INT}
-OWNER = {"pid?": OPT_INT, "create_time?": OPT_NUM}
+OWNER = {"pid?": OPT_INT, "create_time?": OPT_NUM, "host?": str}
 SUPERVISOR = {**OWNER, "torchrun_pid?": OPT_INT, "torchrun_create_time?": OPT_NUM, "worker_pids?": [int], "worker_create_times?": dict}
 LAUNCH = {"backend?": OPT_STR, "hook_impl?": OPT_STR, "hook_reason?": OPT_STR, "warning?": OPT_STR,
           "resumed_from?": OPT_STR,
@@ -518,7 +519,7 @@ class RunFolder(Folder):
         supervisor the launcher spawned, before that the launching process itself.  When that
         process is gone the run is orphaned while any other process of it still runs, lost once
         none does: it can never record an end."""
-        from commlab.engine.procs import alive
+        from commlab.engine.procs import alive, elsewhere
 
         rec = read_json(self.file("status.json"), {"status": "starting"})
         if rec.get("status") not in GOING:
@@ -527,6 +528,8 @@ class RunFolder(Folder):
         if up:
             rec = {**rec, "status": "running"}
         owner = self.supervisor() or self.launch_info().get("launcher", {})
+        if elsewhere(owner):  # a compute node's process: what the folder says is all that is known here
+            return rec
         if owner.get("create_time") is not None and alive(owner.get("pid"), owner["create_time"]):
             return rec
         if up and self.processes():

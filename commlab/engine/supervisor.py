@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from commlab.engine import procs, store
+from commlab.engine.nodes import Nodes, ended_elsewhere, not_joined
 from commlab.engine.pool import torchrun_of as pool_torchrun
 
 POLL_S = 0.2
@@ -39,7 +40,11 @@ LOG_LIMIT, LOG_KEEP = 16 * 2**20, 4 * 2**20
 
 
 def supervise(run_dir: Path) -> int:
+    """``run_dir``: the run folder; on node K of a run on several nodes, its records there
+    (``commlab.engine.nodes``), whose launch.json names the run folder."""
     folder = store.RunFolder(run_dir)
+    run = store.RunFolder(folder.launch_info().get("run_dir") or run_dir)
+    node = Nodes(**folder.launch_info()["nodes"]) if folder.launch_info().get("nodes") else None
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
     said = store.read_json(folder.file("status.json"), {})
@@ -50,9 +55,9 @@ def supervise(run_dir: Path) -> int:
         child = procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"),
                             env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(folder.file("torchrun.json"))},
                             die_with_caller=True)
-        watch = Watch(folder, child, stop_requested)
+        watch = Watch(folder, child, stop_requested, run, node)
         said = store.read_json(folder.file("status.json"), {})
-        if said.get("status") == "starting":  # up: supervisor.json is written, the command runs
+        if said.get("status") in ("pending", "starting"):  # up: supervisor.json is written, the command runs
             store.write_json(folder.file("status.json"), {**said, "status": "running"})
         procs.wait_until(watch, interval=POLL_S)
         ending = watch.ending
@@ -65,19 +70,31 @@ def supervise(run_dir: Path) -> int:
         # run on warm ranks leaves its pool's for the next run.
         ended_well = ending is None and child.returncode == 0
         _end_all(child, watch.workers if watch and not ended_well else {})
-    _record_end(folder, ending, child.returncode if child else None)
+    _record_end(folder, ending, child.returncode if child else None, run, node,
+                started=bool(watch and watch.workers))
     return 0
 
 
-def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | None) -> None:
+def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | None,
+                run: store.RunFolder | None = None, node: Nodes | None = None, started: bool = True) -> None:
     """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
     left.  Nothing to add when rank 0 recorded its own end: a Stop that came after the last step
-    (its checkpoint written) does not make a finished run a stopped one."""
+    (its checkpoint written) does not make a finished run a stopped one.  Node K of a run on
+    several nodes (``run`` the run folder, ``folder`` its records) whose agent ended well records
+    the run's end; a node whose agent never started ranks names the nodes that never joined."""
+    run = run or folder
     said = store.read_json(folder.file("status.json"), {})
     if said.get("status") in ("finished", "diverged"):
         return
+    if ending is None and returncode == 0 and run.path != folder.path:
+        whole = run.status_record()
+        ending = {"status": whole["status"] if whole["status"] in store.FINAL else "finished",
+                  "error": whole.get("error")}
+    if ending is None and node is not None and not started and (missing := not_joined(run.path, node)):
+        ending = {"status": "failed", "error": "; ".join(
+            f"node {k} did not join within {node.join_timeout_s:g} s" for k in missing)}
     try:
-        ending = {"step": _last_step(folder), **(ending or _failure(folder, returncode))}
+        ending = {"step": _last_step(run), **(ending or _failure(run, returncode, folder))}
     except Exception as e:  # the folder cannot tell more: record what is known
         ending = ending or {"status": "failed", "error": f"the workers exited with code "
                                                          f"{returncode}; reading why failed: {e!r}"}
@@ -88,8 +105,10 @@ class Watch:
     """One look at the run per call: records new workers in supervisor.json, and returns True once
     the run must end (torchrun exited, or ``ending`` was set: Stop, a stall, a crash)."""
 
-    def __init__(self, folder: store.RunFolder, child: subprocess.Popen, stop_requested: list):
+    def __init__(self, folder: store.RunFolder, child: subprocess.Popen, stop_requested: list,
+                 run: store.RunFolder | None = None, node: Nodes | None = None):
         self.folder, self.child, self.stop_requested = folder, child, stop_requested
+        self.run, self.node = run or folder, node  # the run folder; this node of a run on several
         torchrun = procs.identity(child.pid)
         self.me = {**procs.identity(os.getpid()), "torchrun_pid": torchrun["pid"],
                    "torchrun_create_time": torchrun["create_time"], "up_at": time.time()}
@@ -124,21 +143,24 @@ class Watch:
             if len(self.workers) >= self.cfg.world_size:
                 self.next_listing = now + RELIST_S
             store.keep_tail(self.folder.file("launcher.log"), LOG_LIMIT, LOG_KEEP)
-        metrics = self.folder.file("metrics.jsonl")
+        metrics = self.run.file("metrics.jsonl")
         size = metrics.stat().st_size if metrics.exists() else 0
         if size != self.last_size:
             self.last_size, self.last_progress = size, now
         cfg = self.cfg
         if self.stop_requested:
             self.ending = {"status": "stopped", "error": "stopped by the user"}
-        elif self.owner and not procs.alive(self.owner["pid"], self.owner["create_time"]):
+        elif self.node and (elsewhere := ended_elsewhere(self.run.path, self.node)):
+            self.ending = elsewhere  # a Stop pressed on any node, or another node's bad end
+        elif (self.owner and not procs.elsewhere(self.owner)  # else the Slurm follower watches it
+              and not procs.alive(self.owner["pid"], self.owner["create_time"])):
             self.ending = {"status": "stopped", "error": (
                 f"its {self.owner['what']} ended (process {self.owner['pid']}), so the run was "
                 "stopped with it")}
         elif now - self.last_progress > (cfg.stall_timeout_s if self.last_size else
                                          max(cfg.stall_timeout_s, STARTUP_ALLOWANCE_S)):
-            self.ending = _stalled(self.folder, cfg, now - self.last_progress)
-        elif self.crash_seen is None and any(self.folder.path.glob("rank*.error.json")):
+            self.ending = _stalled(self.run, cfg, now - self.last_progress)
+        elif self.crash_seen is None and any(self.run.path.glob("rank*.error.json")):
             self.crash_seen = now
         elif self.crash_seen is not None and now - self.crash_seen > CRASH_GRACE_S:
             self.ending = {}  # torchrun was slow to end the others: do it, then read the tracebacks
@@ -168,10 +190,12 @@ def _stalled(folder: store.RunFolder, cfg, idle_s: float) -> dict:
     return {"status": "stalled", "step": step, "error": msg}
 
 
-def _failure(folder: store.RunFolder, returncode: int | None) -> dict:
+def _failure(folder: store.RunFolder, returncode: int | None, records: store.RunFolder | None = None) -> dict:
     """Who failed first.  A rank whose error is its own (no rank gone yet when it failed) comes
     first; a rank that failed because a peer was gone names that peer; with no report at all
-    (ranks killed, none of them could write one), torchrun's record of the ranks it saw end."""
+    (ranks killed, none of them could write one), torchrun's record of the ranks it saw end
+    (``records``: where this node's torchrun wrote, when not the run folder)."""
+    records = records or folder
     reports = sorted((store.read_json(p, {}) for p in folder.path.glob("rank*.error.json")),
                      key=lambda r: r.get("time", 0))
     own = [r for r in reports if not r.get("ranks_gone")]
@@ -188,17 +212,17 @@ def _failure(folder: store.RunFolder, returncode: int | None) -> dict:
     # torchrun stamps a failure to the second, and ends the survivors of a failed rank with
     # SIGTERM: within one second, a rank killed otherwise (SIGKILL, a crash) failed first, then any
     # signal before an exit code.
-    seen = sorted(store.read_json(folder.file("torchrun.json"), {}).get("failures", []),
+    seen = sorted(store.read_json(records.file("torchrun.json"), {}).get("failures", []),
                   key=lambda f: (f.get("time", 0), f.get("signal") == "SIGTERM", f.get("exitcode", 0) >= 0))
     if seen:
         first = seen[0]
         how = f"signal {first['signal']}" if first.get("exitcode", 0) < 0 else f"code {first.get('exitcode')}"
         return {"status": "failed", "failed_rank": first.get("rank"),
                 "error": f"rank {first.get('rank')} ended by {how} without an error report",
-                "traceback": _tail(folder.file("launcher.log"), 25)}
+                "traceback": _tail(records.file("launcher.log"), 25)}
     return {"status": "failed", "failed_rank": None,
             "error": f"the workers exited with code {returncode} without an error report",
-            "traceback": _tail(folder.file("launcher.log"), 25)}
+            "traceback": _tail(records.file("launcher.log"), 25)}
 
 
 def _tail(path: Path, lines: int) -> str:

@@ -30,11 +30,12 @@ from commlab.engine.ranks import loopback_listener
 
 
 class LoopbackTCPStore(dist.TCPStore):
-    """A TCPStore whose server, if it is one, listens on 127.0.0.1 only."""
+    """A TCPStore whose server, if it is one, listens on 127.0.0.1 only (on a run of several
+    nodes, on this node's address only: ``procs.STORE_ADDR_ENV``)."""
 
     def __init__(self, host_name, port=0, world_size=None, is_master=False, **kwargs):
         if is_master and kwargs.get("master_listen_fd") is None:
-            sock = loopback_listener(port)
+            sock = loopback_listener(port, os.environ.get(procs.STORE_ADDR_ENV, "127.0.0.1"))
             port = sock.getsockname()[1]  # port 0 asks for a free one
             kwargs["master_listen_fd"] = sock.detach()  # the store owns it from here
         super().__init__(host_name, port, world_size, is_master, **kwargs)

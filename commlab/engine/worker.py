@@ -233,7 +233,10 @@ def profiled(job: Job, step: int):
 
 
 def _ranks_gone(rank: int, world: int) -> list[int]:
-    """The other ranks whose processes have ended (torchrun's children, one node)."""
+    """The other ranks of this node whose processes have ended (torchrun's children): on several
+    nodes, a rank of another node is not seen from here."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    first = rank - int(os.environ.get("LOCAL_RANK", 0))
     running = set()
     for p in psutil.Process(os.getppid()).children():
         try:
@@ -241,7 +244,7 @@ def _ranks_gone(rank: int, world: int) -> list[int]:
                 running.add(int(p.environ().get("RANK", -1)))
         except (psutil.Error, ValueError):
             pass
-    return sorted(set(range(world)) - running - {rank})
+    return sorted(set(range(first, first + local)) - running - {rank})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from commlab.config import RunConfig, is_plain_allreduce, link_of
+from commlab.engine.slurm import sbatch_line_errors
 from commlab.hook_specs import BASELINE, SPECS, STEP_COUNTS, WHOLE_STATE, WRAPPER_SPECS, Build, spec
 from commlab.hooks import registry
 
@@ -51,7 +52,6 @@ LIGHTNING_CUDA_ONLY = ("Lightning registers DDP communication hooks only when th
                        "with DDP's plain allreduce.")
 LIGHTNING_STRATEGY = ("commlab.hooks.lightning_ddp", "AnyDeviceDDPStrategy")
 CHECKPOINT = "checkpoint.pt"
-_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
 
 
 class ExportRefused(ValueError):
@@ -95,12 +95,7 @@ class Target:
             e["backend"] = f"must be one of {', '.join(registry.BACKENDS)}, got {self.backend!r}"
         if not self.script.strip():
             e["script"] = "name the training script torchrun starts"
-        # SBATCH lines are read by sbatch, not a shell: quoting cannot protect them.
-        for name in ("job_name", "time_limit", "partition"):
-            value = getattr(self, name)
-            if value is not None and not _SAFE.fullmatch(value):
-                e[name] = f"may hold letters, digits and . _ : - only, got {value!r}"
-        return e
+        return e | sbatch_line_errors({n: getattr(self, n) for n in ("job_name", "time_limit", "partition")})
 
 
 @dataclass

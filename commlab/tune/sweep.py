@@ -312,6 +312,13 @@ class Sweep(store.Folder):
 
     MARKER = "sweep.json"
 
+    def slurm(self):
+        """The Slurm job each run is submitted as (``commlab.engine.slurm.SlurmJob``), or None: on this machine."""
+        from commlab.engine.slurm import SlurmJob
+
+        given = store.read_json(self.file("sweep.json"), {}).get("slurm")
+        return SlurmJob(**given) if given else None
+
     def spec(self) -> SweepSpec:
         """The plan; ``store.Damaged`` when sweep.json is not one."""
         try:
@@ -471,8 +478,9 @@ def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
                   key=lambda s: s.id, reverse=True)
 
 
-def create(spec: SweepSpec) -> Sweep:
-    """Validate the whole grid, then write the sweep's folder; raises ConfigError first."""
+def create(spec: SweepSpec, slurm=None) -> Sweep:
+    """Validate the whole grid, then write the sweep's folder; raises ConfigError first.
+    ``slurm``: its runs are Slurm jobs (``commlab.engine.slurm.SlurmJob``), one job per run."""
     configs = grid(spec)
     with one_at_a_time(spec.base.runs_dir):
         _none_running(spec.base.runs_dir)
@@ -482,7 +490,7 @@ def create(spec: SweepSpec) -> Sweep:
                                                     **procs.identity(os.getpid())})
         store.write_json(sweep.file("sweep.json"), {
             "spec": spec.to_dict(), "labels": [plan_label(c, spec) for c in configs],
-            "created_at": time.time()})
+            "slurm": slurm.as_dict() if slurm is not None else None, "created_at": time.time()})
     return sweep
 
 
@@ -559,7 +567,8 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
 
     # Its runs die with this process (their supervisors watch it), so a sweep killed mid-run
     # leaves no run training on that a resume would start a second beside.
-    launch = Batch(f"sweep {sweep.id}", sweep.file("pool"), warm=len(configs) - len(done) > 1)
+    launch = Batch(f"sweep {sweep.id}", sweep.file("pool"), warm=len(configs) - len(done) > 1,
+                   slurm=sweep.slurm())
     try:
         for i, cfg in enumerate(configs):
             if i in done:
@@ -665,19 +674,20 @@ def _spawn(sweep: Sweep) -> None:
 
 
 def run_sweep(spec: SweepSpec, on_progress: Callable[[Progress], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> Sweep:
-    """Create and execute a sweep in this process (notebooks, scripts, the CLI)."""
-    sweep = create(spec)
+              should_stop: Callable[[], bool] | None = None, slurm=None) -> Sweep:
+    """Create and execute a sweep in this process (notebooks, scripts, the CLI); ``slurm``: each
+    run a Slurm job (``create``)."""
+    sweep = create(spec, slurm)
     execute(sweep, on_progress, should_stop)
     return sweep
 
 
-def start(spec: SweepSpec) -> Sweep:
+def start(spec: SweepSpec, slurm=None) -> Sweep:
     """Create a sweep and execute it in a detached process, which outlives the caller (the UI);
-    that process answers for the sweep from the moment it is spawned."""
+    that process answers for the sweep from the moment it is spawned.  ``slurm``: see ``create``."""
     from commlab.engine import workload_probe
     workload_probe.check(spec.base)  # its runs share the base's workload: refused before any starts
-    sweep = create(spec)
+    sweep = create(spec, slurm)
     _spawn(sweep)
     return sweep
 

@@ -187,8 +187,9 @@ def request_id(cfg: RunConfig, draft: str) -> str:
     return f"{draft}-{digest[:12]}"
 
 
-def launch(cfg: RunConfig, request_id: str | None = None) -> tuple[engine.Run, bool]:
-    """Start a run, or return the one already going with exactly these settings.
+def launch(cfg: RunConfig, request_id: str | None = None, slurm=None) -> tuple[engine.Run, bool]:
+    """Start a run, or return the one already going with exactly these settings; ``slurm``: as a
+    Slurm job (``commlab.engine.slurm.SlurmJob``).
 
     Returns (run, started).  Browser tabs are separate sessions that share nothing but the runs
     folder, so the check and the start happen under a lock file there: two tabs that submit the
@@ -198,7 +199,7 @@ def launch(cfg: RunConfig, request_id: str | None = None) -> tuple[engine.Run, b
         for run in engine.list_runs(cfg.runs_dir):
             if run.is_running() and run.config_dict() == cfg.to_dict():
                 return run, False
-        return engine.start(cfg, request_id), True
+        return engine.start(cfg, request_id, slurm=slurm), True
 
 
 @contextlib.contextmanager

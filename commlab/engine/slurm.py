@@ -1,0 +1,221 @@
+"""Slurm as a launcher: a run submitted as a batch job, followed from the machine that submitted it.
+
+    commlab run --launcher slurm --nodes 2 --ifname eth0 ...      (on a login node)
+
+``submit`` writes the run folder's job script (``job.sbatch``: one ``srun`` task per node), submits
+it with ``sbatch`` (an argv list, never a shell string) and records the job id in launch.json.  Each
+task runs ``python -m commlab.engine.slurm_node RUN_DIR``: that node's supervisor, in the foreground,
+owning its torchrun agent; on several nodes a run on several nodes (``commlab.engine.nodes``) with
+the c10d rendezvous on the allocation's first node, on one node an ordinary run on loopback there.
+The runs folder must be one folder that the login node and the compute nodes share, at the same
+path, and so must the Python environment (the job runs this machine's ``sys.executable``).
+
+A detached follower on the submitting machine (``python -m commlab.engine.slurm RUN_DIR``)
+keeps status.json in step with the job, read with ``scontrol show job`` (no accounting daemon is
+needed): ``pending`` with Slurm's reason while queued, ``starting`` once the job runs, then the
+node supervisors take over (``running``, the end); when the job leaves, a run that did not record
+its own end is given Slurm's (cancelled, time limit, failed to start, with the job's output).
+Stop is the stop request every node's supervisor reads, plus ``scancel``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from commlab.engine import nodes, procs, store
+
+SCRIPT = "job.sbatch"
+POLL_S = 0.5
+RDZV_PORT = 29400  # the rendezvous port on the allocation's first node (torchrun's docs use it)
+RECORD_WAIT_S = 20.0  # after the job ends: time for the supervisors to record the run's end
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+         "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED")
+SBATCH_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def sbatch_line_errors(values: dict) -> dict[str, str]:
+    """Each value that cannot go in an ``#SBATCH`` line: sbatch reads those, not a shell, so no
+    quoting can protect them (the lab's job scripts and the exported one)."""
+    return {name: f"may hold letters, digits and . _ : - only, got {value!r}" for name, value in values.items()
+            if value is not None and not SBATCH_SAFE.fullmatch(value)}
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What the job asks Slurm for; every setting of the run means the same as on one machine."""
+
+    nodes: int = 1
+    time_limit: str = "01:00:00"
+    partition: str | None = None
+    ifname: str | None = None  # the interface the ranks talk on: needed on several nodes
+    port: int = RDZV_PORT
+
+    @classmethod
+    def given(cls, nodes_: int | None = None, time_limit: str | None = None, partition: str | None = None,
+              ifname: str | None = None, port: int | None = None, env: dict | None = None) -> SlurmJob:
+        """From a person's flags or form; ConfigError naming each wrong field."""
+        from commlab.config import ConfigError
+
+        env = os.environ if env is None else env
+        job = cls(nodes_ or 1, time_limit or cls.time_limit, partition or None,
+                  ifname or env.get(nodes.IFNAME_ENV) or None, port or RDZV_PORT)
+        if errors := job.errors():
+            raise ConfigError(errors)
+        return job
+
+    def errors(self) -> dict[str, str]:
+        e = {}
+        if not available():
+            e["launcher"] = "sbatch is not on PATH here: Slurm's launcher needs a machine that submits to Slurm"
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            e["nodes"] = f"must be a whole number of at least 1, got {self.nodes!r}"
+        e |= sbatch_line_errors({"time_limit": self.time_limit, "partition": self.partition})
+        if self.nodes > 1 and not self.ifname:
+            e["ifname"] = ("name the network interface the ranks talk on between nodes (--ifname or "
+                           f"{nodes.IFNAME_ENV}): on several nodes the lab cannot default to loopback")
+        if not 0 < self.port < 65536:
+            e["port"] = f"must be a TCP port, 1 to 65535, got {self.port!r}"
+        return e
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def available() -> bool:
+    """Whether this machine submits to Slurm (``sbatch`` on PATH): the pages offer it then."""
+    return shutil.which("sbatch") is not None
+
+
+def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable) -> str:
+    """The job script: one task per node, each that node's supervisor (``commlab.engine.slurm_node``)."""
+    lines = ["#!/bin/bash", f"#SBATCH --nodes={job.nodes}", "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --cpus-per-task={cfg.world_size}", f"#SBATCH --time={job.time_limit}"]
+    if job.partition:
+        lines.append(f"#SBATCH --partition={job.partition}")
+    lines += [f"# commlab run {Path(run_dir).name}: one task per node runs that node's supervisor, which",
+              f"# starts torchrun there with {cfg.world_size} rank(s); the run folder is on the shared runs folder.",
+              "set -euo pipefail",
+              "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
+              + " ".join(map(shlex.quote, [python, "-m", "commlab.engine.slurm_node", str(run_dir)]))]
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_argv(folder: store.RunFolder) -> list[str]:
+    """sbatch's own argv: what holds a path is given here, not in an #SBATCH line."""
+    return ["sbatch", "--parsable", f"--job-name=commlab-{folder.id}"[:100], f"--chdir={folder.path}",
+            f"--output={folder.path}/slurm-%j.out", str(folder.file(SCRIPT))]
+
+
+def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
+    """Write the script, submit it, record the job id and spawn the follower; returns the job id.
+    RuntimeError with sbatch's own words when it refuses."""
+    folder.file(SCRIPT).write_text(script(folder.path.resolve(), cfg, job))
+    store.write_json(folder.file("status.json"), {"status": "pending", "step": None})
+    done = subprocess.run(sbatch_argv(store.RunFolder(folder.path.resolve())), env=env, capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode:
+        raise RuntimeError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}")
+    job_id = done.stdout.strip().split(";")[0]
+    store.write_json(folder.file("launch.json"), {
+        **folder.launch_info(), "slurm": {"job_id": job_id, "job": job.as_dict(), "submitted_at": time.time()}})
+    me = str(folder.path.resolve())
+    child = procs.spawn([sys.executable, "-m", "commlab.engine.slurm", me],
+                        log=folder.file("supervisor.log"), env={**env, procs.OWNER_ENV: me}, detached=True)
+    store.write_json(folder.file("launch.json"), {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
+    return job_id
+
+
+def job_of(folder: store.RunFolder) -> str | None:
+    return (folder.launch_info().get("slurm") or {}).get("job_id")
+
+
+def cancel(job_id: str) -> None:
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+
+
+def job_state(job_id: str) -> dict:
+    """``scontrol show job``'s fields (JobState, Reason, ExitCode, ...); {} once Slurm has
+    forgotten the job (MinJobAge after its end)."""
+    done = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        return {}
+    return dict(w.split("=", 1) for w in done.stdout.split() if "=" in w)
+
+
+# ---------------------------------------------------------------------------- the follower
+def follow(run_dir: Path) -> int:
+    folder = store.RunFolder(run_dir)
+    info = folder.launch_info()
+    job_id, owner = info["slurm"]["job_id"], info.get("owner")
+    cancelled_for = None
+    while True:
+        state = job_state(job_id)
+        js = state.get("JobState", "")
+        said = store.read_json(folder.file("status.json"), {})
+        slurm = {"job_id": job_id, "state": js or "GONE", "reason": state.get("Reason")}
+        if js == "PENDING" and said.get("slurm") != slurm:
+            store.write_json(folder.file("status.json"), {**said, "status": "pending", "slurm": slurm})
+        elif js not in ("", "PENDING", *ENDED) and said.get("status") == "pending":
+            store.write_json(folder.file("status.json"), {**said, "status": "starting", "slurm": slurm})
+        elif not js or js in ENDED:
+            record_end(folder, job_id, state, cancelled_for)
+            return 0
+        if owner and cancelled_for is None and not procs.alive(owner["pid"], owner["create_time"]):
+            cancelled_for = (f"its {owner['what']} ended (process {owner['pid']}), so the run was "
+                             "stopped with it")
+            nodes.request_stop(folder.path, cancelled_for)
+            cancel(job_id)
+        time.sleep(POLL_S)
+
+
+def record_end(folder: store.RunFolder, job_id: str, state: dict, cancelled_for: str | None = None,
+               wait_s: float = RECORD_WAIT_S) -> None:
+    """The run's end once the job has left (``state``: its last ``job_state``): what the
+    supervisors recorded (given ``wait_s`` to record it), unless Slurm ended it (cancelled, time
+    limit, a failure before or outside the ranks): then Slurm's reason."""
+    js = state.get("JobState", "GONE")
+    procs.wait_until(lambda: store.read_json(folder.file("status.json"), {}).get("status") in store.FINAL,
+                     wait_s, 0.2)
+    said = store.read_json(folder.file("status.json"), {})
+    asked = nodes.stop_request(folder.path)
+    slurm = {"job_id": job_id, "state": js, "reason": state.get("Reason"), "exit_code": state.get("ExitCode")}
+    ending: dict = {}
+    if js == "CANCELLED":
+        why = cancelled_for or (asked or {}).get("error") or (
+            f"Slurm cancelled job {job_id} (scancel, or the cluster's administrator)")
+        if said.get("status") not in ("finished", "diverged", "failed"):
+            ending = {"status": "stopped", "error": why}
+    elif js in ("TIMEOUT", "DEADLINE", "PREEMPTED"):
+        if said.get("status") not in ("finished", "diverged"):
+            ending = {"status": "stopped", "error": f"Slurm ended job {job_id}: {js} "
+                                                    f"(time limit {state.get('TimeLimit', '?')})"}
+    elif said.get("status") not in store.FINAL:
+        ending = {"status": "failed", "error": (
+            f"Slurm job {job_id} ended {js} (reason {state.get('Reason')}, exit code "
+            f"{state.get('ExitCode')}) before the run recorded an end"),
+            "traceback": _tail(folder.file(f"slurm-{job_id}.out"))}
+    store.write_json(folder.file("status.json"), {**said, **ending, "slurm": slurm,
+                                                  **({"ended_at": time.time()} if ending else {})})
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return follow(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
