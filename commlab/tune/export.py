@@ -783,16 +783,10 @@ TORCHFT_WHY = ("torchft (pip install torchft; 0.2.0 has this API) runs each repl
                "1 --quorum_tick_ms 100 --join_timeout_ms 10000` on one machine and set "
                "TORCHFT_LIGHTHOUSE=http://<that machine>:29510, and REPLICA_GROUP_ID to each group's "
                "index, in every job's environment.")
-# Why init_sync=False (measured, tests/test_diloco.py): torchft holds its first quorum at DiLoCo's
-# first sync, after H local steps, and with init_sync=True every group but replica 0 heals there:
-# it takes replica 0's parameters and inner optimizer state, so the first outer step is replica
-# 0's pseudo-gradient alone (2 groups, H=2, 4 AdamW steps: 0.06 from the lab's DiLoCo at most,
-# equal bit for bit to it with that healing done by hand).  Without it torchft's DiLoCo is the
-# lab's: restore the last sync's parameters, their gradient the mean of (them - the replica's)
-# (allreduced as a sum, then divided by the participants: the lab divides first, the same to
-# float32 rounding, bit for bit on 2 groups), the outer optimizer steps them, the inner
-# optimizer's state untouched; fragment_sync_delay 0 and fragment_update_alpha 0 keep that
-# timing (the sync after the H-th step) and that result.
+# init_sync=False: torchft's default heals every group but replica 0 at its first quorum, which
+# DiLoCo holds at the first sync, after H local steps; the lab's DiLoCo has no such step, and
+# with it off torchft's DiLoCo is the lab's bit for bit on 2 groups (docs/hooks.md, "DiLoCo's
+# torchft export"; tests/test_diloco.py).
 TORCHFT_SAME_START = ("init_sync=False: every group must build `model` with the same parameters "
                       "(torch.manual_seed(...) before it, or the same checkpoint loaded), as the "
                       "loop export's broadcast from rank 0 does; torchft's init_sync=True would "
