@@ -391,7 +391,7 @@ def test_the_torchft_export_runs_as_pasted_and_is_the_labs_diloco_where_torchft_
     loop = "\n".join(ln[4:] for ln in text.split("# Train inside it")[1].splitlines() if ln.startswith("#   "))
     (tmp_path / "train.py").write_text(TORCHFT_PRELUDE + text + loop + f"\nSYNC_EVERY, INIT_SYNC = {h}, {init_sync}\n"
                                          + TORCHFT_EPILOGUE)
-    store = dist.TCPStore("127.0.0.1", 0, 3, True, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000, quorum_tick_ms=100)
     env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse.address(), "GLOO_SOCKET_IFNAME": "lo",
            "REFERENCE_STORE_PORT": str(store.port),
@@ -414,6 +414,7 @@ def test_the_torchft_export_runs_as_pasted_and_is_the_labs_diloco_where_torchft_
     assert [job.returncode for job in jobs] == [0, 0], "\n".join(log[-4000:] for log in logs)
     ends = [torch.load(tmp_path / f"replica{i}.pt") for i in range(2)]
     assert all(e["outer_steps"] == e["lab_outer_steps"] == 2 and e["moved"] for e in ends), ends
+    assert torch.equal(ends[0]["params"], ends[1]["params"])
     for e in ends:
         assert torch.equal(e["params"], e["lab"]), (e["params"] - e["lab"]).abs().max()
 
