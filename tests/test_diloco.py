@@ -323,42 +323,84 @@ TORCHFT_PRELUDE = '''
 import os
 import torch
 from torch import nn
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def tiny():
+    torch.manual_seed(0)  # the same start in every replica group (the export's init_sync=False)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def flat(module):
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+model = tiny()
+start = flat(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 loss_fn = nn.functional.cross_entropy
 g = torch.Generator().manual_seed(int(os.environ["REPLICA_GROUP_ID"]))
 batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(4)]
 '''
 TORCHFT_EPILOGUE = '''
-end = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-torch.save({"params": end, "moved": not torch.equal(end, start), "outer_steps": manager.current_step()},
-           f"replica{os.environ['REPLICA_GROUP_ID']}.pt")
+outer_steps = manager.current_step()
 manager.shutdown()
+# The lab's DiLoCo on the same model and batches, the replica groups joined by a Gloo group of
+# their own (through the test's store): the reference.
+import torch.distributed as dist
+from commlab.hooks import DiLoCoState
+
+replica = int(os.environ["REPLICA_GROUP_ID"])
+store = dist.TCPStore("127.0.0.1", int(os.environ["REFERENCE_STORE_PORT"]), 2, False)
+dist.init_process_group("gloo", store=store, rank=replica, world_size=2)
+lab_model = tiny()
+lab_optimizer = torch.optim.AdamW(lab_model.parameters(), lr=1e-2)
+state = DiLoCoState(None, sync_every=SYNC_EVERY)
+state.remember(lab_model.parameters())
+for step, (x, y) in enumerate(batches):
+    lab_optimizer.zero_grad(); loss_fn(lab_model(x), y).backward(); lab_optimizer.step()
+    if INIT_SYNC and step == SYNC_EVERY - 1:  # torchft's first quorum heals group 1 from group 0
+        for t in [*lab_model.parameters(), *(v for s in lab_optimizer.state.values() for v in s.values())]:
+            dist.broadcast(t.data, src=0)
+    state.average_parameters(lab_model.parameters())
+dist.destroy_process_group()
+torch.save({"params": flat(model), "lab": flat(lab_model), "moved": not torch.equal(flat(model), start),
+            "outer_steps": outer_steps, "lab_outer_steps": state.outer_steps}, f"replica{replica}.pt")
 '''
 
 
 @pytest.mark.slow
-def test_the_torchft_export_runs_as_pasted_where_torchft_is_installed(tmp_path):
+@pytest.mark.parametrize("init_sync", [False, True], ids=["as_exported", "torchft_default_init_sync"])
+def test_the_torchft_export_runs_as_pasted_and_is_the_labs_diloco_where_torchft_is_installed(tmp_path, init_sync):
     """torchft's DiLoCo as exported, pasted into a script that two replica groups (a torchrun job
-    each) run against a lighthouse: both commit every outer step and end with the same parameters."""
-    pytest.importorskip("torchft", reason="torchft is not installed (pip install torchft-nightly)")
+    each) run against a lighthouse: after 2 outer steps (H=2, AdamW inside) both groups hold the
+    parameters commlab's DiLoCoState reaches on the same model and batches, bit for bit.  With
+    torchft's default init_sync=True instead (the export's line removed) they are those of the
+    lab's DiLoCo in which group 1, at the first sync, first takes group 0's parameters and AdamW
+    state: torchft's first quorum heals it then (the export's note says so)."""
+    pytest.importorskip("torchft", reason="torchft is not installed (pip install torchft)")
     from torchft._torchft import LighthouseServer
 
     from commlab.config import RunConfig
     from commlab.tune import export
 
-    text = export.render(RunConfig(hook="diloco", sync_every=2), "torchft", export.Target(backend="gloo")).text
+    h = 2
+    text = export.render(RunConfig(hook="diloco", sync_every=h), "torchft", export.Target(backend="gloo")).text
+    if init_sync:
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("    init_sync=False,")]
+        text = text.replace(line + "\n", "")
     loop = "\n".join(ln[4:] for ln in text.split("# Train inside it")[1].splitlines() if ln.startswith("#   "))
-    (tmp_path / "train.py").write_text(TORCHFT_PRELUDE + text + loop + "\n" + TORCHFT_EPILOGUE)
+    (tmp_path / "train.py").write_text(TORCHFT_PRELUDE + text + loop + f"\nSYNC_EVERY, INIT_SYNC = {h}, {init_sync}\n"
+                                         + TORCHFT_EPILOGUE)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000, quorum_tick_ms=100)
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse.address(), "GLOO_SOCKET_IFNAME": "lo",
+           "REFERENCE_STORE_PORT": str(store.port),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     jobs: list[subprocess.Popen] = []
     try:
         jobs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                   "--nproc-per-node", "1", "train.py"], cwd=tmp_path,
-                                 env={**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse.address(),
-                                      "REPLICA_GROUP_ID": str(i), "GLOO_SOCKET_IFNAME": "lo"},
+                                 env={**env, "REPLICA_GROUP_ID": str(i)},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 for i in range(2)]
         logs = [job.communicate(timeout=240)[0] for job in jobs]
@@ -368,10 +410,13 @@ def test_the_torchft_export_runs_as_pasted_where_torchft_is_installed(tmp_path):
                 job.kill()
                 job.wait()
         lighthouse.shutdown()
+        del store
     assert [job.returncode for job in jobs] == [0, 0], "\n".join(log[-4000:] for log in logs)
     ends = [torch.load(tmp_path / f"replica{i}.pt") for i in range(2)]
-    assert all(e["outer_steps"] == 2 and e["moved"] for e in ends), ends
+    assert all(e["outer_steps"] == e["lab_outer_steps"] == 2 and e["moved"] for e in ends), ends
     assert torch.equal(ends[0]["params"], ends[1]["params"])
+    for e in ends:
+        assert torch.equal(e["params"], e["lab"]), (e["params"] - e["lab"]).abs().max()
 
 
 @pytest.mark.timeout(900)

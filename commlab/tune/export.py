@@ -772,19 +772,30 @@ def loop_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> s
     return text
 
 
-TORCHFT_WHY = ("torchft (pip install torchft-nightly) runs each replica group as a job of its own "
-               "(its own torchrun line, ranks within it sharded or replicated as you like) and "
-               "joins the groups through a lighthouse: start `torchft_lighthouse --min_replicas 1 "
-               "--quorum_tick_ms 100 --join_timeout_ms 10000` on one machine and set "
+TORCHFT_WHY = ("torchft (pip install torchft; 0.2.0 has this API) runs each replica group as a job of "
+               "its own (its own torchrun line, ranks within it sharded or replicated as you like) "
+               "and joins the groups through a lighthouse: start `torchft_lighthouse --min_replicas "
+               "1 --quorum_tick_ms 100 --join_timeout_ms 10000` on one machine and set "
                "TORCHFT_LIGHTHOUSE=http://<that machine>:29510, and REPLICA_GROUP_ID to each group's "
                "index, in every job's environment.")
+# init_sync=False: torchft's default heals every group but replica 0 at its first quorum, which
+# DiLoCo holds at the first sync, after H local steps; the lab's DiLoCo has no such step, and
+# with it off torchft's DiLoCo is the lab's bit for bit on 2 groups (docs/hooks.md, "DiLoCo's
+# torchft export"; tests/test_diloco.py).
+TORCHFT_SAME_START = ("init_sync=False: every group must build `model` with the same parameters "
+                      "(torch.manual_seed(...) before it, or the same checkpoint loaded), as the "
+                      "loop export's broadcast from rank 0 does; torchft's init_sync=True would "
+                      "instead heal every group but replica 0 at the first sync, after its first "
+                      "{h} steps: they would take replica 0's parameters and inner optimizer state, "
+                      "and the first outer step would be replica 0's pseudo-gradient alone. A "
+                      "group that joins later (a restart) still heals from the others.")
 
 
 def torchft_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
     """torchft's ``DiLoCo(manager, model_fragments, inner_optimizer, outer_optimizer, sync_every)``
     with the run's outer SGD: the outer step runs from the inner optimizer's step hook."""
     _outer_loop(cfg, "torchft")
-    notes_ = [_diloco_what(cfg), TORCHFT_WHY]
+    notes_ = [_diloco_what(cfg), TORCHFT_WHY, TORCHFT_SAME_START.format(h=cfg.sync_every)]
     if cfg.outer_precision != "fp32":
         notes_.append(f"torchft cannot send the pseudo-gradient in {cfg.outer_precision}: its "
                       "allreduce sends float32, or with should_quantize=True fp8 through Triton "
@@ -805,6 +816,7 @@ def torchft_snippet(cfg: RunConfig, target: Target, source: str | None = None) -
              "    state_dict=lambda: {\"model\": model.state_dict(), \"optimizer\": optimizer.state_dict()},\n"
              "    replica_id=f\"replica_{os.environ['REPLICA_GROUP_ID']}\",\n"
              "    use_async_quorum=False,  # DiLoCo needs a synchronous quorum\n"
+             "    init_sync=False,  # every group starts from the same parameters: see above\n"
              ")\n")
     text += (f"diloco = DiLoCo(manager, [model], optimizer, outer_optimizer, sync_every={cfg.sync_every!r}, "
              "should_quantize=False)\n")
