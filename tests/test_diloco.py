@@ -206,6 +206,17 @@ def test_the_what_if_prices_diloco_as_one_parameter_allreduce_every_h_steps_in_i
         for n in (2, 64):
             assert p.wire_bytes(n) == pytest.approx(ring.wire_bytes(sent, n) / h)
             assert p.comm_s(n, 10.0, 5.0) == pytest.approx(ring.allreduce_s(sent, n, 10.0, 5.0) / h)
+    # int8: the scales' allgather and the codes' every H steps, each (N - 1) hops of latency; on a
+    # link of no bandwidth cost that is all a step pays.
+    scales, codes = 4 * 3, params_bytes // 4
+    cfg = RunConfig(hook="diloco", sync_every=h, outer_precision="int8", world_size=2).to_dict()
+    counted = (scales + codes) * (2 - 1) / ring.factor(2)  # as the instrument counts an allgather
+    rows = [{"step": i, "loss": 1.0, "step_s": 0.02, "hook_s": 0.001, "collective_s": 0.0, "link_s": 0.0,
+             "plain_bytes": params_bytes, "collectives": 2 * int((i + 1) % h == 0),
+             "payload_bytes": counted if (i + 1) % h == 0 else 0, "t": i} for i in range(4 * h)]
+    p = whatif.profile_from_records(rows, cfg)
+    assert (p.averaging_collective, p.averaged_bytes) == (ring.ALLGATHER, pytest.approx(scales + codes))
+    assert p.comm_s(64, 1e12, 5.0) == pytest.approx(2 * 63 * 5e-6 / h, rel=1e-6)
 
 
 # --------------------------------------------------------------------------- the exports, as pasted

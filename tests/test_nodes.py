@@ -54,6 +54,15 @@ def test_several_nodes_name_the_interface_or_are_refused_by_name(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     node = Nodes.given(2, 1, "127.0.0.1:29400", "exp1")
     assert (node.ifname, node.local_addr) == ("lo", "127.0.0.1")  # the interface's address
+    # Node 0's store listens on its own address only: an endpoint elsewhere would never be answered.
+    assert Nodes.given(2, 0, "127.0.0.1:29400", "exp1").local_addr == "127.0.0.1"
+    with pytest.raises(ConfigError) as e:
+        Nodes.given(2, 0, "127.0.0.2:29400", "exp1")
+    assert set(e.value.errors) == {"rdzv_endpoint"}
+    assert "node 0 serves the rendezvous on 127.0.0.1 only" in e.value.errors["rdzv_endpoint"]
+    assert Nodes.given(2, 0, "127.0.0.2:29400", "exp1", local_addr="127.0.0.2").local_addr == "127.0.0.2"
+    with pytest.raises(ConfigError, match="does not resolve here"):
+        Nodes.given(2, 0, "no-such-host.invalid:29400", "exp1")
 
 
 def test_a_node_s_torchrun_joins_node_0_s_rendezvous():
@@ -64,7 +73,7 @@ def test_a_node_s_torchrun_joins_node_0_s_rendezvous():
                          "--local-addr", "127.0.0.2", "--rdzv-id"]
     assert "is_host=0,join_timeout=30,read_timeout=30" in argv
     assert argv[-3:] == ["-m", "commlab.engine.worker", "/shared/runs/exp1"]
-    assert "is_host=1,join_timeout=30,read_timeout=30" in run_argv(2, "r", "py", _node(0, "a:1", "x", 30))
+    assert "is_host=1,join_timeout=30,read_timeout=30" in run_argv(2, "r", "py", _node(0, "127.0.0.1:1", "x", 30))
 
 
 # ---------------------------------------------------------------------------- two nodes here

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from commlab.config import RunConfig
+from commlab import cli
+from commlab.config import ConfigError, RunConfig
 from commlab.tune import export
 from commlab.tune.export import Target
 
@@ -222,8 +223,19 @@ def test_a_lab_run_on_two_slurm_nodes_is_one_run_of_both(slurm, tmp_path):
     job = run.launch_info()["slurm"]["job_id"]
     state = _wait_gone(slurm, job)  # the tasks end a moment after the run recorded its end
     assert (state["JobState"], state["NumNodes"]) == ("COMPLETED", "2"), state
+    _follower_ended(run)
     print(f"two Slurm nodes: job {job} {state['NodeList']} COMPLETED, world size 2, 8 steps; submit to "
           f"first step {run.meta()['started_at'] + run.metrics_records()[0]['t'] - run.launch_info()['slurm']['submitted_at']:.1f} s")
+
+
+def _follower_ended(run) -> None:
+    """The run's follower reads the job's end (a two-node job stays COMPLETING a while after its
+    tasks) and records it, while the cluster still answers."""
+    from commlab.engine import procs
+
+    me = run.launch_info()["supervisor"]
+    assert procs_wait(lambda: not procs.alive(me["pid"], me["create_time"]), 60), run.status_record()
+    assert run.status_record()["slurm"]["state"] == "COMPLETED"
 
 
 def _tail_of(path) -> str:
@@ -234,16 +246,22 @@ def _tail_of(path) -> str:
 
 
 @cluster_test
-def test_a_job_slurm_refuses_is_a_run_failed_with_slurm_s_words(slurm, tmp_path, monkeypatch):
+def test_a_job_slurm_refuses_is_a_run_failed_with_slurm_s_words(slurm, tmp_path, monkeypatch, capsys):
     from commlab.api import launch, list_runs
     from commlab.engine.slurm import SlurmJob
 
     for k, v in _lab_env(slurm).items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(RuntimeError, match="sbatch refused the job: .*[Ii]nvalid partition"):
+    with pytest.raises(ConfigError, match="sbatch refused the job: .*[Ii]nvalid partition") as refused:
         launch(RunConfig(workload="mlp", runs_dir=str(tmp_path)), slurm=SlurmJob(partition="nosuch"))
+    assert set(refused.value.errors) == {"launcher"}
     (run,) = list_runs(tmp_path)
     assert run.status() == "failed" and "sbatch refused the job" in run.status_record()["error"]
+    # The command says it as it says any refusal: the field and why, no traceback.
+    assert cli.main(["run", "--workload", "mlp", "--runs-dir", str(tmp_path), "--launcher", "slurm",
+                     "--partition", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "launcher: sbatch refused the job" in err and "Traceback" not in err
 
 
 # ---------------------------------------------------------------------------- Slurm's word on an end
@@ -308,7 +326,10 @@ def test_the_job_script_runs_one_supervisor_per_node_with_paths_quoted(tmp_path)
     run_dir = tmp_path / "a run; rm -rf ~"
     text = script(run_dir, RunConfig(world_size=3), SlurmJob(nodes=2, partition="cpu", ifname="eth0"), "/opt/py")
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=3\n" in text
-    assert "#SBATCH --partition=cpu\n" in text
+    assert "#SBATCH --partition=cpu\n" in text and "#SBATCH --no-requeue\n" in text
+    assert "--gpus-per-node" not in text  # Gloo on CPUs
+    gpus = script(run_dir, RunConfig(world_size=3), SlurmJob(nodes=2, ifname="eth0"), "/opt/py", backend="nccl")
+    assert "#SBATCH --gpus-per-node=3\n" in gpus  # NCCL: a GPU per rank, asked of Slurm
     assert text.endswith(f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 /opt/py -m commlab.engine.slurm_node "
                          f"'{run_dir}'\n")
     argv = sbatch_argv(RunFolder(run_dir))

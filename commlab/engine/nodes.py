@@ -96,7 +96,24 @@ class Nodes:
             e["ifname"] = f"{self.ifname!r} has no IPv4 address: give this node's address (--local-addr)"
         if not self.join_timeout_s > 0:
             e["join_timeout_s"] = f"must be a positive number of seconds, got {self.join_timeout_s!r}"
+        if self.node_rank == 0 and not {"rdzv_endpoint", "ifname"} & e.keys():
+            e |= self._served_here_errors(host)
         return e
+
+    def _served_here_errors(self, host: str) -> dict[str, str]:
+        """Node 0's rendezvous store listens on this node's address only (never on every
+        interface), so the endpoint every agent dials must be that address."""
+        mine = self.local_addr or interface_address(self.ifname)
+        try:
+            theirs = socket.gethostbyname(host)
+        except OSError:
+            return {"rdzv_endpoint": f"{host!r} does not resolve here: give node 0's address ({mine})"}
+        if theirs == mine:
+            return {}
+        return {"rdzv_endpoint": (f"{host!r} is {theirs} here, but node 0 serves the rendezvous on "
+                                  f"{mine} only (the address of {self.ifname!r}, or --local-addr): give "
+                                  f"--rdzv-endpoint {mine}:PORT, or --local-addr {theirs} if {theirs} is "
+                                  "how the other nodes reach this one")}
 
     def records(self, run_dir: Path) -> Path:
         """Where this node's supervisor keeps its records: node 0 the run folder, node K its own."""

@@ -34,6 +34,7 @@ from commlab.engine import nodes, procs, store
 SCRIPT = "job.sbatch"
 POLL_S = 0.5
 RDZV_PORT = 29400  # the rendezvous port on the allocation's first node (torchrun's docs use it)
+UNANSWERED_S = 10.0  # Slurm not answering for this long: the job is taken as gone (its end then read from the run)
 RECORD_WAIT_S = 20.0  # after the job ends: time for the supervisors to record the run's end
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED")
@@ -93,10 +94,15 @@ def available() -> bool:
     return shutil.which("sbatch") is not None
 
 
-def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable) -> str:
-    """The job script: one task per node, each that node's supervisor (``commlab.engine.slurm_node``)."""
+def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable, backend: str = "gloo") -> str:
+    """The job script: one task per node, each that node's supervisor (``commlab.engine.slurm_node``).
+    Not requeued: a requeued job would start the run over in its own folder.  ``backend``: the
+    one the run resolved on the submitting machine; NCCL asks for a GPU per rank."""
     lines = ["#!/bin/bash", f"#SBATCH --nodes={job.nodes}", "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --cpus-per-task={cfg.world_size}", f"#SBATCH --time={job.time_limit}"]
+             f"#SBATCH --cpus-per-task={cfg.world_size}", f"#SBATCH --time={job.time_limit}",
+             "#SBATCH --no-requeue"]
+    if backend == "nccl":
+        lines.append(f"#SBATCH --gpus-per-node={cfg.world_size}")
     if job.partition:
         lines.append(f"#SBATCH --partition={job.partition}")
     lines += [f"# commlab run {Path(run_dir).name}: one task per node runs that node's supervisor, which",
@@ -115,20 +121,34 @@ def sbatch_argv(folder: store.RunFolder) -> list[str]:
 
 def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
     """Write the script, submit it, record the job id and spawn the follower; returns the job id.
-    RuntimeError with sbatch's own words when it refuses."""
-    folder.file(SCRIPT).write_text(script(folder.path.resolve(), cfg, job))
+    ConfigError (the launcher's) with sbatch's own words when it refuses; a job submitted but not
+    followed (the follower could not start) is cancelled."""
+    from commlab.config import ConfigError
+
+    folder.file(SCRIPT).write_text(script(folder.path.resolve(), cfg, job,
+                                          backend=folder.launch_info().get("backend", "gloo")))
     store.write_json(folder.file("status.json"), {"status": "pending", "step": None})
-    done = subprocess.run(sbatch_argv(store.RunFolder(folder.path.resolve())), env=env, capture_output=True,
-                          text=True, timeout=120)
+    # The settings before sbatch: the node tasks read them as they start, perhaps at once.
+    store.write_json(folder.file("launch.json"), {**folder.launch_info(), "slurm": {"job": job.as_dict()}})
+    try:
+        done = subprocess.run(sbatch_argv(store.RunFolder(folder.path.resolve())), env=env,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise ConfigError({"launcher": "sbatch did not answer within 120 s (the job may have been "
+                                       "submitted all the same: see squeue)"}) from None
     if done.returncode:
-        raise RuntimeError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}")
+        raise ConfigError({"launcher": f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}"})
     job_id = done.stdout.strip().split(";")[0]
-    store.write_json(folder.file("launch.json"), {
-        **folder.launch_info(), "slurm": {"job_id": job_id, "job": job.as_dict(), "submitted_at": time.time()}})
-    me = str(folder.path.resolve())
-    child = procs.spawn([sys.executable, "-m", "commlab.engine.slurm", me],
-                        log=folder.file("supervisor.log"), env={**env, procs.OWNER_ENV: me}, detached=True)
-    store.write_json(folder.file("launch.json"), {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
+    try:
+        store.write_json(folder.file("launch.json"), {
+            **folder.launch_info(), "slurm": {"job_id": job_id, "job": job.as_dict(), "submitted_at": time.time()}})
+        me = str(folder.path.resolve())
+        child = procs.spawn([sys.executable, "-m", "commlab.engine.slurm", me],
+                            log=folder.file("supervisor.log"), env={**env, procs.OWNER_ENV: me}, detached=True)
+        store.write_json(folder.file("launch.json"), {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
+    except BaseException:
+        cancel(job_id)
+        raise
     return job_id
 
 
@@ -140,12 +160,17 @@ def cancel(job_id: str) -> None:
     subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
 
 
-def job_state(job_id: str) -> dict:
+def job_state(job_id: str) -> dict | None:
     """``scontrol show job``'s fields (JobState, Reason, ExitCode, ...); {} once Slurm has
-    forgotten the job (MinJobAge after its end)."""
-    done = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=60)
+    forgotten the job (MinJobAge after its end); None when Slurm did not answer (a controller
+    restarting, a timeout): not known, so asked again."""
+    try:
+        done = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        return None
     if done.returncode:
-        return {}
+        return {} if "invalid job id" in done.stderr.lower() else None
     return dict(w.split("=", 1) for w in done.stdout.split() if "=" in w)
 
 
@@ -155,8 +180,16 @@ def follow(run_dir: Path) -> int:
     info = folder.launch_info()
     job_id, owner = info["slurm"]["job_id"], info.get("owner")
     cancelled_for = None
+    unanswered_since = None
     while True:
         state = job_state(job_id)
+        if state is None:  # a blip of the controller is waited out; a controller gone is the job gone
+            unanswered_since = unanswered_since or time.monotonic()
+            if time.monotonic() - unanswered_since < UNANSWERED_S:
+                time.sleep(POLL_S)
+                continue
+            state = {}
+        unanswered_since = None
         js = state.get("JobState", "")
         said = store.read_json(folder.file("status.json"), {})
         slurm = {"job_id": job_id, "state": js or "GONE", "reason": state.get("Reason")}

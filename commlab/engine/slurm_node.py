@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from commlab.engine import nodes, procs, store
@@ -43,10 +44,17 @@ def node_main(run_dir: Path) -> int:
         node = nodes.Nodes(count, rank, f"{first_address()}:{job.port}", folder.id, str(job.ifname),
                            nodes.interface_address(str(job.ifname)))
     records = node.records(folder.path) if node else folder.path
+    if node and (errors := node.errors()):  # this compute node lacks the interface, or serves elsewhere
+        Path(records).mkdir(parents=True, exist_ok=True)
+        store.write_json(Path(records) / "status.json", {
+            "status": "failed", "step": None, "ended_at": time.time(),
+            "error": f"node {rank} ({procs.HOST}) cannot take part: " + "; ".join(
+                f"{k}: {v}" for k, v in errors.items())})
+        return 1
     mine = {"command": run_argv(cfg.world_size, folder.path, sys.executable, node),
             "nodes": node.as_dict() if node else None}
     if records == folder.path:
-        store.write_json(folder.file("launch.json"), {**info, **mine})
+        store.write_json(folder.file("launch.json"), {**folder.launch_info(), **mine})  # read again: submit writes it too
     else:
         records.mkdir(parents=True, exist_ok=True)
         store.write_json(records / "config.json", folder.config_dict())

@@ -75,24 +75,13 @@ def table(entries: Sequence[Entry], profiles: Sequence[whatif.HookProfile],
         reference = metrics.median(metrics.steady_rows(e.records, e.cfg), "plain_bytes") \
             if against == baselines.BASELINE else base_bytes
         rows.append({**_row(e, profile, cluster, reference), "baseline": e is base, "against": against,
-                     **_judged(profile, base_profile, cluster, against)})
+                     **payoff.judged(base_profile, profile, cluster, against)})
     return rows
 
 
 def _bytes(e: Entry, profile: whatif.HookProfile | None) -> float | None:
     """Bytes per step: the profile's (steady, per period for post-local SGD), else the headline's."""
     return profile.payload_bytes if profile else metrics.headline(e.records, e.cfg)["bytes_per_step"]
-
-
-def _judged(profile, base_profile, cluster: Cluster, against: str) -> dict:
-    """Its speed-up over the baseline on ``cluster`` and whether it pays there; blanks without
-    both profiles."""
-    if profile is None or base_profile is None:
-        return {"speedup": None, "pays": None, "break_even_gbps": None}
-    pays = payoff.payoff(base_profile, profile, cluster.world_size, cluster.latency_us, against)
-    return {"speedup": payoff.speedup(base_profile, profile, cluster.world_size,
-                                      cluster.bandwidth_gbps, cluster.latency_us),
-            "pays": pays.sentence(), "break_even_gbps": pays.break_even_gbps}
 
 
 def _row(e: Entry, profile: whatif.HookProfile | None, cluster: Cluster, reference: float | None) -> dict:

@@ -82,3 +82,13 @@ def speedup(base: HookProfile, other: HookProfile, world_size: int, bandwidth_gb
     """The baseline's predicted step time over ``other``'s: above 1, ``other`` is faster."""
     own = other.step_s(world_size, bandwidth_gbps, latency_us)
     return base.step_s(world_size, bandwidth_gbps, latency_us) / own if own > 0 else None
+
+
+def judged(base: HookProfile | None, other: HookProfile | None, cluster, against: str) -> dict:
+    """A setting's row on ``cluster`` (a ``quality.Cluster``): whether it pays (the sentence),
+    its break-even and its speed-up over the baseline; blanks without both profiles."""
+    if base is None or other is None:
+        return {"pays": None, "break_even_gbps": None, "speedup": None}
+    pays = payoff(base, other, cluster.world_size, cluster.latency_us, against)
+    return {"pays": pays.sentence(), "break_even_gbps": pays.break_even_gbps,
+            "speedup": speedup(base, other, cluster.world_size, cluster.bandwidth_gbps, cluster.latency_us)}

@@ -409,7 +409,7 @@ class Sweep(store.Folder):
             per_step = quality.predicted_step_s(recs, cfg, profiles.get(r.id), plain[seed], cluster)
             rows.append({**summarize(recs, cfg, r.status(), r.id, str(r.path), evals=evals,
                                      predicted_step_s=per_step, against=against),
-                         **_payoff(profiles.get(r.id), based[seed], cluster, against)})
+                         **payoff.judged(based[seed], profiles.get(r.id), cluster, against)})
             extra.append((recs, per_step))
         table = _frame(rows)
         table["against"] = against
@@ -453,16 +453,6 @@ def _by_seed(loaded, profiles: dict, against: str) -> collections.defaultdict:
              if baselines.is_baseline(cfg, against)}
     fallback = next((p for p in found.values() if p), None)
     return collections.defaultdict(lambda: fallback, {k: v for k, v in found.items() if v})
-
-
-def _payoff(profile, base, cluster: quality.Cluster, against: str) -> dict:
-    """A run's ``payoff.payoff`` against its seed's baseline on ``cluster``, and its speed-up there."""
-    if profile is None or base is None:
-        return {}
-    pays = payoff.payoff(base, profile, cluster.world_size, cluster.latency_us, against)
-    return {"pays": pays.sentence(), "break_even_gbps": pays.break_even_gbps,
-            "speedup": payoff.speedup(base, profile, cluster.world_size, cluster.bandwidth_gbps,
-                                      cluster.latency_us)}
 
 
 def _records(df) -> list[dict]:

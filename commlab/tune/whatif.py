@@ -230,7 +230,10 @@ def traffic(cfg: dict) -> tuple[str, int, int]:
     spec = spec_of(cfg)
     if spec is None:
         return ring.ALLREDUCE, 0, 1
-    kind = ring.ALLGATHER if spec.collective == ALLGATHER else ring.ALLREDUCE
+    collective = spec.collective
+    if spec.averaging_precision:  # its every collective is its averaging's (DiLoCo's int8: two allgathers)
+        collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
+    kind = ring.ALLGATHER if collective == ALLGATHER else ring.ALLREDUCE
     group = cfg.get("localsgd_subgroup_size", 1) if spec.subgroup else 0
     # Model averaging: the parameters, not the gradients, every period.
     period = cfg.get(spec.period, 1) if spec.averages_parameters else 1
