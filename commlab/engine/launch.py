@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from commlab.config import RunConfig, default_runs_dir
+from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.devices import pick_backend
 from commlab.engine import procs, store
 from commlab.engine.commands import run_argv, submit_argv
@@ -71,7 +71,6 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
     ``node``: this node of a run on several (``commlab.engine.nodes``): the run folder is the run
     id's in the runs folder, made by node 0; the folder returned holds this node's records.
     Raises ConfigError."""
-    from commlab.config import ConfigError
     from commlab.engine import workload_probe
     from commlab.hooks import registry
 
@@ -107,8 +106,6 @@ def _node_dir(cfg: RunConfig, node: Nodes, run_dir: Path) -> Path:
     """This node's records folder in ``run_dir``, the run folder named by the run id (made here if
     this node is first); ConfigError when this node's records are there already (an id used
     before), or when node 0's settings differ."""
-    from commlab.config import ConfigError
-
     path = node.records(run_dir)
     if (path / "config.json").exists():
         raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} already holds node "
