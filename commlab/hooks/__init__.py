@@ -24,6 +24,7 @@ variants stay in ``powersgd``), and its state class.
   natural compression, signSGD with majority vote, signum, EF-signSGD, 1-bit SGD), one state each.
 - ``instrument``: byte counting and timing around any hook.
 - ``comm_thread``: the communication thread commlab's PowerSGD issues its collectives from.
+- ``futures``: Python callbacks on torch futures, which the exit waits for (an abort otherwise).
 - ``pitfalls``: PowerSGD's pitfalls, caught as a run goes.
 - ``lightning_ddp``: a Lightning ``DDPStrategy`` that registers its hook on CPU too.
 

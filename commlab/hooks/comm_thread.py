@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from commlab.hooks import futures  # imported first: its exit wait runs after close()
+
 JOIN_TIMEOUT_S = 5.0  # a thread stuck in a collective whose peer is gone is left to die with us
 
 Job = Callable[[], Any]  # returns a value, a Future whose value completes the hook's future, or Deferred
@@ -146,7 +148,7 @@ class CommThread:
         if error is not None:
             fut.set_exception(error)
         elif isinstance(result, torch._C.Future):  # what Work.get_future() returns too
-            result.add_done_callback(lambda inner, outer=fut: _complete(outer, inner))
+            futures.on_done(result, lambda inner, outer=fut: _complete(outer, inner))
         else:
             fut.set_result(result)
         return None

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commlab.hooks import futures
 from commlab.hooks.groups import group_of
 
 __all__ = ["bf16_compress_hook", "bf16_compress_wrapper"]
@@ -37,7 +38,7 @@ def bf16_compress_hook(process_group: dist.ProcessGroup | None,
         # In place, as PyTorch does, to keep peak memory down (pytorch/pytorch#45968).
         return buffer.copy_(fut.value()[0])
 
-    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
+    return futures.then(dist.all_reduce(compressed, group=group, async_op=True).get_future(), decompress)
 
 
 # The name DDP's check looks for is PyTorch's; this one is commlab's own.
@@ -58,6 +59,6 @@ def bf16_compress_wrapper(hook: Hook) -> Hook:
         def decompress(fut: torch.futures.Future) -> torch.Tensor:
             return bucket.buffer().copy_(fut.value())
 
-        return fut.then(decompress)
+        return futures.then(fut, decompress)
 
     return commlab_bf16_wrapped_hook

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from commlab.hook_specs import ALLGATHER, ALLREDUCE, SPECS
+from commlab.hooks import futures
 from commlab.hooks.groups import group_of
 from commlab.seeds import stream_seed
 
@@ -396,7 +397,7 @@ def compressor_hook(state: CompressorState, bucket: dist.GradBucket) -> torch.fu
         def finish_sum(f):
             return buf.copy_(state.aggregate([f.value()[0]], ctx, n, world_size))
 
-        return fut.then(finish_sum)
+        return futures.then(fut, finish_sum)
     lengths = None
     if state.variable_length:
         mine = torch.tensor([msg.numel()])
@@ -411,7 +412,7 @@ def compressor_hook(state: CompressorState, bucket: dist.GradBucket) -> torch.fu
         msgs = gathered if lengths is None else [m[:size] for m, size in zip(gathered, lengths)]
         return buf.copy_(state.aggregate(msgs, ctx, n, world_size))
 
-    return fut.then(finish)
+    return futures.then(fut, finish)
 
 
 # --------------------------------------------------------------------------- one hook per method

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from commlab.analysis import ring, timeline
 from commlab.analysis.ledger import HOOK, MEASURE, OTHER, Ledger
 from commlab.analysis.metrics import relative_error
-from commlab.hooks import comm_thread
+from commlab.hooks import comm_thread, futures
 
 
 def _sleep_until(deadline: float) -> None:
@@ -97,7 +97,7 @@ class _EmulatedWork:
                 _sleep_until(deadline)
                 return fut.value()
 
-            return self._work.get_future().then(held)
+            return futures.then(self._work.get_future(), held)
         out: torch.futures.Future = torch.futures.Future()
 
         def release(fut):
@@ -108,7 +108,7 @@ class _EmulatedWork:
                 return
             _LINK_CLOCK.at(deadline, lambda: out.set_result(value))
 
-        self._work.get_future().add_done_callback(release)
+        futures.on_done(self._work.get_future(), release)
         return out
 
     def __getattr__(self, name):
@@ -266,10 +266,10 @@ class CollectiveCounter:
                 if deadline is not None:
                     _sleep_until(deadline)
                 return None
-            work.get_future().add_done_callback(real_end)
+            futures.on_done(work.get_future(), real_end)
             if event is not None:
                 # A CUDA future runs its callbacks on streams that wait for its kernels.
-                work.get_future().add_done_callback(lambda _: ended())
+                futures.on_done(work.get_future(), lambda _: ended())
             return work if deadline is None else _EmulatedWork(work, deadline, cuda)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
@@ -477,7 +477,7 @@ class HookInstrument:
                 rec.last_result = max(rec.last_result or 0.0, now)
             return out
 
-        return fut.then(finish)
+        return futures.then(fut, finish)
 
     def _exact_mean(self, tensor):
         def job():

@@ -40,7 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 )
 
 from commlab.analysis.rule import decide
-from commlab.hooks import comm_thread
+from commlab.hooks import comm_thread, futures
 from commlab.hooks.groups import group_of
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook", "blocking_powerSGD_hook",
@@ -56,7 +56,7 @@ def _vanilla(state: PowerSGDState, bucket: dist.GradBucket,
     """Averaging allreduce, run before ``start_powerSGD_iter``; divides first, as PyTorch does."""
     state.maybe_increase_iter(bucket)
     tensor = bucket.buffer().div_(group.size())
-    return _launch(tensor, group).get_future().then(lambda fut: fut.value()[0])
+    return futures.then(_launch(tensor, group).get_future(), lambda fut: fut.value()[0])
 
 
 def _add_error(state: PowerSGDState, bucket_index: int, tensor: torch.Tensor) -> torch.Tensor | None:
@@ -222,7 +222,7 @@ def _powersgd(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
             _orthogonalize(p, state.orthogonalization_epsilon)
         for batch, p, q in zip(batches, ps, qs):
             torch.bmm(batch.transpose(1, 2), p, out=q)
-        return _launch(q_memory, group).get_future().then(decompress)
+        return futures.then(_launch(q_memory, group).get_future(), decompress)
 
     def decompress(_: torch.futures.Future) -> torch.Tensor:
         q_memory.div_(world_size)
@@ -291,7 +291,7 @@ def _batched_powersgd(state: PowerSGDState,
         p_work.wait()
         _orthogonalize(p.unsqueeze(0), epsilon)
         torch.matmul(matrix.t(), p, out=q)
-        return _launch(q, group).get_future().then(decompress)
+        return futures.then(_launch(q, group).get_future(), decompress)
 
     def decompress(_: torch.futures.Future) -> torch.Tensor:
         q.div_(world_size)

@@ -31,6 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.quantization_hooks import (
     _quantize_per_tensor_backend,
 )
 
+from commlab.hooks import futures
 from commlab.hooks.groups import group_of
 
 __all__ = ["quantization_pertensor_hook", "quantization_perchannel_hook"]
@@ -68,7 +69,7 @@ def quantization_pertensor_hook(
             aggregated += _dequantize_per_tensor_backend(q, all_s_and_z[r][0], all_s_and_z[r][1])
         return aggregated / world_size
 
-    return fut.then(dequantize_and_aggregate)
+    return futures.then(fut, dequantize_and_aggregate)
 
 
 def quantization_perchannel_hook(
@@ -95,4 +96,4 @@ def quantization_perchannel_hook(
             aggregated += _dequantize_per_channel_backend(q, all_s_and_z[r][0], all_s_and_z[r][1])
         return torch.flatten(aggregated).to(tensor.device)[: tensor.size()[0]] / world_size
 
-    return fut.then(dequantize_and_aggregate)
+    return futures.then(fut, dequantize_and_aggregate)
