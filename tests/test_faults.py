@@ -104,9 +104,6 @@ def test_an_orphaned_run_is_said_so_and_stop_ends_it(tmp_path):
     store.write_json(folder.file("supervisor.json"), {
         **dead, "torchrun_pid": None, "worker_pids": [worker.pid],
         "worker_create_times": {str(worker.pid): alive["create_time"]}})
-    # A forked child shows its parent's command line until it has exec'd (on a busy machine, a
-    # while): what proves it the run's is the folder in its own.
-    procs.wait_until(lambda: me in psutil.Process(worker.pid).cmdline(), 30)
     r = open_run(folder.path)
     rec = r.status_record()
     assert rec["status"] == "orphaned" and "Stop ends them" in rec["error"], rec
@@ -114,6 +111,34 @@ def test_an_orphaned_run_is_said_so_and_stop_ends_it(tmp_path):
     assert r.stop() == "stopped"
     assert worker.wait(10) is not None
     assert r.status() == "stopped"
+
+
+@pytest.mark.slow
+def test_a_process_is_known_as_the_runs_the_moment_popen_returns(tmp_path):
+    """Popen returns once exec is past its point of no return, but the new command line and
+    environment are set a moment later: read in that moment both are empty (1 of 750 reads of a
+    fresh ``sleep`` at load 4), and a Stop right after a launch took the run's supervisor for a
+    stranger and left it running.  ``owned_by`` waits out that moment: here it is made to last
+    three reads, as psutil saw it."""
+    me = str(tmp_path.resolve())
+    child = subprocess.Popen(["/bin/sleep", "30"], env={procs.OWNER_ENV: me}, start_new_session=True)
+
+    class InExec(psutil.Process):
+        reads = 0
+
+        def cmdline(self):
+            InExec.reads += 1
+            return [] if InExec.reads <= 3 else super().cmdline()
+
+        def environ(self):
+            return {} if InExec.reads <= 3 else super().environ()
+
+    try:
+        assert procs.owned_by(InExec(child.pid), me) and InExec.reads > 3
+        assert not procs.owned_by(psutil.Process(child.pid), me + "-another")
+    finally:
+        child.kill()
+        child.wait()
 
 
 # ---------------------------------------------------------------------------- item 3: stop trusts nothing

@@ -310,10 +310,7 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
         procs.wait_until(lambda: node0.status() not in store.GOING and folder.status() not in store.GOING,
                          grace_s + STOP_GRACE_S)
     me = str(folder.path.resolve())
-    # Both records of the supervisor, as ``Run.wait`` reads them: the one it wrote once up, and the
-    # one the launcher wrote as it spawned it (all there is while the run is starting).
-    head = list({p.pid: p for p in procs.belonging(
-        [folder.supervisor(), folder.launch_info().get("supervisor", {})], me)}.values())
+    head = procs.belonging([folder.supervisor()], me)  # while starting, the launcher's record of it
     if head:
         # collected first: the workers live in their own sessions
         everyone = [p for p in procs.tree(head[0].pid)[1:] if procs.owned_by(p, me)]

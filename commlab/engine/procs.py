@@ -30,6 +30,8 @@ TORCHRUN_RECORD_ENV = "COMMLAB_TORCHRUN_RECORD"
 # The address ``commlab.engine.torchrun``'s stores listen on: 127.0.0.1 unless a run on several
 # nodes names this node's (``commlab.engine.nodes``).
 STORE_ADDR_ENV = "COMMLAB_STORE_ADDR"
+# How long a process just started may show no command line (see ``owned_by``).
+EXEC_SETTLE_S = 2.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -145,6 +147,14 @@ def belonging(records: Iterable[dict], owner: str) -> list[psutil.Process]:
 def owned_by(p: psutil.Process, owner: str) -> bool:
     """Whether ``owner`` (a folder) is in the process's command line or environment."""
     try:
+        # A process that Popen has just returned is past exec's point of no return, but its new
+        # arguments and environment may not be set yet: both read empty for a moment (4 of 130
+        # reads at load 4).  A Stop right after a launch would take its supervisor for a stranger.
+        # Only a young process is waited for (a kernel thread has no command line ever); a create
+        # time is off by up to a second.
+        young = EXEC_SETTLE_S + 1.0 - (time.time() - p.create_time())
+        if young > 0:
+            wait_until(lambda: p.cmdline() or p.status() == psutil.STATUS_ZOMBIE, young, 0.005)
         return owner in p.cmdline() or p.environ().get(OWNER_ENV) == owner
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
