@@ -8,7 +8,9 @@ folder's own records (launch.json's ``created_at``,
 supervisor.json's ``up_at``, rank 0's
 meta.json ``phases`` (rank 0's: its imports done, the process group, DDP and the hook set up) and ``started_at``, the first step's time, the finished status's ``at``) and
 the command's return is timed here.  Medians over ``--runs``, with the load beside them (these
-machines are shared: a busy one stretches every phase).  ``--sweep N``: ``commlab sweep`` of N
+machines are shared: a busy one stretches every phase), for the ranks forked from torchrun (the
+default on a machine without a GPU driver) and started as interpreters of their own
+(``COMMLAB_FORK_RANKS=0``), the two taken in turn.  ``--sweep N``: ``commlab sweep`` of N
 runs of ``--steps`` steps (one setting, N seeds, no baseline) against one such run, one after the
 other, alternately: the sweep's time over one run's, and its overhead per run (its time less the
 training time its runs recorded, over N).
@@ -46,10 +48,13 @@ PHASES = (
 )
 
 
-def one_run(argv: list[str], runs_dir: Path) -> dict[str, float]:
+STARTS = {"forked": {}, "exec'd": {"COMMLAB_FORK_RANKS": "0"}}  # how the ranks start: the environment
+
+
+def one_run(argv: list[str], runs_dir: Path, env: dict | None = None) -> dict[str, float]:
     command = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "commlab", "run", *argv, "--runs-dir", str(runs_dir),
-                             "--json"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                             "--json"], stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
     out, _ = proc.communicate(timeout=600)
     returned = time.time()
     payload = json.loads(out.strip().splitlines()[-1])
@@ -139,15 +144,20 @@ def main() -> None:
             "--eval-every", "0", "--no-save-checkpoint"]
     with tempfile.TemporaryDirectory(prefix="commlab-startup-") as tmp:
         one_run(argv, Path(tmp))  # the page cache warmed, as a person's second run finds it
-        times, loads = [], []
+        times, loads = {start: [] for start in STARTS}, []
         for _ in range(args.runs):
-            loads.append(os.getloadavg()[0])
-            times.append(one_run(argv, Path(tmp)))
-    print(f"{args.runs} runs of `commlab run {' '.join(argv)}`; load {min(loads):.1f} to {max(loads):.1f}")
-    print(f"{'phase':<40} {'median s':>9} {'min s':>7} {'max s':>7}")
+            for start, env in STARTS.items():
+                loads.append(os.getloadavg()[0])
+                times[start].append(one_run(argv, Path(tmp), env))
+    print(f"{args.runs} runs each of `commlab run {' '.join(argv)}`, the ranks forked and exec'd in turn; "
+          f"load {min(loads):.1f} to {max(loads):.1f}")
+    print(f"{'phase (median s, min-max)':<40}" + "".join(f"{start:>20}" for start in STARTS))
     for name, a, b in PHASES:
-        spans = [t[b] - t[a] for t in times]
-        print(f"{name:<40} {statistics.median(spans):9.2f} {min(spans):7.2f} {max(spans):7.2f}")
+        cells = []
+        for start in STARTS:
+            spans = [t[b] - t[a] for t in times[start]]
+            cells.append(f"{statistics.median(spans):.2f} ({min(spans):.2f}-{max(spans):.2f})")
+        print(f"{name:<40}" + "".join(f"{c:>20}" for c in cells))
     if args.sweep:
         sweep_cost(args.sweep, argv, args.rounds)
 

@@ -7,6 +7,7 @@ import sys
 # A machine with none of these has no GPU driver, so torch would see no GPU: it is not imported to
 # say so (seconds, at every run's start).  NVIDIA's, AMD's (ROCm: torch.cuda too), WSL's.
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+FORK_ENV = "COMMLAB_FORK_RANKS"  # "0": never fork the ranks (``ranks_forkable``)
 
 
 def gpu_count() -> int:
@@ -15,6 +16,17 @@ def gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def ranks_forkable() -> bool:
+    """Whether torchrun may fork the ranks from its own process, its imports done (``commlab.engine
+    .torchrun``), instead of starting a fresh interpreter for each: on a machine with no GPU driver.
+    A process that has touched CUDA cannot use it in a forked child, and importing what the ranks
+    need may touch it.  ``COMMLAB_FORK_RANKS=0`` starts each rank as an interpreter of its own
+    anyway (``benchmarks/startup.py`` times both; a workload that cannot be forked)."""
+    if os.environ.get(FORK_ENV) == "0":
+        return False
+    return not any(os.path.exists(p) for p in GPU_DEVICE_FILES)
 
 
 def pick_backend(asked: str, world_size: int, gpus: int | None = None) -> tuple[str, str]:

@@ -46,12 +46,18 @@ def test_every_hook_and_wrapper_trains_on_gloo_with_several_buckets(tmp_path, wo
     assert by[("powersgd", "none")]["bytes"] < full
 
 
-def test_torchrun_command_is_loopback_and_exact(tmp_path):
+def test_torchrun_command_is_loopback_and_exact(tmp_path, monkeypatch):
+    from commlab import devices
+
     cmd = torchrun_command(RunConfig(world_size=3), tmp_path, python="py")
+    # On a machine without a GPU driver the ranks are forked from torchrun, its imports done.
+    fork = ["--start-method", "fork"] if devices.ranks_forkable() else []
     assert cmd == ["py", "-m", "commlab.engine.torchrun", "--nnodes", "1", "--nproc-per-node", "3",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                    "--local-addr", "127.0.0.1", "--max-restarts",
-                   "0", "--monitor-interval", "0.2", "-m", "commlab.engine.worker", str(tmp_path)]
+                   "0", "--monitor-interval", "0.2", *fork, "-m", "commlab.engine.worker", str(tmp_path)]
+    monkeypatch.setenv("COMMLAB_FORK_RANKS", "0")  # each rank an interpreter of its own, as asked
+    assert "--start-method" not in torchrun_command(RunConfig(world_size=3), tmp_path, python="py")
 
 
 def test_powersgd_run_folder(powersgd_run):

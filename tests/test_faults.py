@@ -26,9 +26,10 @@ def _steps(r, n: int, timeout: float = 240) -> dict:
     assert procs.wait_until(lambda: len(r.metrics_records()) >= n or not r.is_running(), timeout), \
         r.status_record()
     assert r.status() == "running", r.status_record()
-    sup = store.read_json(r.file("supervisor.json"))
-    assert len(sup["worker_pids"]) == r.config().world_size, sup
-    return sup
+    # Forked ranks may take their first steps before the supervisor's next look (0.2 s) lists them.
+    listed = lambda: len(store.read_json(r.file("supervisor.json"))["worker_pids"]) == r.config().world_size  # noqa: E731
+    assert procs.wait_until(listed, 10), store.read_json(r.file("supervisor.json"))
+    return store.read_json(r.file("supervisor.json"))
 
 
 def _of_run(r) -> list[psutil.Process]:
@@ -46,7 +47,11 @@ def _of_run(r) -> list[psutil.Process]:
 
 
 def _rank_of(pid: int) -> int:
-    return int(psutil.Process(pid).environ()["RANK"])
+    """A rank's process is named for its rank (``worker.become_rank``; a forked rank's environment,
+    as /proc shows it, is torchrun's)."""
+    from commlab.engine.worker import RANK_NAME
+
+    return int(psutil.Process(pid).name().removeprefix(RANK_NAME))
 
 
 # ---------------------------------------------------------------------------- item 1: orphaned runs

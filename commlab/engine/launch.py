@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from commlab.config import ConfigError, RunConfig, default_runs_dir
-from commlab.devices import pick_backend
+from commlab.devices import pick_backend, ranks_forkable
 from commlab.engine import procs, store
 from commlab.engine.commands import run_argv, submit_argv
 from commlab.engine.nodes import STOP_GRACE_S, Nodes, request_stop
@@ -40,7 +40,7 @@ def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
 def torchrun_command(cfg: RunConfig, run_dir: str | os.PathLike, python: str = sys.executable,
                      node: Nodes | None = None) -> list[str]:
     """The exact argv that runs a run's workers (recorded in launch.json, run by the supervisor)."""
-    return run_argv(cfg.world_size, run_dir, python, node)
+    return run_argv(cfg.world_size, run_dir, python, node, fork=ranks_forkable())
 
 
 def worker_env(cfg: RunConfig, base: dict | None = None, node: Nodes | None = None) -> dict:
@@ -247,6 +247,12 @@ class Batch:
         if not self.pool.alive():
             self.pool.start(worker_env(cfg))
         return self.pool
+
+    def release(self) -> None:
+        """Let the pool's ranks leave (no more runs) while this process does something else;
+        ``close`` still waits for them."""
+        if self.pool is not None:
+            self.pool.release()
 
     def close(self) -> None:
         if self.pool is not None:

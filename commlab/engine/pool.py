@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from commlab.devices import ranks_forkable
 from commlab.engine import procs, store
 from commlab.engine.commands import pool_argv
 
@@ -58,16 +59,21 @@ class Pool:
             for f in (self.path / sub).iterdir():
                 f.unlink()
         (self.path / "close").unlink(missing_ok=True)
-        child = procs.spawn(pool_argv(self.world_size, self.path), log=self.path / "launcher.log", die_with_caller=True,
+        child = procs.spawn(pool_argv(self.world_size, self.path, fork=ranks_forkable()), log=self.path / "launcher.log", die_with_caller=True,
                             env={**env, procs.TORCHRUN_RECORD_ENV: str(self.path / "torchrun.json")})
         store.write_json(self.path / "pool.json", {"world_size": self.world_size, "backend": self.backend,
                                                    "torchrun": procs.identity(child.pid)})
         self._child = child
 
+    def release(self) -> None:
+        """Ask the ranks to leave after the run in hand, without waiting (``close`` waits)."""
+        if self.alive():
+            (self.path / "close").touch()
+
     def close(self, timeout: float = 60) -> None:
         """Ask the ranks to leave after the run in hand; end them if they do not; reap torchrun."""
         if self.alive():
-            (self.path / "close").touch()
+            self.release()
             pid = torchrun_of(self.path)["pid"]
             if not procs.wait_until(lambda: not self.alive(), timeout):
                 procs.kill_tree(pid)
@@ -110,7 +116,7 @@ def serve(pool_dir: Path) -> None:
     from commlab.engine import worker
     from commlab.engine.teardown import end_process_group
 
-    procs.die_with_parent(int(os.environ.get(procs.LAUNCHER_ENV, os.getppid())))
+    worker.become_rank()
     record = store.read_json(pool_dir / "pool.json", {})
     dist.init_process_group(record.get("backend", "gloo"), timeout=GROUP_TIMEOUT)
     # DDP's constructor imports torch._dynamo (seconds): once here, not in the first run.

@@ -32,7 +32,7 @@ TORCHRUN_RECORD_ENV = "COMMLAB_TORCHRUN_RECORD"
 STORE_ADDR_ENV = "COMMLAB_STORE_ADDR"
 # How long a process just started may show no command line (see ``owned_by``).
 EXEC_SETTLE_S = 2.0
-_PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15
 
 
 def _prctl():
@@ -55,6 +55,12 @@ def die_with_parent(parent: int) -> None:
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it ended before the request: the kernel will never send it
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def set_name(name: str) -> None:
+    """This process's name as ``ps`` and psutil's ``name()`` show it (at most 15 bytes; Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_NAME, name.encode()[:15])
 
 
 def exit_now(code: int = 0) -> None:

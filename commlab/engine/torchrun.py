@@ -13,7 +13,15 @@ Two additions for the engine: the workers learn this process's PID (``procs.LAUN
 that each can die with it; and when the workers fail, torchrun's own record of how each one ended
 (exit code or signal, when it saw it) is written to the file ``procs.TORCHRUN_RECORD_ENV`` names, if it is set.
 And one repair: torchrun's log folder, which it would leave in /tmp after every job, goes as it ends.
+
+``--start-method fork`` (torchrun's own option, which it applies to a Python function only) with
+the engine's own program (``-m commlab.engine.worker`` or ``-m commlab.engine.pool``): torchrun
+imports that program, torch and DDP's ``torch._dynamo`` once, then forks the ranks (its function
+entrypoint) instead of starting an interpreter for each that imports them all again.  On two cores
+the ranks' imports were about 3 s of a cold run's 5 before its first step.  Only where no GPU
+driver is (``commlab.devices.ranks_forkable``): CUDA does not survive a fork.
 """
+import importlib
 import os
 import shutil
 import sys
@@ -24,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+from torch.distributed.launcher.api import elastic_launch
 
 from commlab.engine import procs, store
 from commlab.engine.ranks import loopback_listener
@@ -41,10 +50,42 @@ class LoopbackTCPStore(dist.TCPStore):
         super().__init__(host_name, port, world_size, is_master, **kwargs)
 
 
+# The engine's programs that may be forked from here: each has ``main(argv) -> int``.
+FORKABLE = ("commlab.engine.worker", "commlab.engine.pool")
+
+
+def _module_main(module: str, *argv: str) -> int:
+    """A forked rank: the program as ``python -m module argv`` would run it, its imports done."""
+    return sys.modules[module].main(list(argv))
+
+
+def _launch(config, entrypoint):
+    """``torch.distributed.launcher.api.elastic_launch``, which torchrun calls with the program as
+    a command line; the engine's own program, asked to be forked, becomes a function entrypoint."""
+    launch = elastic_launch(config=config, entrypoint=entrypoint)
+    if config.start_method != "fork":
+        return launch
+
+    def call(*cmd_args: str):
+        args = list(cmd_args)
+        if "-m" not in args or args[args.index("-m") + 1] not in FORKABLE:
+            return launch(*args)
+        module, argv = args[args.index("-m") + 1], args[args.index("-m") + 2:]
+        importlib.import_module(module)
+        import torch._dynamo  # noqa: F401  DDP's constructor imports it: once here, not in every rank
+
+        sys.stdout.flush()  # what is buffered here would be written again by every rank
+        sys.stderr.flush()
+        return elastic_launch(config=config, entrypoint=_module_main)(module, *argv)
+
+    return call
+
+
 def main() -> int:
     # The two places torchrun's c10d rendezvous builds its stores: the rendezvous backend's
     # (imported by name) and the workers' bootstrap store (looked up on torch.distributed).
     dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
+    run.elastic_launch = _launch  # the name torchrun's ``run`` calls
     os.environ[procs.LAUNCHER_ENV] = str(os.getpid())
     # Without --log-dir torchrun makes a folder in /tmp for each job and never removes it (955 of
     # them in a day of tests here): it gets one that goes as torchrun ends.

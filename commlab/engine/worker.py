@@ -42,6 +42,7 @@ from commlab.seeds import stream_seed
 # When this rank reached each phase of its start (wall clock): rank 0 records them in meta.json,
 # where benchmarks/startup.py reads them.
 PHASES: dict[str, float] = {}
+RANK_NAME = "commlab-rank"  # a rank's process name: this, then its global rank
 
 
 def train(run_dir: Path) -> None:
@@ -240,20 +241,27 @@ def _ranks_gone(rank: int, world: int) -> list[int]:
     running = set()
     for p in psutil.Process(os.getppid()).children():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                running.add(int(p.environ().get("RANK", -1)))
+            if p.status() != psutil.STATUS_ZOMBIE and p.name().startswith(RANK_NAME):
+                running.add(int(p.name()[len(RANK_NAME):]))
         except (psutil.Error, ValueError):
             pass
     return sorted(set(range(first, first + local)) - running - {rank})
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    run_dir = Path(argv[0])
+def become_rank() -> None:
+    """This process as one of torchrun's ranks: it dies with torchrun, and is named for its rank
+    (what ``_ranks_gone`` reads: a forked rank's environment, as /proc shows it, is torchrun's)."""
     # torchrun starts the workers in sessions of their own, so nothing that ends it ends them:
     # the kernel does.  torchrun itself dies with the supervisor (``procs.spawn(die_with_caller)``).
     procs.die_with_parent(int(os.environ.get(procs.LAUNCHER_ENV, os.getppid())))
-    PHASES["imported"] = time.time()  # the process started, torch and the lab imported
+    procs.set_name(f"{RANK_NAME}{os.environ.get('RANK', '')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0])
+    become_rank()
+    PHASES["imported"] = time.time()  # the process started (or forked), torch and the lab imported
     try:
         train(run_dir)
     except BaseException as e:

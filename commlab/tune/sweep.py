@@ -52,10 +52,12 @@ import collections
 import contextlib
 import fcntl
 import functools
+import importlib
 import itertools
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -559,6 +561,9 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
     # leaves no run training on that a resume would start a second beside.
     launch = Batch(f"sweep {sweep.id}", sweep.file("pool"), warm=len(configs) - len(done) > 1,
                    slurm=sweep.slurm())
+    # The report reads the runs with pandas, whose import (0.45 s) would come after the last run:
+    # it is done now, beside the first run's start-up, which leaves this process idle.
+    threading.Thread(target=importlib.import_module, args=("pandas",), daemon=True).start()
     try:
         for i, cfg in enumerate(configs):
             if i in done:
@@ -596,17 +601,22 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             entries[i]["status"] = status
             _write_state(sweep, runs=_started(entries))
             report(i, status, steps_done + len(steps.read_new()))
+    except BaseException:
+        launch.close()
+        raise
+    launch.release()  # the ranks leave while the runs' supervisors end and the report is made
+    try:
+        for run in exiting:
+            run.wait()
+        final = "stopped" if stopped else "finished"
+        _write_state(sweep, status=final, ended_at=time.time())
+        try:
+            store.write_json(sweep.file(RESULT), store.finite(sweep.report(cluster)))
+        except Exception as e:  # the runs and the state are kept: `commlab sweep --show` asks again
+            store.write_json(sweep.file(RESULT), {"error": f"{type(e).__name__}: {e}"})
+            raise
     finally:
         launch.close()
-    for run in exiting:
-        run.wait()
-    final = "stopped" if stopped else "finished"
-    _write_state(sweep, status=final, ended_at=time.time())
-    try:
-        store.write_json(sweep.file(RESULT), store.finite(sweep.report(cluster)))
-    except Exception as e:  # the runs and the state are kept: `commlab sweep --show` asks again
-        store.write_json(sweep.file(RESULT), {"error": f"{type(e).__name__}: {e}"})
-        raise
     return final
 
 
