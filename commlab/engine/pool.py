@@ -59,7 +59,8 @@ class Pool:
             for f in (self.path / sub).iterdir():
                 f.unlink()
         (self.path / "close").unlink(missing_ok=True)
-        child = procs.spawn(pool_argv(self.world_size, self.path, fork=ranks_forkable()), log=self.path / "launcher.log", die_with_caller=True,
+        child = procs.spawn(pool_argv(self.world_size, self.path, fork=ranks_forkable()),
+                            log=self.path / "launcher.log", die_with_caller=True,
                             env={**env, procs.TORCHRUN_RECORD_ENV: str(self.path / "torchrun.json")})
         store.write_json(self.path / "pool.json", {"world_size": self.world_size, "backend": self.backend,
                                                    "torchrun": procs.identity(child.pid)})

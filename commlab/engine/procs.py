@@ -154,8 +154,8 @@ def owned_by(p: psutil.Process, owner: str) -> bool:
     """Whether ``owner`` (a folder) is in the process's command line or environment."""
     try:
         # A process that Popen has just returned is past exec's point of no return, but its new
-        # arguments and environment may not be set yet: both read empty for a moment (4 of 130
-        # reads at load 4).  A Stop right after a launch would take its supervisor for a stranger.
+        # arguments and environment may not be set yet: both read empty for a moment (1 of 750
+        # fresh reads at load 4).  A Stop right after a launch would take its supervisor for a stranger.
         # Only a young process is waited for (a kernel thread has no command line ever); a create
         # time is off by up to a second.
         young = EXEC_SETTLE_S + 1.0 - (time.time() - p.create_time())
