@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from script_end import END
 
 from commlab.hook_specs import OUTER_PRECISIONS
 from commlab.hooks.diloco import INT8_LEVELS, DiLoCoState
@@ -315,7 +316,7 @@ if dist.get_rank() == 0:
     json.dump(results, open(sys.argv[1], "w"))
 dist.destroy_process_group()
 ''')
-    (tmp_path / "train.py").write_text("\n".join(parts))
+    (tmp_path / "train.py").write_text("\n".join(parts) + END)
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
@@ -401,7 +402,7 @@ def test_the_torchft_export_runs_as_pasted_and_is_the_labs_diloco_where_torchft_
         text = text.replace(line + "\n", "")
     loop = "\n".join(ln[4:] for ln in text.split("# Train inside it")[1].splitlines() if ln.startswith("#   "))
     (tmp_path / "train.py").write_text(TORCHFT_PRELUDE + text + loop + f"\nSYNC_EVERY, INIT_SYNC = {h}, {init_sync}\n"
-                                         + TORCHFT_EPILOGUE)
+                                         + TORCHFT_EPILOGUE + END)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000, quorum_tick_ms=100)
     env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse.address(), "GLOO_SOCKET_IFNAME": "lo",

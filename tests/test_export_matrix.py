@@ -32,6 +32,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
+from script_end import END
 
 from commlab.config import RunConfig
 from commlab.hook_specs import HOOKS, SPECS, WHOLE_STATE, WRAPPERS
@@ -314,7 +315,7 @@ def matrix_script() -> tuple[str, dict[str, tuple]]:
         text = export.render(cfg_for(hook, wrapper, buckets), "lightning", NODES).text
         parts.append(LIGHTNING_CELL.format(i=i, snippet=_indent(text), steps=STEPS))
         cells[f"lightning_{i}"] = ("lightning", hook, wrapper, buckets)
-    parts.append(EPILOGUE.format(names="{" + ", ".join(f"{n!r}: {n}" for n in cells) + "}"))
+    parts.append(EPILOGUE.format(names="{" + ", ".join(f"{n!r}: {n}" for n in cells) + "}") + END)
     return "\n".join(parts), cells
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from script_end import END
 
 from commlab import cli
 from commlab.config import ConfigError, RunConfig
@@ -79,7 +80,7 @@ def test_the_exported_slurm_script_runs_as_pasted_and_completes(slurm, tmp_path)
     steps = 5
     snippet = export.render(cfg, "ddp", Target(backend="gloo")).text
     out = tmp_path / "result.json"
-    (tmp_path / "train.py").write_text(TRAIN.format(snippet=snippet, steps=steps))
+    (tmp_path / "train.py").write_text(TRAIN.format(snippet=snippet, steps=steps) + END)
     script = export.render(cfg, "slurm", Target(backend="gloo", nproc_per_node=2,
                                                 script_args=[str(out)])).text
     (tmp_path / "job.sbatch").write_text(script)
