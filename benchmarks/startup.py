@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from commlab.devices import FORK_ENV  # noqa: E402
 from commlab.engine import store  # noqa: E402
 
 # Times each process reports of itself (wall clock): a process's create time, as psutil reads it
@@ -48,7 +49,7 @@ PHASES = (
 )
 
 
-STARTS = {"forked": {}, "exec'd": {"COMMLAB_FORK_RANKS": "0"}}  # how the ranks start: the environment
+STARTS = {"forked": {}, "exec'd": {FORK_ENV: "0"}}  # how the ranks start: the environment
 
 
 def one_run(argv: list[str], runs_dir: Path, env: dict | None = None) -> dict[str, float]:

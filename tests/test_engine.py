@@ -56,7 +56,7 @@ def test_torchrun_command_is_loopback_and_exact(tmp_path, monkeypatch):
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                    "--local-addr", "127.0.0.1", "--max-restarts",
                    "0", "--monitor-interval", "0.2", *fork, "-m", "commlab.engine.worker", str(tmp_path)]
-    monkeypatch.setenv("COMMLAB_FORK_RANKS", "0")  # each rank an interpreter of its own, as asked
+    monkeypatch.setenv(devices.FORK_ENV, "0")  # each rank an interpreter of its own, as asked
     assert "--start-method" not in torchrun_command(RunConfig(world_size=3), tmp_path, python="py")
 
 

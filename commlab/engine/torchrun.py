@@ -69,9 +69,10 @@ def _launch(config, entrypoint):
 
     def call(*cmd_args: str):
         args = list(cmd_args)
-        if "-m" not in args or args[args.index("-m") + 1] not in FORKABLE:
+        at = args.index("-m") + 1 if "-m" in args else None
+        if at is None or args[at] not in FORKABLE:
             return launch(*args)
-        module, argv = args[args.index("-m") + 1], args[args.index("-m") + 2:]
+        module, argv = args[at], args[at + 1:]
         importlib.import_module(module)
         import torch._dynamo  # noqa: F401  DDP's constructor imports it: once here, not in every rank
 

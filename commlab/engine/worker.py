@@ -241,8 +241,9 @@ def _ranks_gone(rank: int, world: int) -> list[int]:
     running = set()
     for p in psutil.Process(os.getppid()).children():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.name().startswith(RANK_NAME):
-                running.add(int(p.name()[len(RANK_NAME):]))
+            name = p.name()
+            if p.status() != psutil.STATUS_ZOMBIE and name.startswith(RANK_NAME):
+                running.add(int(name[len(RANK_NAME):]))
         except (psutil.Error, ValueError):
             pass
     return sorted(set(range(first, first + local)) - running - {rank})
