@@ -43,8 +43,11 @@ def _exit(way: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # two interpreters that import torch
 def test_the_exit_waits_for_callbacks_the_completing_thread_still_holds():
     bare = _exit("torch")  # the defect itself, so that this test can tell the two apart
-    # SIGABRT, or SIGSEGV when the abort itself goes down under load (seen once in CI)
-    assert bare.returncode < 0 and "terminate called" in bare.stderr, (bare.returncode, bare.stderr)
+    # SIGABRT from std::terminate; SIGSEGV when the abort itself goes down under load (seen once in
+    # CI); or, when the completing thread takes the GIL a moment later, Python's own fatal error
+    # for a thread that runs while the interpreter finalizes (once, in a full run of the suite).
+    crashed = ("terminate called", "Fatal Python error")
+    assert bare.returncode < 0 and any(c in bare.stderr for c in crashed), (bare.returncode, bare.stderr)
     ours = _exit("commlab")
     assert ours.returncode == 0 and ours.stdout.strip() == "2", (ours.returncode, ours.stderr)
 

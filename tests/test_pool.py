@@ -14,7 +14,7 @@ import pytest
 from commlab.config import RunConfig
 from commlab.engine import procs
 from commlab.engine.launch import start, worker_env
-from commlab.engine.pool import Pool, torchrun_of
+from commlab.engine.pool import Pool, supervisor_of
 
 pytestmark = pytest.mark.slow  # a pool of real ranks
 
@@ -30,7 +30,8 @@ def _pool(tmp_path, cfg: RunConfig) -> Pool:
 
 
 def _pool_processes(pool: Pool) -> list:
-    pid = torchrun_of(pool.path)["pid"]
+    """Its supervisor, torchrun and the ranks."""
+    pid = supervisor_of(pool.path)["pid"]
     try:
         return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -67,6 +68,9 @@ def test_warm_runs_give_the_numbers_of_cold_ones_bit_for_bit(powersgd_run, allre
             assert pool.alive()  # the same ranks, run after run
             ranks = ranks or set(warm.supervisor()["worker_pids"])
             assert set(warm.supervisor()["worker_pids"]) == ranks and len(ranks) == cfg.world_size
+            # ... and the same supervisor: the pool's, no process of its own started for the run
+            assert warm.supervisor()["pid"] == supervisor_of(pool.path)["pid"]
+            assert "command" not in warm.launch_info() and not warm.file("supervisor.log").exists()
     finally:
         pool.close()
     assert not pool.alive() and not _pool_processes(pool)
@@ -98,12 +102,36 @@ def test_a_stop_ends_the_run_and_the_pool(tmp_path):
     try:
         run = start(long, pool=pool.path)
         assert procs.wait_until(lambda: len(run.metrics_records()) > 3, 600), run.status_record()
-        ranks = {p.pid for p in _pool_processes(pool)[1:]}
+        ranks = {p.pid for p in _pool_processes(pool)[2:]}  # after its supervisor and torchrun
         # Its supervisor knows the pool's ranks as the run's, for a Stop (and a person) to see.
         assert set(run.supervisor()["worker_pids"]) == ranks and len(ranks) == long.world_size
         assert run.stop() == "stopped"
         assert procs.wait_until(lambda: not pool.alive(), 30)
         assert _gone(ranks)
+    finally:
+        pool.close()
+    assert not _pool_processes(pool)
+
+
+@pytest.mark.timeout(900)
+def test_a_run_stopped_before_its_turn_never_runs_and_one_the_pool_never_took_ends_named(tmp_path):
+    long = RunConfig(workload="mlp", steps=100_000, eval_every=0, runs_dir=str(tmp_path))
+    pool = _pool(tmp_path, long)
+    try:
+        first = start(long, pool=pool.path)
+        assert procs.wait_until(lambda: len(first.metrics_records()) > 3, 600), first.status_record()
+        waiting, last = start(long, pool=pool.path), start(long, pool=pool.path)
+        assert waiting.status() == last.status() == "starting"  # handed, not taken: one run at a time
+        # Taken back from the pool's queue: the run in hand and the pool go on.
+        assert waiting.stop() == "stopped"
+        steps = len(first.metrics_records())
+        assert pool.alive() and first.status() == "running"
+        assert procs.wait_until(lambda: len(first.metrics_records()) > steps, 60)
+        assert first.stop() == "stopped"  # inside the ranks: the pool ends with it
+        assert last.wait(60) == "stopped", last.status_record()
+        assert last.status_record()["error"] == "its pool of warm ranks ended before the run started"
+        assert not waiting.metrics_records() and not last.metrics_records()
+        assert not pool.alive()
     finally:
         pool.close()
     assert not _pool_processes(pool)

@@ -1,5 +1,5 @@
 """The engine's command lines, pure (as Accelerate builds its launch command): what a run's
-supervisor runs, recorded in launch.json, and what starts a pool of warm ranks."""
+supervisor runs, recorded in launch.json, what starts a pool of warm ranks, and the supervisors."""
 from __future__ import annotations
 
 import os
@@ -42,6 +42,8 @@ def pool_argv(world_size: int, pool_dir: str | os.PathLike, fork: bool = False) 
                          fork=fork)
 
 
-def submit_argv(pool_dir: str | os.PathLike, run_dir: str | os.PathLike) -> list[str]:
-    """A run on warm ranks: what its supervisor runs in place of torchrun."""
-    return [sys.executable, "-m", "commlab.engine.pool", "submit", str(Path(pool_dir).resolve()), str(run_dir)]
+def supervisor_argv(folder: str | os.PathLike, pool: bool = False) -> list[str]:
+    """A run's supervisor (``commlab.engine.supervisor``); with ``pool``, the supervisor of a pool
+    of warm ranks, which supervises each run the pool serves."""
+    return [sys.executable, "-m", "commlab.engine.supervisor", *(["--pool"] if pool else []),
+            str(Path(folder).resolve())]

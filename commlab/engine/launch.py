@@ -22,9 +22,9 @@ from pathlib import Path
 from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.devices import pick_backend, ranks_forkable
 from commlab.engine import procs, store
-from commlab.engine.commands import run_argv, submit_argv
+from commlab.engine.commands import run_argv, supervisor_argv
 from commlab.engine.nodes import STOP_GRACE_S, Nodes, request_stop
-from commlab.engine.pool import Pool
+from commlab.engine.pool import Pool, hand, supervisor_of, withdraw
 from commlab.engine.ranks import loopback_interface
 from commlab.engine.slurm import SlurmJob, cancel, submit
 from commlab.engine.slurm import job_of as slurm_job_of
@@ -67,7 +67,8 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
     ``start`` hands it to a supervisor; config.json, the marker, last.  ``resume``: the folder of
     a finished run this one continues from its checkpoint (``commlab.engine.checkpoint``).
     ``owner``: what this process is (``"sweep <id>"``), when the run must not outlive it.
-    ``pool``: the folder of warm ranks (``commlab.engine.pool``) that runs it, in place of torchrun.
+    ``pool``: the folder of warm ranks (``commlab.engine.pool``) that runs it, in place of torchrun
+    (no command of its own: the pool's supervisor supervises it).
     ``node``: this node of a run on several (``commlab.engine.nodes``): the run folder is the run
     id's in the runs folder, made by node 0; the folder returned holds this node's records.
     Raises ConfigError."""
@@ -91,8 +92,7 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
         "resumed_from": str(Path(resume).resolve()) if resume is not None else None,
-        "command": (submit_argv(pool, run_dir.resolve()) if pool is not None
-                    else torchrun_command(cfg, whole or run_dir.resolve(), node=node)),
+        **({} if pool is not None else {"command": torchrun_command(cfg, whole or run_dir.resolve(), node=node)}),
         "nodes": node.as_dict() if node is not None else None,
         "run_dir": str(whole) if whole and whole != run_dir.resolve() else None,  # node K's: the run's folder
         "pool": str(Path(pool).resolve()) if pool is not None else None, "created_at": time.time(),
@@ -198,14 +198,17 @@ def start(cfg: RunConfig, request_id: str | None = None,
         if slurm is not None:
             submit(folder, cfg, slurm, procs.package_env())
             return Run(folder.path)
-        child = procs.spawn([sys.executable, "-m", "commlab.engine.supervisor", me],
-                            log=folder.file("supervisor.log"),
+        if pool is not None:  # its supervisor is the pool's, there already: named, then handed the run
+            store.write_json(folder.file("launch.json"), {**folder.launch_info(), "supervisor": supervisor_of(pool)})
+            hand(pool, folder.path.resolve())
+            return Run(folder.path)
+        child = procs.spawn(supervisor_argv(me), log=folder.file("supervisor.log"),
                             env={**worker_env(cfg, node=node), procs.OWNER_ENV: me}, detached=True)
         store.write_json(folder.file("launch.json"),
                          {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     except BaseException as e:  # this process owns the starting run: it must not stay starting
         store.write_json(folder.file("status.json"), {
-            "status": "failed", "step": None, "error": str(e) if slurm is not None else
+            "status": "failed", "step": None, "error": str(e) if slurm is not None or pool is not None else
             f"the supervisor could not be started: {e!r}"})
         raise
     return Run(folder.path)
@@ -304,6 +307,7 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
     """Stop a run and every process it started, starting, running or orphaned; returns the status
     it ends with.  Only processes proven to be the run's are signalled (``procs.belonging``): a
     forged or stale supervisor.json makes it kill nothing else."""
+    pool = folder.launch_info().get("pool")
     if job := slurm_job_of(folder):
         request_stop(folder.path)  # every node's supervisor ends its agent; then Slurm ends the job
         cancel(job)
@@ -315,18 +319,32 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
         node0 = Run(whole)
         procs.wait_until(lambda: node0.status() not in store.GOING and folder.status() not in store.GOING,
                          grace_s + STOP_GRACE_S)
-    me = str(folder.path.resolve())
-    head = procs.belonging([folder.supervisor()], me)  # while starting, the launcher's record of it
+    elif pool and folder.status() in store.GOING:
+        # Its supervisor is the pool's, which goes on to the next run: a run not taken yet is
+        # taken back; else the Stop is asked in the folder, and the supervisor is signalled (which
+        # ends the pool) only if it does not answer.
+        if withdraw(pool, folder.path):
+            _record_stopped(folder)
+        else:
+            request_stop(folder.path)
+            procs.wait_until(lambda: folder.status() not in store.GOING, grace_s + STOP_GRACE_S)
+    owner = pool or str(folder.path.resolve())  # the folder its supervisor works for
+    head = (procs.belonging([folder.supervisor()], owner)  # while starting, the launcher's record of it
+            if not pool or folder.status() in store.GOING else [])
     if head:
         # collected first: the workers live in their own sessions
-        everyone = [p for p in procs.tree(head[0].pid)[1:] if procs.owned_by(p, me)]
+        everyone = [p for p in procs.tree(head[0].pid)[1:] if procs.owned_by(p, owner)]
         procs.terminate(head, grace_s=grace_s + 5)  # the supervisor stops its own tree
         procs.terminate([p for p in everyone if p.is_running()], grace_s=1)
     procs.terminate(folder.processes(), grace_s=1)  # torchrun or workers that outlived it
     if folder.status() in store.STOPPABLE:
-        store.write_json(folder.file("status.json"), {
-            **folder.status_record(), "status": "stopped", "error": "stopped by the user"})
+        _record_stopped(folder)
     return folder.status()
+
+
+def _record_stopped(folder: store.RunFolder) -> None:
+    store.write_json(folder.file("status.json"), {
+        **folder.status_record(), "status": "stopped", "error": "stopped by the user"})
 
 
 def workers_alive(sup: dict) -> list[int]:

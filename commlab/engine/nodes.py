@@ -146,11 +146,10 @@ def stop_request(run_dir: Path) -> dict | None:
 
 
 def ended_elsewhere(run_dir: Path, node: Nodes) -> dict | None:
-    """The ending a Stop pressed on any node, or another node's bad end, calls for: node 0 reads
-    every node's record, node K the run's (node 0's); None while they all go (or ended well)."""
+    """The ending another node's bad end calls for (a Stop pressed on any node is the run folder's
+    ``stop_request``): node 0 reads every node's record, node K the run's (node 0's); None while
+    they all go (or ended well)."""
     run_dir = Path(run_dir)
-    if asked := stop_request(run_dir):
-        return {"status": "stopped", "error": f"{asked.get('error')} (on {asked.get('host')})"}
     others = ([(k, records(run_dir, k)) for k in range(1, node.nnodes)] if node.node_rank == 0
               else [(0, run_dir)])
     for k, folder in others:

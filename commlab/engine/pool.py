@@ -1,69 +1,74 @@
-"""Warm ranks: one torchrun job that runs many runs, one after another, in the same processes.
+"""Warm ranks: one torchrun job that runs many runs, one after another, in the same processes,
+under one supervisor.
 
-    python -m commlab.engine.torchrun ... -m commlab.engine.pool serve POOL_DIR     (``Pool.start``)
-    python -m commlab.engine.pool submit POOL_DIR RUN_DIR                         (a run's command)
+    python -m commlab.engine.supervisor --pool POOL_DIR                           (``Pool.start``)
+      python -m commlab.engine.torchrun ... -m commlab.engine.pool serve POOL_DIR   (its child)
 
 A cold run pays, before its first step, for torchrun importing torch to start the ranks, each rank
 importing torch, the rendezvous, and DDP's constructor importing all of ``torch._dynamo``: about
-6 s on an idle 2-core machine, for runs of a second or two.  A sweep starts a pool once and hands
-it its runs: every run is still an ordinary run (its own folder, supervisor, status, Stop, metrics
-and numbers: ``worker.run`` sets up a fresh model, optimizer, DDP, hook state and instrumentation
-and reseeds every generator), only its ranks are already there.
+3 s on an idle 2-core machine, for runs of a second or two.  A sweep starts a pool once and hands
+it its runs: every run is still an ordinary run (its own folder, status, Stop, metrics and
+numbers: ``worker.run`` sets up a fresh model, optimizer, DDP, hook state and instrumentation and
+reseeds every generator), only its ranks and its supervisor are already there.
 
-The run's supervisor runs ``submit`` as its command instead of torchrun: it queues the run folder
-in the pool's folder and waits until the pool says the run is done (exit 0) or the pool has ended
-(exit 1: a rank failed, and wrote why into the run folder as a cold rank does).  Anything that
-ends ``submit`` (Stop, a stall, the supervisor's end) ends the pool with it, since its ranks are
-in the middle of that run: the sweep starts a new pool for the runs after it.  The pool dies with
-the process that started it (the sweep).
+The pool's supervisor (``commlab.engine.supervisor.serve_pool``) takes the runs handed to it
+(``hand``) one at a time and supervises each as a cold run's supervisor does (status, the stall
+rule, a failing rank, the process it must not outlive); only a Stop is asked in the run's folder
+(``nodes.request_stop``), because the same supervisor goes on to the next run.  A run that does
+not end well (a failure, a stall, a Stop) ends the ranks with it, since they are in the middle of
+that run, and the pool with them: ``launch.Batch`` starts a new pool for the runs after it.
 
-    POOL_DIR/pool.json   its world size, backend, and torchrun's identity    queue/  runs to do
-    POOL_DIR/done/       one file per run done                                close  ends the pool
+    POOL_DIR/pool.json    its world size, backend, the process it dies with, its supervisor
+    POOL_DIR/runs/        runs handed to the pool        queue/  the run its ranks are given
+    POOL_DIR/done/        one file per run done          close   the ranks leave after the run in hand
+    POOL_DIR/ended        the pool takes no more runs (it is ending or has ended)
 """
 from __future__ import annotations
 
 import datetime
+import gc
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from commlab.devices import ranks_forkable
 from commlab.engine import procs, store
-from commlab.engine.commands import pool_argv
+from commlab.engine.commands import supervisor_argv
 
-POLL_S = 0.02  # rank 0, between runs: how soon it sees the next
-SUBMIT_POLL_S = 0.1  # a run's command, while the run trains: how soon it sees the run done
+POLL_S = 0.02  # the ranks and the supervisor, between runs: how soon they see the next
 # The pool's group waits between runs for as long as a sweep may take to start the next one.
 GROUP_TIMEOUT = datetime.timedelta(days=1)
+ENDED = "ended"
 
 
 class Pool:
-    """A folder and the torchrun job that serves it; ``start`` (again after it ended)."""
+    """A folder and the supervisor (and torchrun job) that serves it; ``start`` (again after it ended)."""
 
     def __init__(self, path: str | os.PathLike, world_size: int, backend: str):
         self.path, self.world_size, self.backend = Path(path), world_size, backend
-        self._child: subprocess.Popen | None = None  # the torchrun this object started
+        self._child: subprocess.Popen | None = None  # the supervisor this object started
 
     def alive(self) -> bool:
         return _alive(self.path)
 
     def start(self, env: dict) -> None:
-        """A new torchrun job serving this folder, dying with this process; the old queue cleared
-        (and the old job, ended, reaped)."""
+        """A new pool serving this folder, ending with this process; the old queue cleared (and
+        the old pool, ended, reaped)."""
         self.close()
-        for sub in ("queue", "done"):
+        for sub in ("runs", "queue", "done"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
             for f in (self.path / sub).iterdir():
                 f.unlink()
-        (self.path / "close").unlink(missing_ok=True)
-        child = procs.spawn(pool_argv(self.world_size, self.path, fork=ranks_forkable()),
-                            log=self.path / "launcher.log", die_with_caller=True,
-                            env={**env, procs.TORCHRUN_RECORD_ENV: str(self.path / "torchrun.json")})
-        store.write_json(self.path / "pool.json", {"world_size": self.world_size, "backend": self.backend,
-                                                   "torchrun": procs.identity(child.pid)})
+        for f in ("close", ENDED):
+            (self.path / f).unlink(missing_ok=True)
+        record = {"world_size": self.world_size, "backend": self.backend, "owner": procs.identity(os.getpid())}
+        store.write_json(self.path / "pool.json", record)
+        # Detached like a run's supervisor (a Ctrl-C here is this process's to handle); it watches
+        # ``owner`` and ends the pool, and records the run in hand as stopped, once it is gone.
+        child = procs.spawn(supervisor_argv(self.path, pool=True), log=self.path / "supervisor.log",
+                            env=env, detached=True)
+        store.write_json(self.path / "pool.json", {**record, "supervisor": procs.identity(child.pid)})
         self._child = child
 
     def release(self) -> None:
@@ -72,41 +77,60 @@ class Pool:
             (self.path / "close").touch()
 
     def close(self, timeout: float = 60) -> None:
-        """Ask the ranks to leave after the run in hand; end them if they do not; reap torchrun."""
+        """Ask the ranks to leave after the run in hand; end the pool if it does not; reap it."""
         if self.alive():
             self.release()
-            pid = torchrun_of(self.path)["pid"]
             if not procs.wait_until(lambda: not self.alive(), timeout):
-                procs.kill_tree(pid)
+                procs.kill_tree(supervisor_of(self.path)["pid"])
         if self._child is not None:
             self._child.wait(timeout=10)
             self._child = None
 
 
-def torchrun_of(pool_dir: Path) -> dict:
-    """The identity (pid, create_time) of the torchrun serving ``pool_dir``; {} before one."""
-    return store.read_json(pool_dir / "pool.json", {}).get("torchrun", {})
+def supervisor_of(pool_dir: str | os.PathLike) -> dict:
+    """The identity (pid, create_time) of the supervisor serving ``pool_dir``; {} before one."""
+    return store.read_json(Path(pool_dir) / "pool.json", {}).get("supervisor", {})
 
 
 def _alive(pool_dir: Path) -> bool:
-    torchrun = torchrun_of(pool_dir)
-    return procs.alive(torchrun.get("pid"), torchrun.get("create_time"))
+    sup = supervisor_of(pool_dir)
+    return not (pool_dir / ENDED).exists() and procs.alive(sup.get("pid"), sup.get("create_time"))
 
 
-# ---------------------------------------------------------------------------- a run's command
-def submit(pool_dir: Path, run_dir: Path) -> int:
-    name = f"{time.time_ns()}-{Path(run_dir).name}.json"
+def hand(pool_dir: str | os.PathLike, run_dir: str | os.PathLike) -> None:
+    """Queue a prepared run for the pool's supervisor (launch.json names it the run's already)."""
+    pool_dir = Path(pool_dir)
+    if not _alive(pool_dir):
+        raise RuntimeError(f"the pool of warm ranks in {pool_dir} has ended")
+    store.write_json(pool_dir / "runs" / f"{time.time_ns()}-{Path(run_dir).name}.json", {"run_dir": str(run_dir)})
 
-    def end_the_pool(*_) -> None:  # its ranks are inside this run: nothing else ends it
-        if _alive(pool_dir):
-            procs.kill_tree(torchrun_of(pool_dir)["pid"], grace_s=2)
-        raise SystemExit(128 + signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, end_the_pool)
-    store.write_json(pool_dir / "queue" / name, {"run_dir": str(run_dir)})
-    done = pool_dir / "done" / name
-    procs.wait_until(lambda: done.exists() or not _alive(pool_dir), interval=SUBMIT_POLL_S)
-    return 0 if done.exists() else 1
+def withdraw(pool_dir: str | os.PathLike, run_dir: str | os.PathLike) -> bool:
+    """Take back a run handed to the pool that its supervisor has not taken yet; whether it was."""
+    for f in (Path(pool_dir) / "runs").glob(f"*-{Path(run_dir).name}.json"):
+        try:
+            f.unlink()
+            return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
+def take(folder: Path, closed) -> tuple[str, str] | None:
+    """The next run queued in ``folder`` (its queue file's name and run folder), taken; None once
+    ``closed()`` says no more will be taken (asked only while the queue is empty)."""
+    while True:
+        for f in sorted(folder.glob("*.json")):
+            run_dir = store.read_json(f, {}).get("run_dir")
+            try:
+                f.unlink()  # taken by whoever removes it: here, or a Stop (``withdraw``)
+            except FileNotFoundError:
+                continue
+            if run_dir:
+                return f.name, run_dir
+        if closed():
+            return None
+        time.sleep(POLL_S)
 
 
 # ---------------------------------------------------------------------------- the ranks
@@ -123,8 +147,13 @@ def serve(pool_dir: Path) -> None:
     # DDP's constructor imports torch._dynamo (seconds): once here, not in the first run.
     warm = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     del warm
+    # Each run ends with a full collection (``worker.run``), which would scan every object of
+    # torch's imports again: 0.13-0.20 s a run, the longest pause between two runs.  What exists
+    # now lives as long as the pool: collected once, then left out of every later collection.
+    gc.collect()
+    gc.freeze()
     while True:
-        said = [_next(pool_dir) if dist.get_rank() == 0 else None]
+        said = [take(pool_dir / "queue", (pool_dir / "close").exists) if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(said)
         if said[0] is None:
             break
@@ -141,26 +170,11 @@ def serve(pool_dir: Path) -> None:
     end_process_group()
 
 
-def _next(pool_dir: Path) -> tuple[str, str] | None:
-    """The next queued run (its queue file's name and folder), taken; None once asked to close."""
-    queue = pool_dir / "queue"
-    while True:
-        for f in sorted(queue.glob("*.json")):
-            run_dir = store.read_json(f, {}).get("run_dir")
-            f.unlink()
-            if run_dir:
-                return f.name, run_dir
-        if (pool_dir / "close").exists():
-            return None
-        time.sleep(POLL_S)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[0] == "serve":
-        serve(Path(argv[1]))
-        return 0
-    return submit(Path(argv[1]), Path(argv[2]))
+    assert argv[0] == "serve", argv
+    serve(Path(argv[1]))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Owns one run's torchrun process and records how the run ends.
 
-    python -m commlab.engine.supervisor RUN_DIR     (started detached by ``commlab.engine.launch.start``)
+    python -m commlab.engine.supervisor RUN_DIR            (started detached by ``commlab.engine.launch.start``)
+    python -m commlab.engine.supervisor --pool POOL_DIR    (a pool of warm ranks: ``serve_pool``)
 
 It runs exactly the command recorded in launch.json, in the environment ``start`` gave it, writes
 supervisor.json and says ``running`` once that command runs.  It ends the run when the user stops
@@ -19,13 +20,17 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
-from commlab.engine import procs, store
-from commlab.engine.nodes import Nodes, ended_elsewhere, not_joined
-from commlab.engine.pool import torchrun_of as pool_torchrun
+from commlab.devices import ranks_forkable
+from commlab.engine import pool, procs, store
+from commlab.engine.commands import pool_argv
+from commlab.engine.nodes import Nodes, ended_elsewhere, not_joined, stop_request
 
 POLL_S = 0.2
+# A run on warm ranks: the pool's next run waits until its supervisor has seen this one done.
+POOLED_POLL_S = 0.05
 # Listing the process tree reads every process on the machine (2.6 ms of CPU with 137 of them,
 # taken from the ranks' cores every poll): once every rank is recorded, the tree is listed this
 # seldom, for what the ranks start themselves (a data loader's workers).
@@ -75,13 +80,76 @@ def supervise(run_dir: Path) -> int:
     return 0
 
 
+def serve_pool(pool_dir: Path) -> int:
+    """A pool of warm ranks (``commlab.engine.pool``): start its torchrun, then supervise each run
+    handed to it, one at a time, as ``supervise`` does a cold run's, until the pool is closed (the
+    ranks leave), a run does not end well (the ranks are ended inside it), or the process the pool
+    dies with has ended.  A run handed but never taken ends as stopped, named why."""
+    record = store.read_json(pool_dir / "pool.json")
+    owner, records = record["owner"], store.RunFolder(pool_dir)
+    stop_requested = []
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
+    child = procs.spawn(pool_argv(record["world_size"], pool_dir, fork=ranks_forkable()),
+                        log=pool_dir / "launcher.log", die_with_caller=True,
+                        env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(records.file("torchrun.json"))})
+
+    def closed() -> bool:
+        return bool(stop_requested or child.poll() is not None or (pool_dir / "close").exists()
+                    or not procs.alive(owner["pid"], owner["create_time"]))
+
+    try:
+        while (got := pool.take(pool_dir / "runs", closed)) is not None:
+            if not _serve_one(pool_dir, *got, child, stop_requested, records):
+                break
+    except Exception:  # as a run's supervisor: the ranks never go on unsupervised
+        traceback.print_exc()
+    (pool_dir / pool.ENDED).touch()  # before the ranks' end: no run is handed to a pool that ends
+    if not (pool_dir / "close").exists() or not procs.wait_until(lambda: child.poll() is not None, 60):
+        _end_all(child, {})
+    child.wait(timeout=10)
+    for _, run_dir in iter(lambda: pool.take(pool_dir / "runs", lambda: True), None):
+        folder = store.RunFolder(run_dir)
+        if folder.status() in store.GOING:
+            store.write_json(folder.file("status.json"), {
+                **folder.status_record(), "status": "stopped", "ended_at": time.time(),
+                "error": "its pool of warm ranks ended before the run started"})
+    return 0
+
+
+def _serve_one(pool_dir: Path, name: str, run_dir: str, child: subprocess.Popen, stop_requested: list,
+               records: store.RunFolder) -> bool:
+    """One run on the pool's ranks, supervised; whether the ranks are ready for the next."""
+    folder = store.RunFolder(run_dir)
+    done = pool_dir / "done" / name
+    watch = ending = None
+    try:
+        watch = Watch(folder, child, stop_requested, done=done.exists)
+        said = store.read_json(folder.file("status.json"), {})
+        store.write_json(folder.file("status.json"), {**said, "status": "running"})
+        store.write_json(pool_dir / "queue" / name, {"run_dir": run_dir})
+        procs.wait_until(watch, interval=POOLED_POLL_S)
+        ending = watch.ending
+    except Exception as e:
+        traceback.print_exc()
+        ending = {"status": "failed", "error": f"the supervisor failed, so it ended the run: "
+                                               f"{type(e).__name__}: {e}"}
+    ended_well = ending is None and done.exists()
+    if not ended_well:
+        (pool_dir / pool.ENDED).touch()
+        _end_all(child, watch.workers if watch else {})
+    _record_end(folder, ending, child.returncode, records=records)
+    return ended_well
+
+
 def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | None,
-                run: store.RunFolder | None = None, node: Nodes | None = None, started: bool = True) -> None:
+                run: store.RunFolder | None = None, node: Nodes | None = None, started: bool = True,
+                records: store.RunFolder | None = None) -> None:
     """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
     left.  Nothing to add when rank 0 recorded its own end: a Stop that came after the last step
     (its checkpoint written) does not make a finished run a stopped one.  Node K of a run on
     several nodes (``run`` the run folder, ``folder`` its records) whose agent ended well records
-    the run's end; a node whose agent never started ranks names the nodes that never joined."""
+    the run's end; a node whose agent never started ranks names the nodes that never joined.
+    ``records``: where torchrun's record and log are, when not ``folder`` (a pool's)."""
     run = run or folder
     said = store.read_json(folder.file("status.json"), {})
     if said.get("status") in ("finished", "diverged"):
@@ -94,7 +162,7 @@ def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | 
         ending = {"status": "failed", "error": "; ".join(
             f"node {k} did not join within {node.join_timeout_s:g} s" for k in missing)}
     try:
-        ending = {"step": _last_step(run), **(ending or _failure(run, returncode, folder))}
+        ending = {"step": _last_step(run), **(ending or _failure(run, returncode, records or folder))}
     except Exception as e:  # the folder cannot tell more: record what is known
         ending = ending or {"status": "failed", "error": f"the workers exited with code "
                                                          f"{returncode}; reading why failed: {e!r}"}
@@ -103,22 +171,19 @@ def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | 
 
 class Watch:
     """One look at the run per call: records new workers in supervisor.json, and returns True once
-    the run must end (torchrun exited, or ``ending`` was set: Stop, a stall, a crash)."""
+    the run must end (torchrun exited, ``done()`` says the run is, or ``ending`` was set: Stop, a
+    stall, a crash).  ``child``: torchrun, whose children the ranks are (a pool's, on warm ranks)."""
 
     def __init__(self, folder: store.RunFolder, child: subprocess.Popen, stop_requested: list,
-                 run: store.RunFolder | None = None, node: Nodes | None = None):
-        self.folder, self.child, self.stop_requested = folder, child, stop_requested
+                 run: store.RunFolder | None = None, node: Nodes | None = None,
+                 done: Callable[[], bool] | None = None):
+        self.folder, self.child, self.stop_requested, self.done = folder, child, stop_requested, done
         self.run, self.node = run or folder, node  # the run folder; this node of a run on several
         torchrun = procs.identity(child.pid)
         self.me = {**procs.identity(os.getpid()), "torchrun_pid": torchrun["pid"],
                    "torchrun_create_time": torchrun["create_time"], "up_at": time.time()}
         self.cfg = folder.config()
         self.owner = folder.launch_info().get("owner")  # a process the run must not outlive
-        # Whose children the ranks are: torchrun's, or on warm ranks the pool's torchrun's.
-        pool = folder.launch_info().get("pool")
-        served = pool_torchrun(Path(pool)) if pool else {}
-        self.ranks_parent = (child.pid if not pool else served["pid"]
-                             if procs.alive(served.get("pid"), served.get("create_time")) else None)
         self.workers: dict[int, float] = {}  # pid -> create time, so a reused PID is never taken for one
         self.last_progress, self.last_size, self.crash_seen = time.time(), 0, None
         self.next_listing = 0.0
@@ -131,12 +196,11 @@ class Watch:
             "worker_create_times": {str(k): v for k, v in self.workers.items()}})
 
     def __call__(self) -> bool:
-        if self.child.poll() is not None:
+        if self.child.poll() is not None or (self.done is not None and self.done()):
             return True
         now = time.time()
         if len(self.workers) < self.cfg.world_size or now >= self.next_listing:
-            known = ({p.pid: p.create_time() for p in procs.tree(self.ranks_parent)[1:]}
-                     if self.ranks_parent else {})
+            known = {p.pid: p.create_time() for p in procs.tree(self.child.pid)[1:]}
             if known.keys() - self.workers.keys():
                 self.workers |= known
                 self._record()
@@ -150,8 +214,10 @@ class Watch:
         cfg = self.cfg
         if self.stop_requested:
             self.ending = {"status": "stopped", "error": "stopped by the user"}
+        elif asked := stop_request(self.run.path):  # a Stop pressed on any node, or on a pool's run
+            self.ending = {"status": "stopped", "error": f"{asked.get('error')} (on {asked.get('host')})"}
         elif self.node and (elsewhere := ended_elsewhere(self.run.path, self.node)):
-            self.ending = elsewhere  # a Stop pressed on any node, or another node's bad end
+            self.ending = elsewhere  # another node's bad end
         elif (self.owner and not procs.elsewhere(self.owner)  # else the Slurm follower watches it
               and not procs.alive(self.owner["pid"], self.owner["create_time"])):
             self.ending = {"status": "stopped", "error": (
@@ -233,4 +299,4 @@ def _tail(path: Path, lines: int) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(supervise(Path(sys.argv[1])))
+    raise SystemExit(serve_pool(Path(sys.argv[2])) if sys.argv[1] == "--pool" else supervise(Path(sys.argv[1])))
