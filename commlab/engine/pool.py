@@ -50,6 +50,7 @@ class Pool:
         self._child: subprocess.Popen | None = None  # the supervisor this object started
 
     def alive(self) -> bool:
+        """Whether it takes runs (its supervisor runs, and is not ending)."""
         return _alive(self.path)
 
     def start(self, env: dict) -> None:
@@ -77,11 +78,13 @@ class Pool:
             (self.path / "close").touch()
 
     def close(self, timeout: float = 60) -> None:
-        """Ask the ranks to leave after the run in hand; end the pool if it does not; reap it."""
-        if self.alive():
+        """Ask the ranks to leave after the run in hand; end the pool if it has not ended within
+        ``timeout`` (its supervisor gone, which waits for its torchrun); reap it."""
+        sup = supervisor_of(self.path)
+        if procs.alive(sup.get("pid"), sup.get("create_time")):
             self.release()
-            if not procs.wait_until(lambda: not self.alive(), timeout):
-                procs.kill_tree(supervisor_of(self.path)["pid"])
+            if not procs.wait_until(lambda: not procs.alive(sup["pid"], sup["create_time"]), timeout):
+                procs.kill_tree(sup["pid"])
         if self._child is not None:
             self._child.wait(timeout=10)
             self._child = None

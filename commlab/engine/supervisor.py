@@ -1,4 +1,4 @@
-"""Owns one run's torchrun process and records how the run ends.
+"""Owns one run's torchrun process and records how the run ends (or a pool's, and each run it serves).
 
     python -m commlab.engine.supervisor RUN_DIR            (started detached by ``commlab.engine.launch.start``)
     python -m commlab.engine.supervisor --pool POOL_DIR    (a pool of warm ranks: ``serve_pool``)
