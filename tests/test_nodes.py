@@ -65,6 +65,23 @@ def test_several_nodes_name_the_interface_or_are_refused_by_name(monkeypatch):
         Nodes.given(2, 0, "no-such-host.invalid:29400", "exp1")
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_one_run_id_given_twice_at_once_on_a_node_is_refused_the_second_time(tmp_path, rank):
+    """The moment between the first command's claim and its config.json: the second is refused
+    (before the claim file, both found no config.json and went on into one folder)."""
+    from commlab.engine.launch import _node_dir
+
+    cfg = RunConfig(workload="mlp", runs_dir=str(tmp_path))
+    node = _node(rank, "127.0.0.1:29400", "exp1")
+    run_dir = tmp_path / "exp1"
+    if rank:  # node 1 compares its settings with node 0's
+        (run_dir).mkdir()
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert _node_dir(cfg, node, run_dir) == node.records(run_dir)
+    with pytest.raises(ConfigError, match="'exp1' is taken"):
+        _node_dir(cfg, node, run_dir)
+
+
 def test_a_node_s_torchrun_joins_node_0_s_rendezvous():
     node = _node(1, "10.0.0.1:29400", "exp1", 30)
     argv = run_argv(2, "/shared/runs/exp1", "py", node)

@@ -30,6 +30,7 @@ from commlab.engine.slurm import SlurmJob, cancel, submit
 from commlab.engine.slurm import job_of as slurm_job_of
 
 POOLS = ".pools"  # in the runs folder: the warm ranks of a comparison or a headroom measurement
+NODE_CLAIM = ".node"  # in a node's records folder: the run id is this node's
 
 
 def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
@@ -107,10 +108,15 @@ def _node_dir(cfg: RunConfig, node: Nodes, run_dir: Path) -> Path:
     this node is first); ConfigError when this node's records are there already (an id used
     before), or when node 0's settings differ."""
     path = node.records(run_dir)
-    if (path / "config.json").exists():
+    path.mkdir(parents=True, exist_ok=True)
+    try:  # claimed with O_EXCL: of two commands given one id at the same moment, one is refused
+        os.close(os.open(path / NODE_CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        taken = (path / "config.json").exists()  # a run from before the claim file
+    except FileExistsError:
+        taken = True
+    if taken:
         raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} already holds node "
                                      f"{node.node_rank}'s records (give each run an id of its own)"})
-    path.mkdir(parents=True, exist_ok=True)
     theirs = store.read_json(run_dir / "config.json") if node.node_rank else None
     if theirs and (differ := sorted(k for k, v in cfg.to_dict().items() if k != "runs_dir" and theirs.get(k) != v)):
         raise ConfigError({"run_id": f"node 0 started {node.run_id!r} with other settings: "
