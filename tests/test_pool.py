@@ -1,7 +1,8 @@
 """Warm ranks (commlab/engine/pool.py): runs on a pool of ranks started once give the numbers of
 the same runs started cold, bit for bit (plain allreduce and PowerSGD with several buckets, the
-session's cold runs; a compressor); a run that fails ends as such, named, and the pool starts
-again for the next; a Stop ends the run and the pool; ``launch.Batch`` gives a run of another world
+session's cold runs; a compressor), all under the pool's one supervisor; a run that fails or hangs
+ends as such, named, and the pool starts again for the next; a Stop ends the run and the pool, or
+takes back a run not started yet; ``launch.Batch`` gives a run of another world
 size ranks of its own, one pool at a time, and a comparison's pool goes with it; nothing is left
 running."""
 from __future__ import annotations
@@ -90,6 +91,27 @@ def test_a_failing_run_ends_named_and_the_pool_starts_again_for_the_next(tmp_pat
         pool.start(worker_env(fine))
         nxt = start(fine, pool=pool.path)
         assert nxt.wait(600) == "finished", nxt.status_record()
+    finally:
+        pool.close()
+    assert not _pool_processes(pool)
+
+
+@pytest.mark.timeout(900)
+def test_a_run_that_hangs_is_stalled_and_the_next_gets_fresh_ranks(tmp_path):
+    hangs = RunConfig(workload="tests.misbehaving_workloads:sleepy", steps=50, stall_timeout_s=4,
+                      runs_dir=str(tmp_path))
+    fine = RunConfig(workload="mlp", steps=3, runs_dir=str(tmp_path))
+    pool = _pool(tmp_path, fine)
+    try:
+        stalled = start(hangs, pool=pool.path)
+        assert stalled.wait(600) == "stalled", stalled.status_record()
+        assert "after step 2" in stalled.status_record()["error"]
+        old_ranks = set(stalled.supervisor()["worker_pids"])
+        assert not pool.alive() and _gone(old_ranks)  # the hung ranks went with it
+        pool.start(worker_env(fine))
+        nxt = start(fine, pool=pool.path)
+        assert nxt.wait(600) == "finished", nxt.status_record()
+        assert not set(nxt.supervisor()["worker_pids"]) & old_ranks
     finally:
         pool.close()
     assert not _pool_processes(pool)
