@@ -380,6 +380,26 @@ def ddp_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> st
 
 
 # ============================================================================ Lightning
+# DiLoCo's outer step in Lightning, after every optimizer step as the ddp export's loop line is:
+# on_train_batch_end comes after the step, and global_step counts steps, not batches (with
+# accumulate_grad_batches a batch that only accumulates takes none).
+OUTER_STEP_CALLBACK = '''
+
+class OuterStep(Callback):
+    """The state's outer step after every optimizer step."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > self.steps:
+            self.steps = trainer.global_step
+            state.average_parameters(pl_module.parameters())
+
+
+'''
+
+
 def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
     """A ``DDPStrategy`` with the hook, its state and the wrapper, and the ``Trainer`` using it.
 
@@ -412,6 +432,8 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
         why.append(f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY} "
                    "Export for gloo to get a strategy that registers it on CPU.")
         extra = ("from lightning.pytorch.strategies import DDPStrategy",)
+    if outer:
+        extra += ("from lightning.pytorch.callbacks import Callback",)
     text = _comment(_header(cfg, target, source) + why)
     text += _imports(chosen, ("from lightning.pytorch import Trainer", *extra))
     text += choice_line(cfg, target.backend)
@@ -428,13 +450,11 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
         args.append(f"    {_bucket_cap(cfg)},  # passed on to DistributedDataParallel")
     text += f"strategy = {strategy}(\n" + "\n".join(args) + "\n)\n"
     accelerator = "cpu" if cpu else "gpu"
-    text += (f"trainer = Trainer(accelerator={accelerator!r}, devices={target.procs(cfg)}, "
-             f"num_nodes={target.nnodes}, strategy=strategy)\n")
     if outer:
-        text += _comment(["In your LightningModule, the outer step after every optimizer step "
-                          "(Lightning calls on_train_batch_end after it):",
-                          "  def on_train_batch_end(self, outputs, batch, batch_idx): "
-                          "state.average_parameters(self.parameters())"])
+        text += OUTER_STEP_CALLBACK
+    text += (f"trainer = Trainer(accelerator={accelerator!r}, devices={target.procs(cfg)}, "
+             f"num_nodes={target.nnodes}, strategy=strategy"
+             f"{', callbacks=[OuterStep()]' if outer else ''})\n")
     return text + _checkpoint(
         cfg, "", "on resume, before the strategy is built; a Lightning checkpoint path works too",
         lightning=True)
