@@ -165,6 +165,24 @@ def test_every_reader_of_a_runs_figures_agrees_with_the_one_definition(tmp_path)
     assert inspect.signature(headroom.measure_headroom).parameters["skip"].default == metrics.WARMUP_STEPS
 
 
+def test_an_averaging_hook_s_bytes_per_step_are_one_figure_for_every_reader(tmp_path):
+    """Post-local SGD averages at steps 4, 7, 10, ... (from 4, every 3): a steady window from step
+    3 to 13 holds four averagings in 11 steps (their mean: 4/11 of one), whole periods one in three."""
+    cfg = RunConfig(hook="post_localsgd", start_localSGD_iter=4, averager_warmup_steps=4, averager_period=3,
+                    runs_dir=str(tmp_path))
+    records = [{"step": i, "loss": 1.0, "step_s": 0.1, "t": 0.1 * (i + 1), "hook_s": 0.01, "plain_bytes": 300,
+                "collectives": 2 if i >= 4 and (i - 4) % 3 == 0 else 1,
+                "payload_bytes": 300 + (600 if i >= 4 and (i - 4) % 3 == 0 else 0)} for i in range(14)]
+    want = metrics.headline(records, cfg.to_dict())["bytes_per_step"]
+    assert want == 300 + 600 / 3
+    assert whatif.profile_from_records(records, cfg.to_dict()).payload_bytes == want
+    view = ui_runs.LiveView(_run_folder(tmp_path, "20260101-000000-post-localsgd-abcd", cfg, records).path)
+    view.poll()  # the live view's columns, read with NumPy: the same figure
+    assert view.headline()["bytes_per_step"] == want
+    # Before a whole period: the mean of the steady steps there are (4, which averages, and 5).
+    assert metrics.headline(records[:6], cfg.to_dict())["bytes_per_step"] == (900 + 300) / 2
+
+
 # ============================================================================ labels and the baseline
 def test_one_label_per_meaning_and_one_baseline_test(tmp_path):
     emulated = RunConfig(hook="powersgd", matrix_approximation_rank=2, start_powerSGD_iter=4,

@@ -167,14 +167,16 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     records, cfg = done.metrics_records(), done.config_dict()
     profile = whatif.profile_from_records(records, cfg, skip=1)
     assert (profile.period, profile.averaging_collective, profile.averaged_bytes) == (4, ring.ALLGATHER, sync)
-    charged = whatif.per_step(whatif.steady_rows(records, cfg, skip=1), cfg, "link_s")
+    charged = metrics.per_step(whatif.steady_rows(records, cfg, skip=1), cfg, "link_s")
     assert profile.comm_s(2, bw, 0.0) == pytest.approx(charged, rel=1e-9)
     assert profile.wire_bytes(8) == pytest.approx(7 * sync / 4)
     # Its checkpoint story, as its row declares it: a resume is refused, saying why.
     refused = resume_errors(RunConfig.from_dict({**cfg, "steps": 16}), done.path)
     assert refused == {"hook": f"diloco cannot be resumed yet: {SPECS['diloco'].not_resumable}"}
-    steady = metrics.steady_rows(records, cfg)  # steps 3 to 7: two of them sync
-    assert metrics.headline(records, cfg)["bytes_per_step"] == pytest.approx(2 * sync / len(steady))
+    # Steps 3 to 7 are steady, two of them sync: their mean would count two averagings in five
+    # steps; the one whole period (steps 4 to 7) says one in four, as the what-if does.
+    assert metrics.headline(records, cfg)["bytes_per_step"] == pytest.approx(sync / 4)
+    assert metrics.headline(records, cfg)["bytes_per_step"] == profile.payload_bytes
 
 
 def test_state_refuses_bad_settings_by_name():

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from commlab.analysis import ring
+from commlab.analysis import metrics, ring
 from commlab.api import RunConfig, run
 from commlab.tune import whatif
 
@@ -29,11 +29,11 @@ def _finished(cfg: RunConfig):
 
 def _model_charge(records, cfg) -> tuple[float, float]:
     """The model's link time per step for the run's own counts, and the link's recorded charge
-    over the same steps (``whatif.per_step``: whole periods, with averaging)."""
+    over the same steps (``metrics.per_step``: whole periods, with averaging)."""
     profile = whatif.profile_from_records(records, cfg, skip=1)
     steady = whatif.steady_rows(records, cfg, skip=1)
     return (profile.comm_s(WORLD, BANDWIDTH_GBPS, LATENCY_US),
-            whatif.per_step(steady, cfg, "link_s"))
+            metrics.per_step(steady, cfg, "link_s"))
 
 
 def test_the_hooks_recorded_collective_time_is_not_arithmetic():

@@ -116,11 +116,69 @@ def averages_model(cfg: dict) -> bool:
     return spec is not None and spec.averages_parameters
 
 
+def averaging_period(cfg: dict) -> int:
+    """Steps between two model averagings of a hook that averages the model (post-local SGD,
+    DiLoCo); 1 for every other hook."""
+    spec = spec_of(cfg)
+    return cfg.get(spec.period, 1) if spec is not None and spec.averages_parameters else 1
+
+
+def averaging_from(cfg: dict) -> int:
+    """The first step of the first averaging period: post-local SGD's first step with averaging on
+    (its spec's ``averaging_from``; its local steps start there too, which ``first_steady_step``
+    counts); 0 for hooks that average nothing or from the start (DiLoCo)."""
+    spec = spec_of(cfg)
+    return cfg.get(spec.averaging_from, 0) if averages_model(cfg) and spec.averaging_from else 0
+
+
+def _values(rows: Sequence[dict] | Columns, key):
+    """One field of every row as a NumPy array (of records, also a function of a row)."""
+    import numpy as np
+
+    if isinstance(rows, Columns):
+        return rows.column(key)
+    return np.fromiter((key(r) if callable(key) else r[key] for r in rows), float, len(rows))
+
+
+def in_whole_periods(rows: Sequence[dict] | Columns, cfg: dict):
+    """Which rows lie in a whole averaging period (a boolean NumPy array): the periods start at
+    ``averaging_from`` and each holds one averaging, its first step; every row for a hook that
+    averages nothing."""
+    import numpy as np
+
+    period, steps = averaging_period(cfg), _values(rows, "step") - averaging_from(cfg)
+    if period == 1:
+        return np.ones(len(steps), dtype=bool)
+    index = np.where(steps >= 0, steps // period, -1).astype(np.int64)
+    counts = np.bincount(index[index >= 0], minlength=1)
+    return (index >= 0) & (counts[np.maximum(index, 0)] == period)
+
+
+def per_step(rows: Sequence[dict] | Columns, cfg: dict, key) -> float | None:
+    """A per-step figure of ``key`` (a field, or a function of a record) over steady rows: their
+    median; with model averaging, the median over whole periods of each period's mean (a median
+    of steps would leave out the one step in a period that averages; the median of periods keeps
+    a load spike in one from counting, as the median of steps does elsewhere).  None without a
+    row, or without a whole period."""
+    import numpy as np
+
+    values = _values(rows, key)
+    if averaging_period(cfg) == 1:
+        return float(np.median(values)) if len(values) else None
+    whole = in_whole_periods(rows, cfg)
+    if not whole.any():
+        return None
+    index = (_values(rows, "step")[whole] - averaging_from(cfg)) // averaging_period(cfg)
+    _, first = np.unique(index, return_index=True)
+    return float(np.median(np.add.reduceat(values[whole], first) / averaging_period(cfg)))
+
+
 def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
              bytes_over_run: bool = False, steady: Sequence[dict] | Columns | None = None) -> dict:
     """A run's final_loss (``final_loss`` over ``final_window`` steps), median_step_s and
-    bytes_per_step (medians over its steady steps; the mean for a hook that averages the model
-    every period), and steady_steps, how many those are.
+    bytes_per_step (medians over its steady steps; for a hook that averages the model every
+    period, ``per_step``'s median over whole periods, or the mean step before a whole period),
+    and steady_steps, how many those are.
 
     A run with no steady step yet (young, or too short for PowerSGD to have compressed) is read
     from every step it has: a live view shows numbers from its first step on, and they settle as
@@ -137,8 +195,10 @@ def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,
                   if records and "payload_bytes" in records[0] else None)
     elif averages_model(cfg) and rows and _has(rows, "payload_bytes"):
         # One step in a period averages the model (post-local SGD, DiLoCo): the median step sends
-        # none of it, the mean step its share.
-        nbytes = _total(rows, "payload_bytes") / len(rows)
+        # none of it, a whole period's mean step its share (a steady window that starts or ends
+        # inside a period would count its averaging too often or too seldom).
+        nbytes = per_step(rows, cfg, "payload_bytes")
+        nbytes = _total(rows, "payload_bytes") / len(rows) if nbytes is None else nbytes
     else:
         nbytes = median(rows, "payload_bytes")
     return {"final_loss": final_loss(records, final_window), "median_step_s": median(rows, "step_s"),

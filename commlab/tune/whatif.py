@@ -23,8 +23,8 @@ rank receives does.  Post-local SGD pays its gradient allreduce within a subgrou
 (``localsgd_subgroup_size``), which does not grow with N, and its model averaging, one allreduce
 of the parameters over all ranks every ``averager_period`` steps, averaged over the period: one
 step in a period averages, so its per-step figures (bytes, times, measured or predicted) are the
-median over whole periods of each period's mean (``per_step``), from the first period that local
-SGD and averaging both cover.  DiLoCo averages the same way, every ``sync_every`` steps from its
+median over whole periods of each period's mean (``metrics.per_step``, as a run's headline bytes
+are), from the first period that local SGD and averaging both cover.  DiLoCo averages the same way, every ``sync_every`` steps from its
 first: its outer collective carries the pseudo-gradient in its outer precision, as the run counted
 it (int8 codes and scales by allgather, whose bytes received grow with N).  The formulas are those the
 emulated link (``Link.seconds`` in ``commlab.hooks.instrument``) enforces: a run over an emulated
@@ -45,7 +45,6 @@ ring whose slowest link has bandwidth beta.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -193,8 +192,8 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     averaging_kind, averaged = _averaging(steady, cfg, world)
     profile = HookProfile(
         label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
-        compute_s=0.0, arithmetic_s=0.0, payload_bytes=per_step(steady, cfg, "payload_bytes"),
-        collectives=per_step(steady, cfg, "collectives"), world_size=world, run_id=run_id,
+        compute_s=0.0, arithmetic_s=0.0, payload_bytes=metrics.per_step(steady, cfg, "payload_bytes"),
+        collectives=metrics.per_step(steady, cfg, "collectives"), world_size=world, run_id=run_id,
         measured_over=link_of(cfg) or "loopback", steady_steps=len(steady),
         collective=collective, group_size=group_size, period=period,
         averaged_bytes=averaged, averaging_collective=averaging_kind)
@@ -204,7 +203,7 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     def on_this_link(averaging: bool) -> float:
         """What the hook's collectives (or its averaging) took on the run's own link."""
         if recorded and not averaging:
-            loop = per_step(steady, cfg, "collective_s")
+            loop = metrics.per_step(steady, cfg, "collective_s")
         else:
             loop = (loopback_s_per_byte or 0.0) * (
                 profile.averaging_wire_bytes(world) if averaging
@@ -220,7 +219,7 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     own_compute = _compute_s(steady, cfg) - on_this_link(averaging=True)
     return dataclasses.replace(
         profile, compute_s=max(0.0, own_compute) if compute_s is None else compute_s,
-        arithmetic_s=max(0.0, per_step(steady, cfg, "hook_s") - on_this_link(averaging=False)),
+        arithmetic_s=max(0.0, metrics.per_step(steady, cfg, "hook_s") - on_this_link(averaging=False)),
         comm_here_s=on_this_link(False) + on_this_link(True) if recorded else None)
 
 
@@ -235,9 +234,7 @@ def traffic(cfg: dict) -> tuple[str, int, int]:
         collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
     kind = ring.ALLGATHER if collective == ALLGATHER else ring.ALLREDUCE
     group = cfg.get("localsgd_subgroup_size", 1) if spec.subgroup else 0
-    # Model averaging: the parameters, not the gradients, every period.
-    period = cfg.get(spec.period, 1) if spec.averages_parameters else 1
-    return kind, group, period
+    return kind, group, metrics.averaging_period(cfg)  # model averaging: the parameters, every period
 
 
 def _averaging(steady: Sequence[dict], cfg: dict, world: int) -> tuple[str, float]:
@@ -252,22 +249,12 @@ def _averaging(steady: Sequence[dict], cfg: dict, world: int) -> tuple[str, floa
         return ring.ALLREDUCE, metrics.median(steady, "plain_bytes")
     collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
     kind = ring.ALLGATHER if collective == ALLGATHER else ring.ALLREDUCE
-    counted = per_step(steady, cfg, "payload_bytes") * cfg.get(spec.period, 1)
+    counted = metrics.per_step(steady, cfg, "payload_bytes") * metrics.averaging_period(cfg)
     return kind, ring.message_bytes(kind, counted, world, world)
 
 
-def _local_sgd_from(cfg: dict) -> int:
-    """Post-local SGD's first step with averaging on too (its local steps start at its spec's
-    ``starts``, which ``metrics.first_steady_step`` counts); 0 for hooks that average nothing or
-    from the start (DiLoCo)."""
-    spec = spec_of(cfg)
-    if not metrics.averages_model(cfg) or not spec.averaging_from:
-        return 0
-    return cfg.get(spec.averaging_from, 0)
-
-
 def _first_step(cfg: dict, skip: int) -> int:
-    return max(metrics.first_steady_step(cfg, skip), _local_sgd_from(cfg))
+    return max(metrics.first_steady_step(cfg, skip), metrics.averaging_from(cfg))
 
 
 def steady_rows(records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_STEPS) -> list[dict]:
@@ -275,35 +262,12 @@ def steady_rows(records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_S
     SGD's start and, with model averaging, in whole periods only (each holds one averaging)."""
     first = _first_step(cfg, skip)
     rows = [r for r in metrics.steady_rows(records, cfg, skip) if r["step"] >= first]
-    return [r for period in _periods(rows, cfg) for r in period]
-
-
-def _periods(rows: Sequence[dict], cfg: dict) -> list[list[dict]]:
-    """Rows cut into the averager's periods (its averaging steps are warmup + k * period, the
-    first of each), whole ones only; one period of one row each without averaging."""
-    _, _, period = traffic(cfg)
-    if period == 1:
-        return [[r] for r in rows]
-    warmup = _local_sgd_from(cfg)
-    cut: dict[int, list[dict]] = {}
-    for r in rows:
-        if r["step"] >= warmup:
-            cut.setdefault((r["step"] - warmup) // period, []).append(r)
-    return [p for _, p in sorted(cut.items()) if len(p) == period]
-
-
-def per_step(rows: Sequence[dict], cfg: dict, key) -> float:
-    """A per-step figure of ``key`` (a field, or a function of a row) over ``_steady`` rows: their
-    median, or with model averaging the median over whole periods of each period's mean (a median
-    of steps would leave out the one step in ``period`` that averages; the median of periods keeps
-    a load spike in one from counting, as the median of steps does elsewhere)."""
-    value = key if callable(key) else (lambda r: r[key])
-    return statistics.median(statistics.fmean(value(r) for r in p) for p in _periods(rows, cfg))
+    return [r for r, whole in zip(rows, metrics.in_whole_periods(rows, cfg)) if whole]
 
 
 def _compute_s(steady: Sequence[dict], cfg: dict) -> float:
-    """What a step costs outside the hook: step_s - hook_s per step (``per_step``)."""
-    return per_step(steady, cfg, lambda r: r["step_s"] - r["hook_s"])
+    """What a step costs outside the hook: step_s - hook_s per step (``metrics.per_step``)."""
+    return metrics.per_step(steady, cfg, lambda r: r["step_s"] - r["hook_s"])
 
 
 def loopback_s_per_byte(records: Sequence[dict], cfg: dict, skip: int = metrics.WARMUP_STEPS) -> float | None:
@@ -392,12 +356,12 @@ def check(profile: HookProfile, records: Sequence[dict], cfg: dict, skip: int = 
     steady = steady_rows(records, cfg, skip)
     if not steady:
         raise ValueError("no steady steps to measure")
-    measured = per_step(steady, cfg, "step_s")
+    measured = metrics.per_step(steady, cfg, "step_s")
     return {"label": profile.label, "world_size": world, "bandwidth_gbps": bw, "latency_us": lat,
             "predicted_s": predicted, "measured_s": measured, "ratio": predicted / measured,
             "link_s": link, "loopback_s": loopback, "compute_s": profile.compute_s,
             # what the emulated link charged per step, counted by the run (None before it did)
-            "emulated_s": per_step(steady, cfg, "link_s") if "link_s" in steady[0] else None,
+            "emulated_s": metrics.per_step(steady, cfg, "link_s") if "link_s" in steady[0] else None,
             "arithmetic_s": profile.arithmetic_s}
 
 

@@ -23,7 +23,8 @@ from commlab.hook_specs import spec_of
 CHART_POINTS = 1500
 RECENT_POINTS = 300
 CHARTED = ("loss", "step_s", "hook_s", "plain_bytes", "payload_bytes", "compression_ratio")
-STEADY_FIGURES = ("step_s", "payload_bytes", "plain_bytes")  # what the headline reads of the steady steps
+# What the headline reads of the steady steps (the step: an averaging hook's whole periods).
+STEADY_FIGURES = ("step", "step_s", "payload_bytes", "plain_bytes")
 
 
 def chart_rows(steps: np.ndarray, columns: dict[str, np.ndarray], points: int = CHART_POINTS,
