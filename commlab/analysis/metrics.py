@@ -140,18 +140,23 @@ def _values(rows: Sequence[dict] | Columns, key):
     return np.fromiter((key(r) if callable(key) else r[key] for r in rows), float, len(rows))
 
 
-def in_whole_periods(rows: Sequence[dict] | Columns, cfg: dict):
-    """Which rows lie in a whole averaging period (a boolean NumPy array): the periods start at
-    ``averaging_from`` and each holds one averaging, its first step; every row for a hook that
-    averages nothing."""
+def _periods(rows: Sequence[dict] | Columns, cfg: dict):
+    """Each row's averaging period (0, 1, ... counted from ``averaging_from``; -1 before it) and
+    whether that period is whole: one averaging, its first step, and every step after it."""
     import numpy as np
 
     period, steps = averaging_period(cfg), _values(rows, "step") - averaging_from(cfg)
-    if period == 1:
-        return np.ones(len(steps), dtype=bool)
     index = np.where(steps >= 0, steps // period, -1).astype(np.int64)
     counts = np.bincount(index[index >= 0], minlength=1)
-    return (index >= 0) & (counts[np.maximum(index, 0)] == period)
+    return index, (index >= 0) & (counts[np.maximum(index, 0)] == period)
+
+
+def in_whole_periods(rows: Sequence[dict] | Columns, cfg: dict):
+    """Which rows lie in a whole averaging period (a boolean NumPy array); every row for a hook
+    that averages nothing."""
+    import numpy as np
+
+    return np.ones(len(rows), dtype=bool) if averaging_period(cfg) == 1 else _periods(rows, cfg)[1]
 
 
 def per_step(rows: Sequence[dict] | Columns, cfg: dict, key) -> float | None:
@@ -162,15 +167,14 @@ def per_step(rows: Sequence[dict] | Columns, cfg: dict, key) -> float | None:
     row, or without a whole period."""
     import numpy as np
 
-    values = _values(rows, key)
-    if averaging_period(cfg) == 1:
+    values, period = _values(rows, key), averaging_period(cfg)
+    if period == 1:
         return float(np.median(values)) if len(values) else None
-    whole = in_whole_periods(rows, cfg)
+    index, whole = _periods(rows, cfg)
     if not whole.any():
         return None
-    index = (_values(rows, "step")[whole] - averaging_from(cfg)) // averaging_period(cfg)
-    _, first = np.unique(index, return_index=True)
-    return float(np.median(np.add.reduceat(values[whole], first) / averaging_period(cfg)))
+    _, first = np.unique(index[whole], return_index=True)  # rows come in step order
+    return float(np.median(np.add.reduceat(values[whole], first) / period))
 
 
 def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,

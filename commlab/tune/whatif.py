@@ -24,12 +24,13 @@ rank receives does.  Post-local SGD pays its gradient allreduce within a subgrou
 of the parameters over all ranks every ``averager_period`` steps, averaged over the period: one
 step in a period averages, so its per-step figures (bytes, times, measured or predicted) are the
 median over whole periods of each period's mean (``metrics.per_step``, as a run's headline bytes
-are), from the first period that local SGD and averaging both cover.  DiLoCo averages the same way, every ``sync_every`` steps from its
-first: its outer collective carries the pseudo-gradient in its outer precision, as the run counted
-it (int8 codes and scales by allgather, whose bytes received grow with N).  The formulas are those the
-emulated link (``Link.seconds`` in ``commlab.hooks.instrument``) enforces: a run over an emulated
-link is a measurement of this model.  Summed over collectives it stays linear, so a hook is
-summarized by its bytes and its collective count per step, medians over the run's steady steps
+are), from the first period that local SGD and averaging both cover.  DiLoCo averages the same
+way, every ``sync_every`` steps from its first: its outer collective carries the pseudo-gradient in
+its outer precision, as the run counted it (int8 codes and scales by allgather, whose bytes
+received grow with N).  The formulas are those the emulated link (``Link.seconds`` in
+``commlab.hooks.instrument``) enforces: a run over an emulated link is a measurement of this
+model.  Summed over collectives it stays linear, so a hook is summarized by its bytes and its
+collective count per step, medians over the run's steady steps
 (``commlab.analysis.metrics.steady_rows``, strictly: a profile describes the hook as configured,
 so it takes no start-up step and, for PowerSGD, no step before compression started).
 
