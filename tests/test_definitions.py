@@ -166,8 +166,8 @@ def test_every_reader_of_a_runs_figures_agrees_with_the_one_definition(tmp_path)
 
 
 def test_an_averaging_hook_s_bytes_per_step_are_one_figure_for_every_reader(tmp_path):
-    """Post-local SGD averages at steps 4, 7, 10, ... (from 4, every 3): a steady window from step
-    3 to 13 holds four averagings in 11 steps (their mean: 4/11 of one), whole periods one in three."""
+    """Post-local SGD averages at steps 4, 7, 10 and 13 (from 4, every 3): its steady steps, 4 to
+    13, hold four averagings in ten (their mean: 540 bytes), its whole periods one in three (500)."""
     cfg = RunConfig(hook="post_localsgd", start_localSGD_iter=4, averager_warmup_steps=4, averager_period=3,
                     runs_dir=str(tmp_path))
     records = [{"step": i, "loss": 1.0, "step_s": 0.1, "t": 0.1 * (i + 1), "hook_s": 0.01, "plain_bytes": 300,

@@ -75,7 +75,7 @@ def test_one_run_id_given_twice_at_once_on_a_node_is_refused_the_second_time(tmp
     node = _node(rank, "127.0.0.1:29400", "exp1")
     run_dir = tmp_path / "exp1"
     if rank:  # node 1 compares its settings with node 0's
-        (run_dir).mkdir()
+        run_dir.mkdir()
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
     assert _node_dir(cfg, node, run_dir) == node.records(run_dir)
     with pytest.raises(ConfigError, match="'exp1' is taken"):
