@@ -7,6 +7,8 @@ size ranks of its own, one pool at a time, and a comparison's pool goes with it;
 running."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -157,6 +159,27 @@ def test_a_run_stopped_before_its_turn_never_runs_and_one_the_pool_never_took_en
     finally:
         pool.close()
     assert not _pool_processes(pool)
+
+
+@pytest.mark.timeout(300)
+def test_a_pool_whose_process_is_killed_between_runs_leaves_nothing(tmp_path):
+    """The pool's supervisor is detached (its own session) and watches the process that started
+    it: killed with SIGKILL between two runs, that process takes the pool with it."""
+    script = (f"import sys, time\nfrom commlab.config import RunConfig\n"
+              f"from commlab.engine.launch import worker_env\nfrom commlab.engine.pool import Pool\n"
+              f"pool = Pool({str(tmp_path / 'pool')!r}, 2, 'gloo')\n"
+              f"pool.start(worker_env(RunConfig(workload='mlp')))\nprint('up', flush=True)\ntime.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        pool = Pool(tmp_path / "pool", 2, "gloo")
+        assert procs.wait_until(lambda: len(_pool_processes(pool)) >= 4, 300)  # supervisor, torchrun, 2 ranks
+        everyone = [p.pid for p in _pool_processes(pool)]
+    finally:
+        owner.kill()
+        owner.wait()
+    assert _gone(everyone), [p.pid for p in _pool_processes(pool)]
 
 
 @pytest.mark.timeout(900)
