@@ -22,8 +22,9 @@ def ranks_forkable() -> bool:
     """Whether torchrun may fork the ranks from its own process, its imports done (``commlab.engine
     .torchrun``), instead of starting a fresh interpreter for each: on Linux with no GPU driver.
     A process that has touched CUDA cannot use it in a forked child, and importing what the ranks
-    need may touch it; macOS's system libraries do not survive a fork either.  ``COMMLAB_FORK_RANKS=0`` starts each rank as an interpreter of its own
-    anyway (``benchmarks/startup.py`` times both; a workload that cannot be forked)."""
+    need may touch it; macOS's system libraries do not survive a fork either.
+    ``COMMLAB_FORK_RANKS=0`` starts each rank as an interpreter of its own anyway
+    (``benchmarks/startup.py`` times both; a workload that cannot be forked)."""
     if os.environ.get(FORK_ENV) == "0" or not sys.platform.startswith("linux"):
         return False
     return not any(os.path.exists(p) for p in GPU_DEVICE_FILES)

@@ -141,14 +141,14 @@ def _values(rows: Sequence[dict] | Columns, key):
 
 
 def _periods(rows: Sequence[dict] | Columns, cfg: dict):
-    """Each row's averaging period (0, 1, ... counted from ``averaging_from``; -1 before it) and
-    whether that period is whole: one averaging, its first step, and every step after it."""
+    """Each row's averaging period (0, 1, ... counted from ``averaging_from``; -1 before it), and
+    how many rows each period holds: a whole one holds ``averaging_period`` (one averaging, its
+    first step, and every step after it)."""
     import numpy as np
 
-    period, steps = averaging_period(cfg), _values(rows, "step") - averaging_from(cfg)
-    index = np.where(steps >= 0, steps // period, -1).astype(np.int64)
-    counts = np.bincount(index[index >= 0], minlength=1)
-    return index, (index >= 0) & (counts[np.maximum(index, 0)] == period)
+    steps = _values(rows, "step") - averaging_from(cfg)
+    index = np.where(steps >= 0, steps // averaging_period(cfg), -1).astype(np.int64)
+    return index, np.bincount(index[index >= 0], minlength=1)
 
 
 def in_whole_periods(rows: Sequence[dict] | Columns, cfg: dict):
@@ -156,7 +156,11 @@ def in_whole_periods(rows: Sequence[dict] | Columns, cfg: dict):
     that averages nothing."""
     import numpy as np
 
-    return np.ones(len(rows), dtype=bool) if averaging_period(cfg) == 1 else _periods(rows, cfg)[1]
+    period = averaging_period(cfg)
+    if period == 1:
+        return np.ones(len(rows), dtype=bool)
+    index, counts = _periods(rows, cfg)
+    return (index >= 0) & (counts[np.maximum(index, 0)] == period)
 
 
 def per_step(rows: Sequence[dict] | Columns, cfg: dict, key) -> float | None:
@@ -170,11 +174,10 @@ def per_step(rows: Sequence[dict] | Columns, cfg: dict, key) -> float | None:
     values, period = _values(rows, key), averaging_period(cfg)
     if period == 1:
         return float(np.median(values)) if len(values) else None
-    index, whole = _periods(rows, cfg)
-    if not whole.any():
-        return None
-    _, first = np.unique(index[whole], return_index=True)  # rows come in step order
-    return float(np.median(np.add.reduceat(values[whole], first) / period))
+    index, counts = _periods(rows, cfg)
+    sums = np.bincount(index[index >= 0], weights=values[index >= 0], minlength=len(counts))
+    whole = counts == period
+    return float(np.median(sums[whole] / period)) if whole.any() else None
 
 
 def headline(records: Sequence[dict], cfg: dict, final_window: int = 1,

@@ -313,14 +313,15 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
     """Stop a run and every process it started, starting, running or orphaned; returns the status
     it ends with.  Only processes proven to be the run's are signalled (``procs.belonging``): a
     forged or stale supervisor.json makes it kill nothing else."""
-    pool = folder.launch_info().get("pool")
+    launch = folder.launch_info()
+    pool = launch.get("pool")
     if job := slurm_job_of(folder):
         request_stop(folder.path)  # every node's supervisor ends its agent; then Slurm ends the job
         cancel(job)
         procs.wait_until(lambda: folder.status() not in store.GOING, grace_s + STOP_GRACE_S)
-    elif folder.launch_info().get("nodes"):
+    elif launch.get("nodes"):
         # Every node's supervisor ends its own agent on the request; a PID is local, the folder shared.
-        whole = Path(folder.launch_info().get("run_dir") or folder.path)
+        whole = Path(launch.get("run_dir") or folder.path)
         request_stop(whole)
         node0 = Run(whole)
         procs.wait_until(lambda: node0.status() not in store.GOING and folder.status() not in store.GOING,

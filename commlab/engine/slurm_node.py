@@ -15,10 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from commlab.devices import ranks_forkable
 from commlab.engine import nodes, procs, store
-from commlab.engine.commands import run_argv
-from commlab.engine.launch import worker_env
+from commlab.engine.launch import torchrun_command, worker_env
 from commlab.engine.slurm import SlurmJob
 from commlab.engine.supervisor import supervise
 
@@ -52,7 +50,7 @@ def node_main(run_dir: Path) -> int:
             "error": f"node {rank} ({procs.HOST}) cannot take part: " + "; ".join(
                 f"{k}: {v}" for k, v in errors.items())})
         return 1
-    mine = {"command": run_argv(cfg.world_size, folder.path, sys.executable, node, fork=ranks_forkable()),
+    mine = {"command": torchrun_command(cfg, folder.path, sys.executable, node),
             "nodes": node.as_dict() if node else None}
     if records == folder.path:
         store.write_json(folder.file("launch.json"), {**folder.launch_info(), **mine})  # read again: submit writes it too

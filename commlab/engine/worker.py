@@ -253,7 +253,8 @@ def become_rank() -> None:
     """This process as one of torchrun's ranks: it dies with torchrun, and is named for its rank
     (what ``_ranks_gone`` reads: a forked rank's environment, as /proc shows it, is torchrun's)."""
     # torchrun may start the workers in sessions of their own (exec'd ones: it does), so nothing
-    # that ends it need end them: the kernel does.  torchrun itself dies with the supervisor (``procs.spawn(die_with_caller)``).
+    # that ends it need end them: the kernel does.  torchrun itself dies with the supervisor
+    # (``procs.spawn(die_with_caller)``).
     procs.die_with_parent(int(os.environ.get(procs.LAUNCHER_ENV, os.getppid())))
     procs.set_name(f"{RANK_NAME}{os.environ.get('RANK', '')}")
 

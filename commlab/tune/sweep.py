@@ -601,11 +601,7 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
             entries[i]["status"] = status
             _write_state(sweep, runs=_started(entries))
             report(i, status, steps_done + len(steps.read_new()))
-    except BaseException:
-        launch.close()
-        raise
-    launch.release()  # the ranks leave while the runs' supervisors end and the report is made
-    try:
+        launch.release()  # the ranks leave while the runs' supervisors end and the report is made
         for run in exiting:
             run.wait()
         final = "stopped" if stopped else "finished"
