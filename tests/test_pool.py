@@ -1,12 +1,15 @@
 """Warm ranks (commlab/engine/pool.py): runs on a pool of ranks started once give the numbers of
 the same runs started cold, bit for bit (plain allreduce and PowerSGD with several buckets, the
-session's cold runs; a compressor), all under the pool's one supervisor; a run that fails or hangs
+session's cold runs; a compressor), all under the pool's one supervisor, each in processes of its
+own that the pool's ranks fork for it (tests/test_warm_like_cold.py: whatever a workload keeps in
+its module); a run that fails or hangs
 ends as such, named, and the pool starts again for the next; a Stop ends the run and the pool, or
 takes back a run not started yet; ``launch.Batch`` gives a run of another world
 size ranks of its own, one pool at a time, and a comparison's pool goes with it; nothing is left
 running."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 from commlab.config import RunConfig
 from commlab.engine import procs
 from commlab.engine.launch import start, worker_env
-from commlab.engine.pool import Pool, supervisor_of
+from commlab.engine.pool import POOL_RANK_NAME, Pool, supervisor_of
 
 pytestmark = pytest.mark.slow  # a pool of real ranks
 
@@ -41,6 +44,20 @@ def _pool_processes(pool: Pool) -> list:
         return []
 
 
+def _pool_ranks(pool: Pool) -> list[int]:
+    """The pool's ranks (which fork each run's processes), once all of them are up."""
+    def up() -> list[int]:
+        ranks = []
+        for p in _pool_processes(pool):
+            with contextlib.suppress(psutil.Error):
+                if p.name().startswith(POOL_RANK_NAME):
+                    ranks.append(p.pid)
+        return ranks if len(ranks) == pool.world_size else []
+
+    assert procs.wait_until(up, 120)
+    return up()
+
+
 def _gone(pids, within_s: float = 30) -> bool:
     """Every one of ``pids`` ended (or a zombie): a pool's ranks die with its torchrun, a moment
     after it (the kernel's signal on their parent's death)."""
@@ -61,16 +78,19 @@ def test_warm_runs_give_the_numbers_of_cold_ones_bit_for_bit(powersgd_run, allre
     cold.append(start(topk))
     assert cold[-1].wait(600) == "finished", cold[-1].status_record()
     pool = _pool(tmp_path, topk)
-    ranks = set()
+    seen = set()
     try:
         for cfg, cold_run in zip([*cfgs, topk], cold):
+            ranks = set(_pool_ranks(pool))
             warm = start(cfg, pool=pool.path)
             assert warm.wait(600) == "finished", warm.status_record()
             assert warm.launch_info()["pool"] == str(pool.path.resolve())
             assert _numbers(warm) == _numbers(cold_run), cfg.hook
-            assert pool.alive()  # the same ranks, run after run
-            ranks = ranks or set(warm.supervisor()["worker_pids"])
-            assert set(warm.supervisor()["worker_pids"]) == ranks and len(ranks) == cfg.world_size
+            assert pool.alive() and set(_pool_ranks(pool)) == ranks  # the same ranks, run after run
+            # ... which forked the run's own processes, new for each run and gone with it
+            own = set(warm.supervisor()["worker_pids"])
+            assert len(own) == cfg.world_size and not own & (ranks | seen) and _gone(own)
+            seen |= own
             # ... and the same supervisor: the pool's, no process of its own started for the run
             assert warm.supervisor()["pid"] == supervisor_of(pool.path)["pid"]
             assert "command" not in warm.launch_info() and not warm.file("supervisor.log").exists()
@@ -127,8 +147,10 @@ def test_a_stop_ends_the_run_and_the_pool(tmp_path):
         run = start(long, pool=pool.path)
         assert procs.wait_until(lambda: len(run.metrics_records()) > 3, 600), run.status_record()
         ranks = {p.pid for p in _pool_processes(pool)[2:]}  # after its supervisor and torchrun
-        # Its supervisor knows the pool's ranks as the run's, for a Stop (and a person) to see.
-        assert set(run.supervisor()["worker_pids"]) == ranks and len(ranks) == long.world_size
+        # Its supervisor knows the run's processes (forked by the pool's ranks), for a Stop (and a
+        # person) to see.
+        own = set(run.supervisor()["worker_pids"])
+        assert own == ranks - set(_pool_ranks(pool)) and len(own) == long.world_size
         assert run.stop() == "stopped"
         assert procs.wait_until(lambda: not pool.alive(), 30)
         assert _gone(ranks)
@@ -195,7 +217,7 @@ def test_a_comparison_runs_its_hooks_on_one_pool_and_leaves_nothing(tmp_path, ca
     assert len({r.launch_info()["pool"] for r in runs} - {None}) == 1  # both on the same ranks
     assert {r.launch_info()["owner"]["what"] for r in runs} == {"comparison"}
     ranks = {pid for r in runs for pid in r.supervisor()["worker_pids"]}
-    assert len(ranks) == 2 and _gone(ranks)
+    assert len(ranks) == 4 and _gone(ranks)  # two processes for each run
     assert not list((tmp_path / POOLS).iterdir())  # its pool's folder went with it
 
 

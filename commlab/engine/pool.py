@@ -1,5 +1,5 @@
-"""Warm ranks: one torchrun job that runs many runs, one after another, in the same processes,
-under one supervisor.
+"""Warm ranks: one torchrun job that runs many runs, one after another, under one supervisor, each
+run in fresh processes forked from ranks that have imported what every run needs.
 
     python -m commlab.engine.supervisor --pool POOL_DIR                           (``Pool.start``)
       python -m commlab.engine.torchrun ... -m commlab.engine.pool serve POOL_DIR   (its child)
@@ -8,8 +8,9 @@ A cold run pays, before its first step, for torchrun importing torch to start th
 importing torch, the rendezvous, and DDP's constructor importing all of ``torch._dynamo``: about
 3 s on an idle 2-core machine, for runs of a second or two.  A sweep starts a pool once and hands
 it its runs: every run is still an ordinary run (its own folder, status, Stop, metrics and
-numbers: ``worker.run`` sets up a fresh model, optimizer, DDP, hook state and instrumentation and
-reseeds every generator), only its ranks and its supervisor are already there.
+numbers), in processes forked for it from the pool's ranks (``serve``), which have imported torch,
+the lab and DDP's ``torch._dynamo`` and never run a run themselves: a user's module is imported
+afresh in each run, as in a cold one.
 
 The pool's supervisor (``commlab.engine.supervisor.serve_pool``) takes the runs handed to it
 (``hand``) one at a time and supervises each as a cold run's supervisor does (status, the stall
@@ -22,23 +23,25 @@ that run, and the pool with them: ``launch.Batch`` starts a new pool for the run
     POOL_DIR/runs/        runs handed to the pool        queue/  the run its ranks are given
     POOL_DIR/done/        one file per run done          close   the ranks leave after the run in hand
     POOL_DIR/ended        the pool takes no more runs (it is ending or has ended)
+    POOL_DIR/turns/       the run of each turn, as rank 0 posts it to the other ranks
+    POOL_DIR/stores/      the file store each run's ranks meet in
 """
 from __future__ import annotations
 
-import datetime
 import gc
+import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from commlab.engine import procs, store
 from commlab.engine.commands import supervisor_argv
 
 POLL_S = 0.02  # the ranks and the supervisor, between runs: how soon they see the next
-# The pool's group waits between runs for as long as a sweep may take to start the next one.
-GROUP_TIMEOUT = datetime.timedelta(days=1)
 ENDED = "ended"
 
 
@@ -57,7 +60,7 @@ class Pool:
         """A new pool serving this folder, ending with this process; the old queue cleared (and
         the old pool, ended, reaped)."""
         self.close()
-        for sub in ("runs", "queue", "done"):
+        for sub in ("runs", "queue", "done", "turns", "stores"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
             for f in (self.path / sub).iterdir():
                 f.unlink()
@@ -137,40 +140,85 @@ def take(folder: Path, closed) -> tuple[str, str] | None:
 
 
 # ---------------------------------------------------------------------------- the ranks
+POOL_RANK_NAME = "commlab-pool"  # a pool's rank, which forks the run's rank: this, then its rank
+
+
 def serve(pool_dir: Path) -> None:
-    import torch
-    import torch.distributed as dist
-
+    """A fork server: this rank imports torch, the lab and DDP's ``torch._dynamo`` once (torchrun
+    did, when it forked it), and runs each run in a child forked for it, a fresh process that joins
+    a process group of the run's own.  So a run starts from what a cold run starts from whatever
+    its workload keeps in its module (a stream made at first use, a draw at import, a cached
+    model): the workload is imported in the child, and nothing of one run's processes is seen by
+    the next.  This process never joins a process group: a fork copies no thread, so a child must
+    not inherit one (Gloo's)."""
     from commlab.engine import worker
-    from commlab.engine.teardown import end_process_group
 
-    worker.become_rank()
-    record = store.read_json(pool_dir / "pool.json", {})
-    dist.init_process_group(record.get("backend", "gloo"), timeout=GROUP_TIMEOUT)
-    # DDP's constructor imports torch._dynamo (seconds): once here, not in the first run.
-    warm = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
-    del warm
-    # Each run ends with a full collection (``worker.run``), which would scan every object of
-    # torch's imports again: 0.13-0.20 s a run, the longest pause between two runs.  What exists
-    # now lives as long as the pool: collected once, then left out of every later collection.
+    worker.become_rank(name=POOL_RANK_NAME)
+    import torch._dynamo  # noqa: F401  DDP's constructor imports it: here, once, not in every run
+
+    # What exists now lives as long as the pool: collected once, then left out of every run's
+    # collections (a run's closing ``gc.collect`` would scan torch's imports again: 0.13-0.20 s).
     gc.collect()
     gc.freeze()
-    while True:
-        said = [take(pool_dir / "queue", (pool_dir / "close").exists) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(said)
-        if said[0] is None:
-            break
-        name, run_dir = said[0]
-        worker.PHASES.clear()
-        worker.PHASES["imported"] = worker.PHASES["process_group"] = time.time()  # warm already
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    for turn in itertools.count():
+        said = _next_turn(pool_dir, rank, turn)
+        if said is None:
+            return
+        name, run_dir = said["name"], Path(said["run_dir"])
+        if code := _run_forked(worker, run_dir, pool_dir / "stores" / name, world):
+            _end_as(code)  # the run failed on this rank: the pool ends with it
+        if rank == 0:
+            store.write_json(pool_dir / "done" / name, {"run_dir": str(run_dir), "at": time.time()})
+
+
+def _next_turn(pool_dir: Path, rank: int, turn: int) -> dict | None:
+    """The run of this turn, the same on every rank: rank 0 takes it from the queue and posts it
+    in ``turns/`` (an empty post: no more runs), the others wait for the post."""
+    post = pool_dir / "turns" / f"{turn}.json"
+    if rank == 0:
+        taken = take(pool_dir / "queue", (pool_dir / "close").exists)
+        said = {"name": taken[0], "run_dir": taken[1]} if taken else {}
+        (pool_dir / "stores").mkdir(exist_ok=True)
+        store.write_json(post, said)
+    else:
+        procs.wait_until(post.exists, interval=POLL_S)
+        said = store.read_json(post)
+    return said or None
+
+
+def _run_forked(worker, run_dir: Path, rendezvous: Path, world: int) -> int:
+    """Run ``run_dir`` in a child of this process, through ``rendezvous`` (a file store the run's
+    ranks meet in); the child's exit code."""
+    import torch.distributed as dist
+
+    me = os.getpid()
+    sys.stdout.flush()  # what is buffered here would be written again by the child
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        code = 1
         try:
-            worker.run(Path(run_dir))
+            worker.become_rank(parent=me)
+            worker.PHASES.clear()
+            worker.PHASES["imported"] = time.time()  # forked: torch and the lab imported already
+            worker.train(run_dir, dist.FileStore(str(rendezvous), world))
+            code = 0
         except BaseException as e:
-            worker.report_failure(Path(run_dir), e)
-            raise
-        if dist.get_rank() == 0:
-            store.write_json(pool_dir / "done" / name, {"run_dir": run_dir, "at": time.time()})
-    end_process_group()
+            worker.report_failure(run_dir, e)
+            traceback.print_exc()
+        finally:
+            procs.exit_now(code)
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+
+
+def _end_as(code: int) -> None:
+    """End this process as the run's process on this rank ended (an exit code, or minus the
+    signal that killed it), so that torchrun's record of the rank says the same."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    procs.exit_now(code or 1)
 
 
 def main(argv: list[str] | None = None) -> int:

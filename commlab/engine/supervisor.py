@@ -14,6 +14,7 @@ torchrun is killed with it (and each worker with torchrun), so no run trains on 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,6 +23,8 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from commlab.devices import ranks_forkable
 from commlab.engine import pool, procs, store
@@ -172,7 +175,8 @@ def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | 
 class Watch:
     """One look at the run per call: records new workers in supervisor.json, and returns True once
     the run must end (torchrun exited, ``done()`` says the run is, or ``ending`` was set: Stop, a
-    stall, a crash).  ``child``: torchrun, whose children the ranks are (a pool's, on warm ranks)."""
+    stall, a crash).  ``child``: torchrun, whose children the ranks are (on warm ranks, a pool's:
+    ``done`` is given, and the run's processes are the ones they fork for it)."""
 
     def __init__(self, folder: store.RunFolder, child: subprocess.Popen, stop_requested: list,
                  run: store.RunFolder | None = None, node: Nodes | None = None,
@@ -195,12 +199,23 @@ class Watch:
             **self.me, "worker_pids": sorted(self.workers),
             "worker_create_times": {str(k): v for k, v in self.workers.items()}})
 
+    def _processes(self) -> list[psutil.Process]:
+        """The run's processes: torchrun's descendants; on a pool, less the pool's ranks
+        (torchrun's children), which fork each run's processes and are none of them."""
+        everyone = procs.tree(self.child.pid)[1:]
+        if self.done is None:
+            return everyone
+        with contextlib.suppress(psutil.Error):
+            ranks = {p.pid for p in psutil.Process(self.child.pid).children()}
+            return [p for p in everyone if p.pid not in ranks]
+        return []
+
     def __call__(self) -> bool:
         if self.child.poll() is not None or (self.done is not None and self.done()):
             return True
         now = time.time()
         if len(self.workers) < self.cfg.world_size or now >= self.next_listing:
-            known = {p.pid: p.create_time() for p in procs.tree(self.child.pid)[1:]}
+            known = {p.pid: p.create_time() for p in self._processes()}
             if known.keys() - self.workers.keys():
                 self.workers |= known
                 self._record()

@@ -45,13 +45,15 @@ PHASES: dict[str, float] = {}
 RANK_NAME = "commlab-rank"  # a rank's process name: this, then its global rank
 
 
-def train(run_dir: Path) -> None:
-    """One run, start to end, in a process group of its own (``commlab.engine.pool`` keeps one
-    group for many runs and calls ``run``)."""
+def train(run_dir: Path, rendezvous: dist.Store | None = None) -> None:
+    """One run, start to end, in a process group of its own: torchrun's (``env://``), or on warm
+    ranks the run's own ``rendezvous`` store (``commlab.engine.pool`` forks a process per run)."""
     folder = store.RunFolder(run_dir)
     # Collectives time out too, as a backstop behind the supervisor, which calls the run stalled first.
     timeout = datetime.timedelta(seconds=2 * folder.config().stall_timeout_s + 30)
-    dist.init_process_group(folder.launch_info()["backend"], timeout=timeout)
+    joined = {} if rendezvous is None else {"store": rendezvous, "rank": int(os.environ["RANK"]),
+                                            "world_size": int(os.environ["WORLD_SIZE"])}
+    dist.init_process_group(folder.launch_info()["backend"], timeout=timeout, **joined)
     PHASES["process_group"] = time.time()
     run(run_dir)
     end_process_group()
@@ -234,12 +236,14 @@ def profiled(job: Job, step: int):
 
 
 def _ranks_gone(rank: int, world: int) -> list[int]:
-    """The other ranks of this node whose processes have ended (torchrun's children): on several
-    nodes, a rank of another node is not seen from here."""
+    """The other ranks of this node whose processes have ended (torchrun's children, or on warm
+    ranks the processes they forked for the run): on several nodes, a rank of another node is not
+    seen from here."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     first = rank - int(os.environ.get("LOCAL_RANK", 0))
     running = set()
-    for p in psutil.Process(os.getppid()).children():
+    launcher = int(os.environ.get(procs.LAUNCHER_ENV, os.getppid()))
+    for p in psutil.Process(launcher).children(recursive=True):
         try:
             name = p.name()
             if p.status() != psutil.STATUS_ZOMBIE and name.startswith(RANK_NAME):
@@ -249,14 +253,15 @@ def _ranks_gone(rank: int, world: int) -> list[int]:
     return sorted(set(range(first, first + local)) - running - {rank})
 
 
-def become_rank() -> None:
-    """This process as one of torchrun's ranks: it dies with torchrun, and is named for its rank
-    (what ``_ranks_gone`` reads: a forked rank's environment, as /proc shows it, is torchrun's)."""
+def become_rank(parent: int | None = None, name: str = RANK_NAME) -> None:
+    """This process as one of the run's ranks: it dies with ``parent`` (torchrun; on warm ranks the
+    pool's rank that forked it), and is named for its rank (what ``_ranks_gone`` reads: a forked
+    rank's environment, as /proc shows it, is torchrun's)."""
     # torchrun may start the workers in sessions of their own (exec'd ones: it does), so nothing
     # that ends it need end them: the kernel does.  torchrun itself dies with the supervisor
     # (``procs.spawn(die_with_caller)``).
-    procs.die_with_parent(int(os.environ.get(procs.LAUNCHER_ENV, os.getppid())))
-    procs.set_name(f"{RANK_NAME}{os.environ.get('RANK', '')}")
+    procs.die_with_parent(parent or int(os.environ.get(procs.LAUNCHER_ENV, os.getppid())))
+    procs.set_name(f"{name}{os.environ.get('RANK', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:
