@@ -39,6 +39,7 @@ from commlab.hook_specs import HOOKS, SPECS, WHOLE_STATE, WRAPPERS
 from commlab.hooks import registry
 from commlab.tune import export
 from commlab.tune.export import Target
+from commlab.tune.export.hook_code import alias
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 600
@@ -460,7 +461,7 @@ def test_every_cell_uses_commlabs_piece_exactly_where_pytorchs_fails(fmt, backen
             assert (f"commlab's {piece.attr}" in line) == ours, (hook, wrapper, line)
             assert (f"commlab_hooks.{piece.attr}" in text) == ours, text
             if "DDPCommunicationHookType." not in text and piece.module:  # else Accelerate names PyTorch's
-                assert (f"{export._alias(piece.module)}.{piece.attr}" in text) == (not ours), text
+                assert (f"{alias(piece.module)}.{piece.attr}" in text) == (not ours), text
         assert ("AnyDeviceDDPStrategy" in text) == (fmt == "lightning" and (
             backend == "gloo" or hook == "post_localsgd"))
         assert ("cpu=True" in text) == (fmt == "accelerate" and backend == "gloo")
