@@ -9,7 +9,7 @@ from commlab.tune.export.hook_code import ACCELERATE_MEMBERS, bucket_cap, descri
 from commlab.tune.export.preamble import header
 from commlab.tune.export.target import Target
 from commlab.tune.export.text import comment, words
-from commlab.tune.export.torchrun import HEAD_NODE_ENDPOINT, RDZV_PORT, torchrun_argv
+from commlab.tune.export.torchrun import RDZV_PORT, torchrun_comment_lines
 
 
 def accelerate_members(cfg: RunConfig) -> tuple[str, str] | None:
@@ -32,14 +32,8 @@ def accelerate_launch(cfg: RunConfig, target: Target) -> list[str]:
     several machines need."""
     script = [target.script, *target.script_args]
     if target.backend != "nccl":
-        lines = ["launch (accelerate launch --cpu would start one process; torchrun starts "
-                 f"{target.procs(cfg)} per node):",
-                 "  " + words(torchrun_argv(cfg, target, 1))]
-        if target.nnodes > 1:
-            lines += [f"  {target.nnodes} nodes, the same line on every node:",
-                      "  " + words(torchrun_argv(cfg, target, target.nnodes, target.rdzv_endpoint),
-                                   () if target.rdzv_endpoint else (HEAD_NODE_ENDPOINT,))]
-        return lines
+        return ["launch (accelerate launch --cpu would start one process; torchrun starts "
+                f"{target.procs(cfg)} per node):", *torchrun_comment_lines(cfg, target)]
     world = target.procs(cfg) * target.nnodes
     argv = ["accelerate", "launch", "--multi_gpu", "--num_machines", str(target.nnodes),
             "--num_processes", str(world)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from commlab.config import RunConfig
 from commlab.tune.export.preamble import header
 from commlab.tune.export.target import Target
-from commlab.tune.export.text import comment, shell
+from commlab.tune.export.text import comment, shell, words
 
 # torchrun's default rendezvous port: any TCP port free on the first node that every node reaches.
 RDZV_PORT = 29500
@@ -24,6 +24,17 @@ def torchrun_argv(cfg: RunConfig, target: Target, nnodes: int, endpoint: str | N
         return ["torchrun", "--standalone", "--nnodes", "1", *procs, *script]
     return ["torchrun", "--nnodes", str(nnodes), *procs, "--rdzv-id", target.job_name,
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint or HEAD_NODE_ENDPOINT, *script]
+
+
+def torchrun_comment_lines(cfg: RunConfig, target: Target) -> list[str]:
+    """The torchrun line, and where the target has several nodes the line for every node, as code
+    lines of a comment (the Python exports' word on how to launch them)."""
+    lines = ["  " + words(torchrun_argv(cfg, target, 1))]
+    if target.nnodes > 1:
+        lines += [f"  {target.nnodes} nodes, the same line on every node:",
+                  "  " + words(torchrun_argv(cfg, target, target.nnodes, target.rdzv_endpoint),
+                               () if target.rdzv_endpoint else (HEAD_NODE_ENDPOINT,))]
+    return lines
 
 
 def threads(target: Target) -> str:
