@@ -1,13 +1,16 @@
-"""The lightning export: a ``DDPStrategy`` with the hook, its state and the wrapper, and the
-``Trainer`` using it."""
+"""The lightning export: a training script that runs as pasted, for the backend it is exported for
+(a ``DDPStrategy`` with the hook, its state and the wrapper, the ``Trainer`` on the matching
+accelerator for the run's steps, a stand-in model and data, ``trainer.fit``, and its launch line)."""
 from __future__ import annotations
 
 from commlab.config import RunConfig
+from commlab.devices import pick_backend
 from commlab.tune.export.checkpoint import checkpoint_lines
 from commlab.tune.export.hook_code import LOCALSGD_SUBGROUPS, bucket_cap, describe
 from commlab.tune.export.preamble import header
 from commlab.tune.export.target import ExportRefused, Target
-from commlab.tune.export.text import comment
+from commlab.tune.export.text import comment, words
+from commlab.tune.export.torchrun import torchrun_comment_lines
 
 LIGHTNING_AVERAGER = ("Lightning's DDPStrategy builds the PeriodicModelAverager itself, with "
                       "warmup_steps=start_localSGD_iter (DDPStrategy._enable_model_averaging)")
@@ -35,8 +38,59 @@ class OuterStep(Callback):
 '''
 
 
+# A stand-in for the person's LightningModule and data, so that the snippet runs as pasted: a
+# small MLP learning which of its first 8 inputs is largest (every rank the same start: DDP
+# broadcasts rank 0's parameters; Lightning gives each rank its own shard of the data).
+STAND_IN = '''
+
+class Model(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                       torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        return torch.nn.functional.cross_entropy(self.net(inputs), targets)
+
+    def configure_optimizers(self):
+        return torch.optim.{optimizer}(self.parameters(), lr={lr!r})
+
+
+def stand_in_data():
+    inputs = torch.randn(4096, 32, generator=torch.Generator().manual_seed({seed!r}))
+    return DataLoader(TensorDataset(inputs, inputs[:, :8].argmax(1)), batch_size={batch_size!r})
+
+
+if __name__ == "__main__":
+    trainer.fit(Model(), stand_in_data())
+'''
+# config.OPTIMIZERS as torch.optim names them (engine.worker.make_optimizer builds the same)
+OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
+
+
+def default_backend(cfg: RunConfig) -> str:
+    """The backend a Lightning export is for unless one is named: the one the run's settings
+    resolve to on this machine (``devices.pick_backend``: the run's own, or for "auto" Gloo
+    without a GPU for every rank), so that the export runs where it was made."""
+    return pick_backend(cfg.backend, cfg.world_size)[0]
+
+
+def _accelerator_note(cpu: bool) -> str:
+    if cpu:
+        return ("accelerator='cpu': exported for gloo, the default on a machine without a GPU for "
+                "every rank or for a run on gloo; --target-backend nccl (the Export page's "
+                "production backend) exports for GPUs: accelerator='gpu' and Lightning's own "
+                "DDPStrategy.")
+    return ("accelerator='gpu': exported for nccl; --target-backend gloo (the Export page's "
+            "production backend) exports for CPU: accelerator='cpu' and a strategy that registers "
+            "the hook there.")
+
+
 def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
-    """A ``DDPStrategy`` with the hook, its state and the wrapper, and the ``Trainer`` using it.
+    """A training script: a ``DDPStrategy`` with the hook, its state and the wrapper, the
+    ``Trainer`` using it for the run's steps, a stand-in model and data, ``trainer.fit`` and the
+    torchrun line that runs it.
 
     On CPU Lightning's own ``DDPStrategy`` would never register the hook (``LIGHTNING_CUDA_ONLY``),
     so CPU exports use commlab's ``AnyDeviceDDPStrategy``, which does; post-local SGD uses it on
@@ -63,13 +117,13 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
         extra = (f"from {LIGHTNING_STRATEGY[0]} import {LIGHTNING_STRATEGY[1]}",)
     else:
         strategy = "DDPStrategy"
-        why.append(f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY} "
-                   "Export for gloo to get a strategy that registers it on CPU.")
+        why.append(f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY}")
         extra = ("from lightning.pytorch.strategies import DDPStrategy",)
     if outer:
         extra += ("from lightning.pytorch.callbacks import Callback",)
-    text = comment(header(cfg, target, source) + why)
-    text += code.imports(("from lightning.pytorch import Trainer", *extra))
+    text = comment(header(cfg, target, source) + why + [_accelerator_note(cpu)])
+    text += code.imports(("import torch", "from lightning.pytorch import LightningModule, Trainer", *extra,
+                          "from torch.utils.data import DataLoader, TensorDataset"))
     text += code.choice_line()
     text += code.setup()
     args = [] if code.state == "None" else ["    ddp_comm_state=state,"]
@@ -86,8 +140,20 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
     if outer:
         text += OUTER_STEP_CALLBACK
     text += (f"trainer = Trainer(accelerator={accelerator!r}, devices={target.procs(cfg)}, "
-             f"num_nodes={target.nnodes}, strategy=strategy"
-             f"{', callbacks=[OuterStep()]' if outer else ''})\n")
-    return text + checkpoint_lines(
+             f"num_nodes={target.nnodes}, strategy=strategy, max_steps={cfg.steps!r}"
+             f"{', callbacks=[OuterStep()]' if outer else ''})  # the run's steps\n")
+    text += checkpoint_lines(
         code.facts, "", "on resume, before the strategy is built; a Lightning checkpoint path works too",
         lightning=True)
+    text += "\n" + comment([
+        f"Model and stand_in_data stand in for your LightningModule and data (the run trained the "
+        f"workload {cfg.workload}, with {cfg.optimizer} at lr {cfg.lr!r}, {cfg.batch_size!r} examples "
+        "a rank a step): replace them, and keep trainer.fit under __main__."])
+    text += STAND_IN.format(optimizer=OPTIMIZER_CLASSES[cfg.optimizer], lr=cfg.lr, seed=cfg.seed,
+                            batch_size=cfg.batch_size)
+    python = [] if target.nnodes > 1 else [
+        "On one node python starts it too, and Lightning the other processes:",
+        "  " + words(["python", target.script, *target.script_args])]
+    return text + "\n" + comment([
+        f"Run it, saved as {target.script}: torchrun starts {target.procs(cfg)} process(es) a node, "
+        "as devices says, and Lightning joins them:", *torchrun_comment_lines(cfg, target), *python])
