@@ -6,7 +6,7 @@ from __future__ import annotations
 from commlab.config import RunConfig
 from commlab.devices import pick_backend
 from commlab.tune.export.checkpoint import checkpoint_lines
-from commlab.tune.export.hook_code import LOCALSGD_SUBGROUPS, bucket_cap, describe
+from commlab.tune.export.hook_code import LOCALSGD_SUBGROUPS, HookCode, bucket_cap, describe
 from commlab.tune.export.preamble import header
 from commlab.tune.export.target import ExportRefused, Target
 from commlab.tune.export.text import comment, words
@@ -87,6 +87,49 @@ def _accelerator_note(cpu: bool) -> str:
             "the hook there.")
 
 
+def _strategy(cfg: RunConfig, code: HookCode, cpu: bool, localsgd: bool) -> tuple[list[str], str, str]:
+    """Why the strategy is the one it is, its import, and the lines that build it."""
+    if cpu or localsgd:
+        why = []
+        if cpu:
+            why.append(f"{LIGHTNING_CUDA_ONLY} AnyDeviceDDPStrategy (commlab.hooks.lightning_ddp) is "
+                       "DDPStrategy without that check.")
+        if localsgd:
+            why.append("AnyDeviceDDPStrategy makes the state's subgroups once the process group exists "
+                       f"(localsgd_subgroup_size): {LOCALSGD_SUBGROUPS}. {LIGHTNING_AVERAGER}, "
+                       "stepped after every optimizer step, from model_averaging_period.")
+        strategy, imported = LIGHTNING_STRATEGY[1], f"from {LIGHTNING_STRATEGY[0]} import {LIGHTNING_STRATEGY[1]}"
+    else:
+        why = [f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY}"]
+        strategy, imported = "DDPStrategy", "from lightning.pytorch.strategies import DDPStrategy"
+    args = [] if code.state == "None" else ["    ddp_comm_state=state,"]
+    args.append(f"    ddp_comm_hook={code.hook},")
+    if code.wrapper:
+        args.append(f"    ddp_comm_wrapper={code.wrapper},")
+    if localsgd:
+        args.append(f"    model_averaging_period={cfg.averager_period!r},")
+        args.append(f"    localsgd_subgroup_size={cfg.localsgd_subgroup_size!r},")
+    if bucket_cap(cfg):
+        args.append(f"    {bucket_cap(cfg)},  # passed on to DistributedDataParallel")
+    return why, imported, f"strategy = {strategy}(\n" + "\n".join(args) + "\n)\n"
+
+
+def _stand_in_and_run(cfg: RunConfig, target: Target) -> str:
+    """The stand-in model and data with ``trainer.fit``, and the lines that launch the script."""
+    text = "\n" + comment([
+        f"Model and stand_in_data stand in for your LightningModule and data (the run trained the "
+        f"workload {cfg.workload}, with {cfg.optimizer} at lr {cfg.lr!r}, {cfg.batch_size!r} examples "
+        "a rank a step): replace them, and keep trainer.fit under __main__."])
+    text += STAND_IN.format(optimizer=OPTIMIZER_CLASSES[cfg.optimizer], lr=cfg.lr, seed=cfg.seed,
+                            batch_size=cfg.batch_size)
+    python = [] if target.nnodes > 1 else [
+        "On one node python starts it too, and Lightning the other processes:",
+        "  " + words(["python", target.script, *target.script_args])]
+    return text + "\n" + comment([
+        f"Run it, saved as {target.script}: torchrun starts {target.procs(cfg)} process(es) a node, "
+        "as devices says, and Lightning joins them:", *torchrun_comment_lines(cfg, target), *python])
+
+
 def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None) -> str:
     """A training script: a ``DDPStrategy`` with the hook, its state and the wrapper, the
     ``Trainer`` using it for the run's steps, a stand-in model and data, ``trainer.fit`` and the
@@ -104,56 +147,18 @@ def lightning_snippet(cfg: RunConfig, target: Target, source: str | None = None)
             f"start_localSGD_iter={cfg.start_localSGD_iter}: {LIGHTNING_AVERAGER}. Set both to the "
             "same step, as PyTorch advises, or export ddp, which builds the averager itself.")
     cpu = target.backend != "nccl"
-    why = []
-    if cpu or localsgd:
-        strategy = "AnyDeviceDDPStrategy"
-        if cpu:
-            why.append(f"{LIGHTNING_CUDA_ONLY} AnyDeviceDDPStrategy (commlab.hooks.lightning_ddp) is "
-                       "DDPStrategy without that check.")
-        if localsgd:
-            why.append("AnyDeviceDDPStrategy makes the state's subgroups once the process group exists "
-                       f"(localsgd_subgroup_size): {LOCALSGD_SUBGROUPS}. {LIGHTNING_AVERAGER}, "
-                       "stepped after every optimizer step, from model_averaging_period.")
-        extra = (f"from {LIGHTNING_STRATEGY[0]} import {LIGHTNING_STRATEGY[1]}",)
-    else:
-        strategy = "DDPStrategy"
-        why.append(f"On CUDA Lightning's DDPStrategy registers the hook. {LIGHTNING_CUDA_ONLY}")
-        extra = ("from lightning.pytorch.strategies import DDPStrategy",)
-    if outer:
-        extra += ("from lightning.pytorch.callbacks import Callback",)
+    why, imported, strategy = _strategy(cfg, code, cpu, localsgd)
+    callback = ("from lightning.pytorch.callbacks import Callback",) if outer else ()
     text = comment(header(cfg, target, source) + why + [_accelerator_note(cpu)])
-    text += code.imports(("import torch", "from lightning.pytorch import LightningModule, Trainer", *extra,
-                          "from torch.utils.data import DataLoader, TensorDataset"))
-    text += code.choice_line()
-    text += code.setup()
-    args = [] if code.state == "None" else ["    ddp_comm_state=state,"]
-    args.append(f"    ddp_comm_hook={code.hook},")
-    if code.wrapper:
-        args.append(f"    ddp_comm_wrapper={code.wrapper},")
-    if localsgd:
-        args.append(f"    model_averaging_period={cfg.averager_period!r},")
-        args.append(f"    localsgd_subgroup_size={cfg.localsgd_subgroup_size!r},")
-    if bucket_cap(cfg):
-        args.append(f"    {bucket_cap(cfg)},  # passed on to DistributedDataParallel")
-    text += f"strategy = {strategy}(\n" + "\n".join(args) + "\n)\n"
-    accelerator = "cpu" if cpu else "gpu"
+    text += code.imports(("import torch", "from lightning.pytorch import LightningModule, Trainer", imported,
+                          *callback, "from torch.utils.data import DataLoader, TensorDataset"))
+    text += code.choice_line() + code.setup() + strategy
     if outer:
         text += OUTER_STEP_CALLBACK
-    text += (f"trainer = Trainer(accelerator={accelerator!r}, devices={target.procs(cfg)}, "
+    text += (f"trainer = Trainer(accelerator={'cpu' if cpu else 'gpu'!r}, devices={target.procs(cfg)}, "
              f"num_nodes={target.nnodes}, strategy=strategy, max_steps={cfg.steps!r}"
              f"{', callbacks=[OuterStep()]' if outer else ''})  # the run's steps\n")
     text += checkpoint_lines(
         code.facts, "", "on resume, before the strategy is built; a Lightning checkpoint path works too",
         lightning=True)
-    text += "\n" + comment([
-        f"Model and stand_in_data stand in for your LightningModule and data (the run trained the "
-        f"workload {cfg.workload}, with {cfg.optimizer} at lr {cfg.lr!r}, {cfg.batch_size!r} examples "
-        "a rank a step): replace them, and keep trainer.fit under __main__."])
-    text += STAND_IN.format(optimizer=OPTIMIZER_CLASSES[cfg.optimizer], lr=cfg.lr, seed=cfg.seed,
-                            batch_size=cfg.batch_size)
-    python = [] if target.nnodes > 1 else [
-        "On one node python starts it too, and Lightning the other processes:",
-        "  " + words(["python", target.script, *target.script_args])]
-    return text + "\n" + comment([
-        f"Run it, saved as {target.script}: torchrun starts {target.procs(cfg)} process(es) a node, "
-        "as devices says, and Lightning joins them:", *torchrun_comment_lines(cfg, target), *python])
+    return text + _stand_in_and_run(cfg, target)
