@@ -448,6 +448,34 @@ def test_cli_exports_a_run_whose_workload_and_runs_folder_are_not_of_this_machin
     assert "not_installed_here" not in sys.modules
 
 
+def test_cli_exports_lightning_for_the_backend_that_runs_here_and_names_the_flag(capsys, monkeypatch):
+    """Lightning's Trainer wants the accelerator the machine has: without --target-backend a
+    Lightning export is for the run's backend ("auto": Gloo without a GPU for every rank); every
+    other format stays production's NCCL."""
+    from commlab import devices
+
+    def lightning(*flags):
+        rc, out, err = _cli(capsys, "export", "--hook", "powersgd", "--format", "lightning", *flags)
+        assert rc == 0, err
+        return out
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: 0)
+    text = lightning()
+    assert "Trainer(accelerator='cpu', devices=2, num_nodes=1, strategy=strategy, max_steps=200)" in text
+    assert "--target-backend nccl" in text and "AnyDeviceDDPStrategy(" in text
+    assert "trainer.fit(Model(), stand_in_data())" in text and "#   python train.py\n" in text
+    assert "#   torchrun --standalone --nnodes 1 --nproc-per-node 2 train.py\n" in text
+    assert "accelerator='gpu'" in lightning("--target-backend", "nccl").split("# Hooks:")[1]
+    assert "accelerator='cpu'" in lightning("--backend", "gloo", "--world-size", "2").split("# Hooks:")[1]
+    rc, out, _ = _cli(capsys, "export", "--hook", "powersgd", "--format", "ddp")
+    assert rc == 0 and "works on nccl" in out  # PyTorch's hook: the other formats' default is NCCL
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: 8)
+    text = lightning()
+    assert "accelerator='gpu'" in text.split("# Hooks:")[1] and "--target-backend gloo" in text
+    assert "accelerator='cpu'" in lightning("--backend", "gloo").split("# Hooks:")[1]
+
+
 def test_cli_refuses_what_a_format_cannot_express(tmp_path, capsys):
     rc, out, err = _cli(capsys, "export", "--hook", "post_localsgd", "--averager-warmup-steps", "5",
                         "--format", "lightning")

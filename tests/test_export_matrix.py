@@ -4,7 +4,8 @@ One job runs the whole matrix, launched by the exported several-nodes torchrun l
 as two agents on 127.0.0.1 (two nodes of one process): each plain-DDP and Accelerate snippet (every
 hook and wrapper, one bucket and several) and one Lightning snippet per distinct code path, each
 pasted as it is into a function of one training script that trains a tiny model for a few steps
-inside the one process group.  The hook is proven to have run by a counter: the training script
+inside the one process group (a Lightning snippet is a whole script: it trains its own stand-in
+model, of the same layers, with its own ``trainer.fit`` for the run's steps).  The hook is proven to have run by a counter: the training script
 wraps ``DistributedDataParallel.register_comm_hook`` so that each registered hook counts its
 calls; PowerSGD's state shows it compressed; a compressor's state holds the run's hyperparameters
 and counted every step; post-local SGD's replicas drift apart between averagings and are
@@ -39,6 +40,7 @@ from commlab.hook_specs import HOOKS, SPECS, WHOLE_STATE, WRAPPERS
 from commlab.hooks import registry
 from commlab.tune import export
 from commlab.tune.export import Target
+from commlab.tune.export.hook_code import alias
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 600
@@ -79,7 +81,7 @@ EARLIER = {
 
 def cfg_for(hook: str, wrapper: str, buckets: str) -> RunConfig:
     return RunConfig(hook=hook, wrapper=wrapper, bucket_cap_mb=BUCKETS[buckets], start_powerSGD_iter=2,
-                     **HOOK_SETTINGS)
+                     steps=STEPS, **HOOK_SETTINGS)
 
 
 def _uncomment(text: str, starts: str) -> str:
@@ -245,26 +247,10 @@ def accelerate_{i}():
 
 LIGHTNING_CELL = '''
 def lightning_{i}():
-    import lightning.pytorch as pl
-    from torch.utils.data import DataLoader
-
-    class Tiny(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = tiny()
-
-        def training_step(self, x, _):
-            return loss_of(self.net(x), x)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
-
 {snippet}
+    # The snippet trained its stand-in model with trainer.fit under __main__, for the run's steps.
     state = locals().get("state")
-    trainer.fit_loop.max_epochs = 1
-    module = Tiny()
-    # Lightning's DistributedSampler gives each rank half of these: {steps} steps each
-    trainer.fit(module, DataLoader(batches(2 * {steps}), batch_size=None))
+    module = trainer.lightning_module
     # Post-local SGD's averager is Lightning's; DiLoCo's state steps itself (the export's callback).
     averager = trainer.strategy._model_averager or (state if hasattr(state, "outer_steps") else None)
     return summary(LAST[-1], module, state, averager)
@@ -460,7 +446,7 @@ def test_every_cell_uses_commlabs_piece_exactly_where_pytorchs_fails(fmt, backen
             assert (f"commlab's {piece.attr}" in line) == ours, (hook, wrapper, line)
             assert (f"commlab_hooks.{piece.attr}" in text) == ours, text
             if "DDPCommunicationHookType." not in text and piece.module:  # else Accelerate names PyTorch's
-                assert (f"{export._alias(piece.module)}.{piece.attr}" in text) == (not ours), text
+                assert (f"{alias(piece.module)}.{piece.attr}" in text) == (not ours), text
         assert ("AnyDeviceDDPStrategy" in text) == (fmt == "lightning" and (
             backend == "gloo" or hook == "post_localsgd"))
         assert ("cpu=True" in text) == (fmt == "accelerate" and backend == "gloo")

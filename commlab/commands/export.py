@@ -39,11 +39,16 @@ def config_for(args: argparse.Namespace):
     return config_from_args(args), None
 
 
-def target_from_args(args: argparse.Namespace):
+def target_from_args(args: argparse.Namespace, cfg):
+    """The target the flags name; without --target-backend, production's NCCL, except for a
+    Lightning export, which is made for the backend that runs here (``lightning.default_backend``:
+    Lightning's Trainer wants the accelerator the machine has)."""
     from commlab.tune.export import Target
+    from commlab.tune.export.lightning import default_backend
 
+    backend = args.target_backend or (default_backend(cfg) if args.format == "lightning" else Target().backend)
     return Target.from_entries(
-        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, backend=args.target_backend,
+        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, backend=backend,
         script=args.script, script_args=args.script_args, rdzv_endpoint=args.rdzv_endpoint,
         job_name=args.job_name, time_limit=args.time_limit, partition=args.partition,
         threads_per_process=args.threads_per_process)
@@ -58,7 +63,7 @@ def _export(args: argparse.Namespace) -> int:
     if errors := export_errors(cfg):
         raise ConfigError(errors)
     try:
-        out = render(cfg, args.format, target_from_args(args), source)
+        out = render(cfg, args.format, target_from_args(args, cfg), source)
     except ValueError as e:  # ExportRefused, a bad target, unbalanced quotes in --script-args
         if args.json:
             emit(args, {"error": str(e), "format": args.format}, "")
@@ -89,8 +94,9 @@ def register(sub) -> None:
     p.add_argument("--output", help="write the text to this file instead of printing it")
     p.add_argument("--nnodes", type=int, default=d.nnodes, help="nodes (torchrun, slurm, lightning)")
     p.add_argument("--nproc-per-node", type=int, help="processes per node (default: world size)")
-    p.add_argument("--target-backend", default=d.backend, choices=RESOLVED_BACKENDS,
-                   help="the production backend, which decides the warnings")
+    p.add_argument("--target-backend", choices=RESOLVED_BACKENDS,
+                   help=f"the production backend, which decides the hooks and warnings (default: {d.backend}; "
+                        "for lightning the run's, or gloo on a machine without a GPU for every rank)")
     p.add_argument("--script", default=d.script, help="the training script torchrun starts")
     p.add_argument("--script-args", help="its arguments, as one shell-quoted string")
     p.add_argument("--rdzv-endpoint", help="host:port of the first node (default: $HEAD_NODE:29500)")
