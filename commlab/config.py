@@ -545,10 +545,10 @@ def label_of(cfg: dict, link: bool = False, seed: bool = False) -> str:
         if s.group == "hook" or s.name not in cfg:
             continue
         value = cfg[s.name]
-        if s.name in spec.named_when_changed and value == s.default:
+        if s.name in spec.label.named_when_changed and value == s.default:
             continue
         shown = format(value, "g") if isinstance(value, float) else value
-        name += f" {spec.short_names.get(s.name, s.name)}={shown}"
+        name += f" {spec.label.short_names.get(s.name, s.name)}={shown}"
     where = link_of(cfg)
     if link and where:
         name += f" [{where}]"

@@ -29,7 +29,7 @@ NAMES = {s.name for s in settings()}
 
 
 def _named_settings(spec) -> set[str]:
-    names = set(spec.reads()) | set(spec.short_names) | set(spec.named_when_changed)
+    names = set(spec.reads()) | set(spec.label.short_names) | set(spec.label.named_when_changed)
     return names | ({spec.starts} if spec.starts else set())
 
 
@@ -51,9 +51,9 @@ def test_every_function_and_class_a_row_names_exists(hook):
         assert callable(getattr(module, spec.attr)), (hook, module)
         if spec.state:
             assert isinstance(getattr(module, spec.state.attr), type), (hook, module)
-    if spec.averager:
-        assert isinstance(getattr(importlib.import_module(spec.averager.module or spec.module(True)),
-                                  spec.averager.attr), type)
+    if spec.averaging and spec.averaging.averager:
+        averager = spec.averaging.averager
+        assert isinstance(getattr(importlib.import_module(averager.module or spec.module(True)), averager.attr), type)
     for name in (spec.attr, *spec.exports) if spec.variant else ():
         assert name in library.__all__ and getattr(library, name) is not None
 

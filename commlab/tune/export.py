@@ -288,11 +288,11 @@ def hook_code(cfg: RunConfig, chosen: list[Choice], subgroups_here: bool = True)
         state = _call(f"{hook.alias}.{s.state.attr}", first, s.state.spelled(cfg))
     if s.outer_loop:  # DiLoCo's state steps itself after the optimizer
         averager = "state"
-    elif s.averager:
-        alias = _module_alias(s.averager)
+    elif s.averaging:
+        alias = _module_alias(s.averaging.averager)
         if subgroups_here:
-            imports.append(f"import {s.averager.module} as {alias}")
-        averager = _call(f"{alias}.{s.averager.attr}", [], s.averager.spelled(cfg))
+            imports.append(f"import {s.averaging.averager.module} as {alias}")
+        averager = _call(f"{alias}.{s.averaging.averager.attr}", [], s.averaging.averager.spelled(cfg))
     return HookCode(tuple(imports), define, subgroups, state, expr, averager)
 
 
@@ -305,7 +305,7 @@ def _checkpoint(cfg: RunConfig, model: str, load_when: str, lightning: bool = Fa
     the state keeps (``HookSpec.checkpoint``): the state itself where it pickles, the step counts
     where it holds process groups."""
     s = spec(cfg.hook)
-    if s.checkpoint == STEP_COUNTS:
+    if s.checkpoint.holds == STEP_COUNTS:
         if lightning:
             return _comment([
                 f"Checkpoint the step count with the model's: {s.state.attr} holds process "
@@ -322,14 +322,14 @@ def _checkpoint(cfg: RunConfig, model: str, load_when: str, lightning: bool = Fa
             f"{CHECKPOINT!r})",
             f'  state.iter, averager.step = torch.load({CHECKPOINT!r}, weights_only=False)'
             '["localsgd_steps"]  # on resume, before training'])
-    if s.checkpoint != WHOLE_STATE:
-        return (_comment([f"Checkpoint: {s.checkpoint_why}"]) if s.checkpoint_why else
+    if s.checkpoint.holds != WHOLE_STATE:
+        return (_comment([f"Checkpoint: {s.checkpoint.why}"]) if s.checkpoint.why else
                 f"# Checkpoint: {registry.hook_name(cfg.hook)} keeps no state; the model's "
                 "checkpoint is all there is to save.\n")
     save = ('in your LightningModule: def on_save_checkpoint(self, checkpoint): '
             'checkpoint["comm_hook_state"] = state' if lightning else
             f'torch.save({{"model": {model}, "comm_hook_state": state}}, {CHECKPOINT!r})')
-    return _comment([f"Checkpoint the hook's state with the model's: {s.checkpoint_why}"]) + (
+    return _comment([f"Checkpoint the hook's state with the model's: {s.checkpoint.why}"]) + (
         f"#   {save}\n"
         f"#   state = torch.load({CHECKPOINT!r}, weights_only=False)[\"comm_hook_state\"]  "
         f"# {load_when}\n")
