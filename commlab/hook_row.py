@@ -124,7 +124,8 @@ class Capability(Enum):
     STEPS_ON_OWN_GRADIENTS = ("it averages no gradients (each replica steps with its own); its outer "
                               "collective sends the pseudo-gradient in its own precision")
     LAYER_RULE = "it compresses layer by layer by PowerSGD's rule (layers.json applies)"
-    POWERSGD_MEMORIES = "it keeps PowerSGD's memories, watched for its pitfalls (commlab.hooks.pitfalls)"
+    LOW_RANK_MEMORIES = ("it keeps low-rank P and Q memories, watched for PowerSGD's pitfalls "
+                         "(commlab.hooks.pitfalls)")
     BLOCKING_TWIN = ("commlab's variant has a twin that waits in the hook body, named blocking_ and its "
                      "function's name, run with overlap off")
 
@@ -183,7 +184,7 @@ class HookSpec:
 
     @property
     def pitfalls(self) -> bool:
-        return Capability.POWERSGD_MEMORIES in self.capabilities
+        return Capability.LOW_RANK_MEMORIES in self.capabilities
 
     @property
     def blocking(self) -> str | None:

@@ -119,7 +119,7 @@ _POWERSGD_CHECKPOINT = Checkpointing(
            "total_numel_after_compression", "next_stats_report", "rng"))
 _POWERSGD_LABEL = Label({"matrix_approximation_rank": "r", "start_powerSGD_iter": "start",
                          "min_compression_rate": "rate"}, named_when_changed=("min_compression_rate",))
-_POWERSGD_IS = frozenset({Capability.POWERSGD_MEMORIES, Capability.BLOCKING_TWIN})
+_POWERSGD_IS = frozenset({Capability.LOW_RANK_MEMORIES, Capability.BLOCKING_TWIN})
 
 _COMPRESSORS = f"{OURS}.compressors"
 _COMPRESSOR_KEEPS = ("iter", "error_dict", "momentum_dict", "generator")
