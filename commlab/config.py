@@ -44,8 +44,8 @@ from commlab.config_fields import (
 )
 from commlab.hook_specs import BASELINE, HOOKS, OUTER_PRECISIONS, SPECS, WRAPPERS
 
-# What ``from commlab.config import ...`` offers: the table and what reads it back, and the names
-# of the modules it is split into that the rest of the lab asks of it.
+# The public names: the table's and what reads it back, and those of the modules it was split into,
+# importable from here as they were before the split.
 __all__ = ["BACKENDS", "GROUPS", "HOOK_GROUPS", "HOOKS", "IMPLS", "MAX_STEPS", "MAX_TRACED_STEPS", "OPTIMIZERS",
            "RESOLVED_BACKENDS", "RULES", "SHOWN_CHARS", "WRAPPERS", "Bounds", "ConfigError", "RunConfig", "Setting",
            "applies", "default_runs_dir", "is_plain_allreduce", "label_of", "link_label", "link_of",

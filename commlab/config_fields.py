@@ -109,7 +109,6 @@ class ConfigError(ValueError):
         super().__init__("; ".join(f"{k}: {v}" for k, v in self.errors.items()))
 
 
-
 def coerce(f: dataclasses.Field, value: Any) -> Any:
     """``value`` as field ``f``'s type; TypeError saying what it must be."""
     kind = kind_of(f)
