@@ -115,14 +115,15 @@ class Definition:
 
 
 class Capability(Enum):
-    """What a hook is, where that changes what the lab does with it; each says it in words."""
+    """What a hook is, where that changes what the lab does with it; each says it in words (a row's
+    name and its averaging's precision setting go where ``{hook}`` and ``{precision}`` stand)."""
 
     GATHERS = "its messages go through allgather, not allreduce (the what-if model prices it so)"
     OWN_WIRE_FORMAT = ("it chooses its own wire format (uint8 codes, packed signs or indices), so a cast "
                        "before it only loses precision")
-    SENDS_NOTHING = "it sends nothing, so there is nothing to compress"
+    SENDS_NOTHING = "{hook} sends nothing, so there is nothing to compress"
     STEPS_ON_OWN_GRADIENTS = ("it averages no gradients (each replica steps with its own); its outer "
-                              "collective sends the pseudo-gradient in its own precision")
+                              "collective sends the pseudo-gradient in {precision}")
     LAYER_RULE = "it compresses layer by layer by PowerSGD's rule (layers.json applies)"
     LOW_RANK_MEMORIES = ("it keeps low-rank P and Q memories, watched for PowerSGD's pitfalls "
                          "(commlab.hooks.pitfalls)")
@@ -162,7 +163,8 @@ class HookSpec:
     @property
     def wrap_refusal(self) -> str | None:
         """Why no compress wrapper may wrap it; None: one may."""
-        return next((c.value for c in _REFUSE_WRAPPER if c in self.capabilities), None)
+        why = next((c.value for c in _REFUSE_WRAPPER if c in self.capabilities), None)
+        return why and why.format(hook=self.name, precision=self.averaging and self.averaging.precision)
 
     @property
     def wrappable(self) -> bool:
