@@ -6,111 +6,50 @@ shows (dataclass field metadata, as torchtitan's config dataclasses carry theirs
 reads the table back.  The CLI flags, the Launch form, the sweep's axes and the Export page are
 generated from it, so a new setting is written here once.  Settings are spelled as PyTorch spells
 them where PyTorch has a name (``PowerSGDState``'s arguments keep their exact spelling,
-``start_powerSGD_iter`` included).  Files are JSON or TOML;
+``start_powerSGD_iter`` included).  Files are JSON or TOML (``commlab.config_files``);
 unknown keys are refused, as Accelerate's config classes refuse them.
+
+A run's label and the settings that apply to a hook read the table back, so they live beside it;
+a setting's declaration and the reading of a value are ``commlab.config_fields``, the rules between
+settings ``commlab.config_checks``.  Their public names are importable from here as well.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commlab import rules
+from commlab import config_files
+from commlab.config_checks import RULES, field_errors, runs_dir_error
+from commlab.config_fields import (
+    BACKENDS,
+    DEFAULT_TRACE_STEPS,
+    GROUPS,
+    IMPLS,
+    MAX_STEPS,
+    MAX_TRACED_STEPS,
+    OPTIMIZERS,
+    RESOLVED_BACKENDS,
+    SHOWN_CHARS,
+    Bounds,
+    ConfigError,
+    coerce,
+    default_runs_dir,
+    kind_of,
+    setting,
+    shown,
+)
 from commlab.hook_specs import BASELINE, HOOKS, OUTER_PRECISIONS, SPECS, WRAPPERS
-from commlab.rules import Rule
 
-IMPLS = ("auto", "stock", "commlab")
-RESOLVED_BACKENDS = ("gloo", "nccl")  # what "auto" resolves to on a machine
-BACKENDS = ("auto", *RESOLVED_BACKENDS)
-OPTIMIZERS = ("sgd", "adam", "adamw")
-# The sections of the settings table, in the Launch form's order: group -> its heading.
-GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
-          "workload": "Workload", "instrument": "Instrumentation and an emulated link",
-          "localsgd": "Post-local SGD settings", "compressors": "Quantization and sparsification settings",
-          "diloco": "DiLoCo settings"}
-
-
-def default_runs_dir() -> str:
-    return os.environ.get("COMMLAB_RUNS_DIR", "./runs")
-
-
-# The longest run, and the last step any step-numbered setting may name: a line of metrics per step.
-MAX_STEPS = 1_000_000
-# The most steps a run traces: each is gathered from every rank, and with torch.profiler each rank
-# writes megabytes of trace a step (150 profiled steps of 2 ranks wrote 35 MB in 300 files).
-MAX_TRACED_STEPS = 16
-SHOWN_CHARS = 80  # a value quoted in a message is cut to this many characters
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The values a number setting may take: ``lo`` to ``hi`` (above ``lo`` when ``lo_open``), or
-    exactly ``off``; ``why`` says where the limits come from."""
-
-    lo: float
-    hi: float
-    why: str
-    lo_open: bool = False
-    off: float | None = None
-
-    def error(self, value: float) -> str | None:
-        if value == self.off:
-            return None
-        if isinstance(value, float) and not math.isfinite(value):
-            problem = "must be a finite number"
-        elif value <= self.lo if self.lo_open else value < self.lo:
-            problem = f"must be {'above' if self.lo_open else 'at least'} {_num(self.lo)}"
-        elif value > self.hi:
-            problem = f"must be at most {_num(self.hi)}"
-        else:
-            return None
-        return f"{problem} (allowed: {self.text}), got {shown(value)}: {self.why}"
-
-    @property
-    def text(self) -> str:
-        span = f"{'above ' if self.lo_open else ''}{_num(self.lo)} to {_num(self.hi)}"
-        return span if self.off is None else f"{_num(self.off)} (off) or {span}"
-
-
-def _num(x: float) -> str:
-    return str(x) if isinstance(x, int) else f"{x:g}"
-
-
-def shown(value: Any) -> str:
-    """``repr(value)``, cut for a message: a value may be megabytes of text (or an integer of
-    more digits than Python converts to text)."""
-    if isinstance(value, int) and value.bit_length() > 256:
-        return f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
-
-
-def setting(default: Any = dataclasses.MISSING, *, help: str, group: str, label: str | None = None,
-            choices: tuple | None = None, bounds: Bounds | None = None,
-            aliases: tuple[str, ...] = (), sweep: tuple | None = None,
-            export: bool = False, form: bool = True, before: Any = dataclasses.MISSING,
-            default_factory: Any = dataclasses.MISSING) -> Any:
-    """A RunConfig field with its row of the settings table (read back with ``settings()``).
-
-    label: the form's label (default: the name).  bounds: a number's allowed values, checked
-    before anything starts (every number has them: values past them fail in the workers).
-    aliases: CLI spellings beside the flag
-    ``--name-in-dashes``; a boolean gets a ``--no-`` form of each.  sweep: None when the setting is
-    not a sweep axis, else the values a sweep tries unless told (empty: the base's value).
-    export: the Export page's form offers it (what an export renders).  form: False for the one
-    setting the app sets itself (the runs folder it was started with).  before: what a run recorded
-    before the setting existed did, when that differs from its default (``RunConfig.recorded``).
-    """
-    if group not in GROUPS:
-        raise ValueError(f"unknown group {group!r}; groups are: {', '.join(GROUPS)}")
-    return field(default=default, default_factory=default_factory, metadata={
-        "help": help, "group": group, "label": label, "choices": choices, "bounds": bounds,
-        "aliases": aliases, "sweep": sweep, "export": export, "form": form, "before": before})
+# The public names: the table's and what reads it back, and those of the modules it was split into,
+# importable from here as they were before the split.
+__all__ = ["BACKENDS", "GROUPS", "HOOK_GROUPS", "HOOKS", "IMPLS", "MAX_STEPS", "MAX_TRACED_STEPS", "OPTIMIZERS",
+           "RESOLVED_BACKENDS", "RULES", "SHOWN_CHARS", "WRAPPERS", "Bounds", "ConfigError", "RunConfig", "Setting",
+           "applies", "default_runs_dir", "is_plain_allreduce", "label_of", "link_label", "link_of",
+           "own_settings", "runs_dir_error", "setting", "settings", "shown"]
 
 
 @dataclass
@@ -298,7 +237,7 @@ class RunConfig:
     save_grads_at: list[int] = setting(default_factory=list, group="instrument",
                                        label="save_grads_at (steps)", help=(
         "Steps whose exact mean gradients are saved, comma-separated."))
-    trace_steps: list[int] = setting(default_factory=lambda: [1], group="instrument",
+    trace_steps: list[int] = setting(default_factory=lambda: list(DEFAULT_TRACE_STEPS), group="instrument",
                                      label="trace_steps (steps)", help=(
         "Steps whose timeline is recorded on every rank (backward, each bucket's hook call, "
         "collectives, futures, the optimizer step) into timeline.json and trace.json (Chrome "
@@ -335,7 +274,7 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def errors(self, gpu_count: int | None = None) -> dict[str, str]:
         """Every problem with these settings, by field name; empty when the run may start."""
-        return _field_errors(self, gpu_count)
+        return field_errors(self, gpu_count)
 
     def check(self, gpu_count: int | None = None) -> RunConfig:
         errs = self.errors(gpu_count)
@@ -366,7 +305,7 @@ class RunConfig:
         except ConfigError as e:
             typed |= e.errors
         rest = cls.from_dict({k: v for k, v in kept.items() if k not in typed}, source)
-        return None, typed | _field_errors(rest, None, typed)
+        return None, typed | field_errors(rest, None, typed)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
@@ -380,7 +319,7 @@ class RunConfig:
         values = {}
         for key, value in data.items():
             try:
-                values[key] = _coerce(known[key], value)
+                values[key] = coerce(known[key], value)
             except (TypeError, ValueError) as e:
                 errs[key] = str(e)
         if errs:
@@ -405,49 +344,25 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     def to_toml(self) -> str:
-        import tomli_w
-
-        return tomli_w.dumps(self.to_dict())
+        return config_files.toml_text(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str, source: str = "JSON") -> RunConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError({"file": f"{source} does not parse: {e.msg} at line {e.lineno}, "
-                                       f"column {e.colno}"}) from None
-        except ValueError as e:  # an integer of more digits than Python reads
-            raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
-        if not isinstance(data, dict):
-            raise ConfigError({"file": f"{source} must hold one object of settings, "
-                                       f"not {type(data).__name__}"})
-        return cls.from_dict(data, source)
+        return cls.from_dict(config_files.json_settings(text, source), source)
 
     @classmethod
     def from_toml(cls, text: str, source: str = "TOML") -> RunConfig:
-        try:
-            data = tomllib.loads(text)
-        except ValueError as e:  # TOMLDecodeError, or an integer of more digits than Python reads
-            raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
-        return cls.from_dict(data, source)
+        return cls.from_dict(config_files.toml_settings(text, source), source)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> RunConfig:
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError({"file": f"cannot read {p}: {e.strerror}"}) from None
-        except UnicodeDecodeError as e:
-            raise ConfigError({"file": f"{p} is not UTF-8 text: byte {e.object[e.start]:#04x} at "
-                                       f"offset {e.start} (JSON and TOML files are UTF-8)"}) from None
-        if p.suffix.lower() == ".toml":
-            return cls.from_toml(text, str(p))
-        return cls.from_json(text, str(p))
+        text = config_files.file_text(p)
+        return cls.from_toml(text, str(p)) if config_files.is_toml(p) else cls.from_json(text, str(p))
 
     def save(self, path: str | os.PathLike) -> Path:
         p = Path(path)
-        p.write_text(self.to_toml() if p.suffix.lower() == ".toml" else self.to_json())
+        p.write_text(self.to_toml() if config_files.is_toml(p) else self.to_json())
         return p
 
     # ------------------------------------------------------------------ derived
@@ -489,18 +404,14 @@ def _setting(f: dataclasses.Field) -> Setting:
     if "help" not in m:
         raise TypeError(f"RunConfig.{f.name} is not a row of the settings table: declare it with "
                         "setting(default, help=..., group=...)")
-    if _kind(f) in ("int", "float") and m["bounds"] is None:
+    if kind_of(f) in ("int", "float") and m["bounds"] is None:
         raise TypeError(f"RunConfig.{f.name} is a number without bounds: give it bounds=Bounds(lo, "
                         "hi, why), or a value past what the workers take passes validation")
     default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-    return Setting(name=f.name, kind=_kind(f), default=default, help=m["help"], group=m["group"],
+    return Setting(name=f.name, kind=kind_of(f), default=default, help=m["help"], group=m["group"],
                    label=m["label"] or f.name, flag="--" + f.name.lower().replace("_", "-"),
                    aliases=m["aliases"], choices=m["choices"], bounds=m["bounds"], sweep=m["sweep"],
                    export=m["export"], form=m["form"])
-
-
-def _kind(f: dataclasses.Field) -> str:
-    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
 
 # The groups of settings that belong to hooks: one there that a hook's spec reads means nothing to
@@ -545,10 +456,10 @@ def label_of(cfg: dict, link: bool = False, seed: bool = False) -> str:
         if s.group == "hook" or s.name not in cfg:
             continue
         value = cfg[s.name]
-        if s.name in spec.named_when_changed and value == s.default:
+        if s.name in spec.label.named_when_changed and value == s.default:
             continue
         shown = format(value, "g") if isinstance(value, float) else value
-        name += f" {spec.short_names.get(s.name, s.name)}={shown}"
+        name += f" {spec.label.short_names.get(s.name, s.name)}={shown}"
     where = link_of(cfg)
     if link and where:
         name += f" [{where}]"
@@ -566,164 +477,3 @@ def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
         return None
     bw = f"{bandwidth_gbps:g} Gb/s" if bandwidth_gbps else "unlimited bandwidth"
     return f"emulated {bw}, {latency_us:g} µs"
-
-
-class ConfigError(ValueError):
-    """Settings that cannot run; ``errors`` maps each offending field to why."""
-
-    def __init__(self, errors: dict[str, str]):
-        self.errors = dict(errors)
-        super().__init__("; ".join(f"{k}: {v}" for k, v in self.errors.items()))
-
-
-def _coerce(f: dataclasses.Field, value: Any) -> Any:
-    kind = _kind(f)
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise TypeError(f"must be true or false, got {shown(value)}")
-    if kind == "int":
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise TypeError(f"must be a whole number, got {shown(value)}")
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"must be a whole number, got {shown(value)}") from None
-    if kind == "float":
-        if isinstance(value, bool):
-            raise TypeError(f"must be a number, got {shown(value)}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"must be a number, got {shown(value)}") from None
-    if kind == "str":
-        if not isinstance(value, str):
-            raise TypeError(f"must be text, got {shown(value)}")
-        return value
-    if kind == "list[int]":
-        if isinstance(value, str):
-            value = [v for v in value.replace(" ", "").split(",") if v]
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(f"must be a list of step numbers, got {shown(value)}")
-        try:
-            return sorted({int(v) for v in value})
-        except (TypeError, ValueError):
-            raise TypeError(f"must be a list of step numbers, got {shown(value)}") from None
-    return value
-
-
-def _choice(value: str, allowed: tuple[str, ...], what: str) -> str | None:
-    if value in allowed:
-        return None
-    return f"unknown {what} {shown(value)}; valid {what}s are: {', '.join(allowed)}"
-
-
-@dataclass
-class _Checked:
-    """A config as the rules read it: its settings, and ``gpus``, those of the machine it is
-    checked for (this one's, unless told: an export is checked for the cluster it names)."""
-
-    cfg: RunConfig
-    gpu_count: int | None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.cfg, name)
-
-    @property
-    def gpus(self) -> int:
-        from commlab.devices import gpu_count
-
-        return gpu_count() if self.gpu_count is None else self.gpu_count
-
-
-def _needs_instrument(name: str) -> Rule:
-    # Carried out by the instrumentation: without it they would be silently ignored.
-    return Rule(name, ("instrument", name), lambda c: not c.instrument and bool(getattr(c, name)),
-                lambda c: f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})")
-
-
-# The rules between settings, in the order their messages are given; a hook's own (its spec's
-# ``rules``) go after the first two.
-RULES: tuple[Rule, ...] = (
-    Rule("wrapper", ("hook", "wrapper"), lambda c: not SPECS[c.hook].wrappable and c.wrapper != "none",
-         lambda c: f"a compress wrapper cannot wrap {c.hook}: {SPECS[c.hook].wrap_refusal}; use wrapper 'none'"),
-    Rule("impl", ("hook", "impl"), lambda c: SPECS[c.hook].commlab_only and c.impl == "stock",
-         lambda c: (f"PyTorch has no {c.hook} hook, so impl=stock cannot run it: commlab's is the "
-                    "only one; use impl auto or commlab")),
-    Rule("world_size", ("world_size", "backend"),
-         lambda c: c.backend == "nccl" and c.world_size > c.gpus,
-         lambda c: (f"{c.world_size} NCCL ranks need {c.world_size} GPUs, this machine has "
-                    f"{c.gpus}: NCCL runs one rank per GPU (use backend gloo or auto)")),
-    # A bad steps gives no range to name.
-    Rule("save_grads_at", ("steps", "save_grads_at"),
-         lambda c: any(not 0 <= s < c.steps for s in c.save_grads_at),
-         lambda c: (f"each step must be from 0 to {c.steps - 1} (steps is {c.steps}; they count from 0), "
-                    f"got {shown([s for s in c.save_grads_at if not 0 <= s < c.steps])}")),
-    Rule("trace_steps", ("trace_steps",),
-         lambda c: any(not 0 <= s < MAX_STEPS for s in c.trace_steps) or len(c.trace_steps) > MAX_TRACED_STEPS,
-         lambda c: (f"at most {MAX_TRACED_STEPS} step numbers, each from 0 to {MAX_STEPS - 1}, got "
-                    f"{shown(c.trace_steps)}: each traced step is gathered from every rank and "
-                    "written out (with torch.profiler, megabytes a rank)")),
-    *map(_needs_instrument, ("error_every", "save_grads_at", "emulate_bandwidth_gbps", "emulate_latency_us")),
-    # The default (step 1) traces nothing with instrument off; any other steps are refused.
-    Rule("trace_steps", ("instrument", "trace_steps"),
-         lambda c: not c.instrument and c.trace_steps != RunConfig().trace_steps and bool(c.trace_steps),
-         lambda c: (f"needs instrument on: the instrumentation records the timeline (got "
-                    f"{shown(c.trace_steps)})")),
-    Rule("workload", ("workload",), lambda c: bool(_workload_error(c.workload)),
-         lambda c: f"{shown(c.workload)} {_workload_error(c.workload)}"),
-    Rule("runs_dir", ("runs_dir",), lambda c: runs_dir_error(c.runs_dir) is not None,
-         lambda c: runs_dir_error(c.runs_dir)),
-)
-
-
-def _workload_error(workload: str) -> str | None:
-    from commlab.workload_names import spec_error
-
-    return spec_error(workload)
-
-
-def _field_errors(c: RunConfig, gpu_count: int | None, known_bad: dict | None = None) -> dict[str, str]:
-    """What can be told without running anything: the table's choices and bounds, the rules
-    between settings, the runs folder; of a user's workload only how it is spelled (the engine's
-    ``workload_probe`` runs it, in a child process, before a run starts).  ``known_bad``: fields
-    already refused (their value here is a stand-in), left out, as is every rule reading one."""
-    e: dict[str, str] = dict(known_bad or {})
-    for f in dataclasses.fields(c):
-        if f.name in e:
-            continue
-        value, m = getattr(c, f.name), f.metadata
-        msg = None
-        if m["choices"]:
-            msg = _choice(value, m["choices"], f.name)
-        elif m["bounds"]:
-            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            msg = m["bounds"].error(value) if is_number else f"must be a number, got {shown(value)}"
-        if msg:
-            e[f.name] = msg
-    own = () if "hook" in e else SPECS[c.hook].rules
-    return rules.check(RULES[:2] + own + RULES[2:], _Checked(c, gpu_count), e)
-
-
-def runs_dir_error(runs_dir: str) -> str | None:
-    """Why runs cannot be written under this folder, or None; it creates nothing."""
-    if not runs_dir:
-        return ("is empty: name a folder (is COMMLAB_RUNS_DIR set to nothing? unset it for "
-                "./runs)")
-    if "\0" in runs_dir:
-        return f"{shown(runs_dir)} holds a NUL character, which no path may"
-    path = Path(runs_dir)
-    try:
-        if path.exists() and not path.is_dir():
-            return f"{shown(runs_dir)} is not a folder: runs are folders inside it"
-        existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
-        if not existing.is_dir():
-            return f"{shown(runs_dir)} cannot be made: {shown(str(existing))} is not a folder"
-        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
-    except OSError as err:
-        return f"{shown(runs_dir)} cannot be used: {err.strerror}"
-    if read_only or not os.access(existing, os.W_OK | os.X_OK):
-        return f"{shown(runs_dir)} cannot be written: {shown(str(existing))} is read-only here"
-    return None

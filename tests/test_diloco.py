@@ -172,7 +172,7 @@ def test_a_live_diloco_run_counts_its_outer_collectives_over_the_emulated_link(t
     assert profile.wire_bytes(8) == pytest.approx(7 * sync / 4)
     # Its checkpoint story, as its row declares it: a resume is refused, saying why.
     refused = resume_errors(RunConfig.from_dict({**cfg, "steps": 16}), done.path)
-    assert refused == {"hook": f"diloco cannot be resumed yet: {SPECS['diloco'].not_resumable}"}
+    assert refused == {"hook": f"diloco cannot be resumed yet: {SPECS['diloco'].checkpoint.not_resumable}"}
     # Steps 3 to 7 are steady, two of them sync: their mean would count two averagings in five
     # steps; the one whole period (steps 4 to 7) says one in four, as the what-if does.
     assert metrics.headline(records, cfg)["bytes_per_step"] == pytest.approx(sync / 4)

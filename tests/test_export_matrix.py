@@ -451,7 +451,7 @@ def test_every_cell_uses_commlabs_piece_exactly_where_pytorchs_fails(fmt, backen
             backend == "gloo" or hook == "post_localsgd"))
         assert ("cpu=True" in text) == (fmt == "accelerate" and backend == "gloo")
         assert "impl=" not in text and "impl=" not in " ".join(export.notes(cfg, Target(backend=backend)))
-        assert ("comm_hook_state" in text) == (SPECS[hook].checkpoint == WHOLE_STATE)
+        assert ("comm_hook_state" in text) == (SPECS[hook].checkpoint.holds == WHOLE_STATE)
         assert ("localsgd" in text) == (hook == "post_localsgd") and "Checkpoint" in text
 
 

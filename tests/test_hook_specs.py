@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import commlab.hooks as library
 from commlab.config import HOOK_GROUPS, RunConfig, applies, label_of, settings
+from commlab.hook_row import Capability
 from commlab.hook_specs import (
     ALLGATHER,
     ALLREDUCE,
@@ -29,7 +30,7 @@ NAMES = {s.name for s in settings()}
 
 
 def _named_settings(spec) -> set[str]:
-    names = set(spec.reads()) | set(spec.short_names) | set(spec.named_when_changed)
+    names = set(spec.reads()) | set(spec.label.short_names) | set(spec.label.named_when_changed)
     return names | ({spec.starts} if spec.starts else set())
 
 
@@ -51,11 +52,24 @@ def test_every_function_and_class_a_row_names_exists(hook):
         assert callable(getattr(module, spec.attr)), (hook, module)
         if spec.state:
             assert isinstance(getattr(module, spec.state.attr), type), (hook, module)
-    if spec.averager:
-        assert isinstance(getattr(importlib.import_module(spec.averager.module or spec.module(True)),
-                                  spec.averager.attr), type)
+    if spec.averaging and spec.averaging.averager:
+        averager = spec.averaging.averager
+        assert isinstance(getattr(importlib.import_module(averager.module or spec.module(True)), averager.attr), type)
     for name in (spec.attr, *spec.exports) if spec.variant else ():
         assert name in library.__all__ and getattr(library, name) is not None
+    if spec.blocking:  # named from its capability: the variant must hold the twin by that name
+        assert callable(getattr(importlib.import_module(spec.variant), spec.blocking)), hook
+
+
+def test_every_row_is_one_hookspec_call_and_no_capability_names_a_hook():
+    """The table is read as PyTorch's DDPCommHookType is: one constructor a row, what a hook is said
+    by what it does (a capability), never by which hook it is."""
+    tree = ast.parse((ROOT / "commlab" / "hook_specs.py").read_text())
+    table = next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "SPECS")
+    rows = table.generators[0].iter.elts
+    assert len(rows) == len(SPECS) and all(ast.unparse(r.func) == "HookSpec" for r in rows)
+    for capability in Capability:  # its words say what (its text may name a collective: allreduce)
+        assert not {capability.name.lower(), *capability.name.lower().split("_")} & set(SPECS), capability
 
 
 def test_wrappers_exist_where_their_rows_say():

@@ -120,15 +120,15 @@ def averaging_period(cfg: dict) -> int:
     """Steps between two model averagings of a hook that averages the model (post-local SGD,
     DiLoCo); 1 for every other hook."""
     spec = spec_of(cfg)
-    return cfg.get(spec.period, 1) if spec is not None and spec.averages_parameters else 1
+    return cfg.get(spec.averaging.period, 1) if spec is not None and spec.averages_parameters else 1
 
 
 def averaging_from(cfg: dict) -> int:
     """The first step of the first averaging period: post-local SGD's first step with averaging on
-    (its spec's ``averaging_from``; its local steps start there too, which ``first_steady_step``
+    (its spec's ``averaging.first_step``; its local steps start there too, which ``first_steady_step``
     counts); 0 for hooks that average nothing or from the start (DiLoCo)."""
     spec = spec_of(cfg)
-    return cfg.get(spec.averaging_from, 0) if averages_model(cfg) and spec.averaging_from else 0
+    return cfg.get(spec.averaging.first_step, 0) if averages_model(cfg) and spec.averaging.first_step else 0
 
 
 def _values(rows: Sequence[dict] | Columns, key):

@@ -57,11 +57,11 @@ def rank_file(run_dir: str | os.PathLike, rank: int) -> Path:
 
 # ---------------------------------------------------------------------------- saving (workers)
 def hook_state(state: object, spec: HookSpec) -> dict | None:
-    """What the hook's state holds that changes as it runs (its spec's ``keeps``), as tensors and
+    """What the hook's state holds that changes as it runs (its spec's ``checkpoint.keeps``), as tensors and
     numbers (loadable with ``weights_only``); None for a hook that keeps nothing."""
-    if not spec.keeps:
+    if not spec.checkpoint.keeps:
         return None
-    return {name: _plain(getattr(state, name)) for name in spec.keeps}
+    return {name: _plain(getattr(state, name)) for name in spec.checkpoint.keeps}
 
 
 def _plain(value):
@@ -103,7 +103,7 @@ def room_needed(model: torch.nn.Module, cfg: RunConfig, world: int) -> int:
     a copy of the gradients: PowerSGD's and the sparsifiers' error feedback)."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     per_param = {"sgd": 0, "adam": 2, "adamw": 2}[cfg.optimizer]
-    return params * (1 + per_param) + (params * world if SPECS[cfg.hook].keeps else 0)
+    return params * (1 + per_param) + (params * world if SPECS[cfg.hook].checkpoint.keeps else 0)
 
 
 def room_left(folder: store.RunFolder) -> int:
@@ -192,8 +192,8 @@ def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike, files: bool = True
                     f"{', '.join(FREE)} may change)"
               for name, value in cfg.to_dict().items() if name not in FREE and old.get(name) != value}
     spec = SPECS.get(cfg.hook)
-    if spec is not None and spec.not_resumable:
-        errors.setdefault("hook", f"{cfg.hook} cannot be resumed yet: {spec.not_resumable}")
+    if spec is not None and spec.checkpoint.not_resumable:
+        errors.setdefault("hook", f"{cfg.hook} cannot be resumed yet: {spec.checkpoint.not_resumable}")
     done = record["step"] + 1
     if cfg.steps <= done:
         errors["steps"] = (f"must be more than the {done} steps the checkpoint holds, got "
@@ -244,12 +244,12 @@ def _file_errors(cfg_json: str, run_dir: str, record_json: str, stamp: tuple) ->
             return (f"{name} was saved by a run of {saved['hook_name']}, this run is {cfg.hook}: the "
                     "hook cannot change on resume")
         kept = sorted(saved.get("hook") or {})
-        if "hook_name" not in saved and not kept and spec.keeps:
+        if "hook_name" not in saved and not kept and spec.checkpoint.keeps:
             return (f"{name} was saved before the lab's checkpoints held {cfg.hook}'s state: resumed, "
-                    f"its {', '.join(spec.keeps)} would start over")
-        if kept != sorted(spec.keeps):
+                    f"its {', '.join(spec.checkpoint.keeps)} would start over")
+        if kept != sorted(spec.checkpoint.keeps):
             holds = f"a state of {', '.join(kept)}" if kept else "no hook state"
-            wants = f"{spec.state.attr}'s {', '.join(spec.keeps)}" if spec.keeps else "no state"
+            wants = f"{spec.state.attr}'s {', '.join(spec.checkpoint.keeps)}" if spec.checkpoint.keeps else "no state"
             return (f"{name} holds {holds}, and {cfg.hook} keeps {wants}: it was saved by a run "
                     "of another hook")
         if rank == 0:

@@ -81,21 +81,21 @@ def _commlab_parts(hook: str, wrapper: str, impl: str, backend: str) -> list[Par
     ours = [p for p in parts if p.variant is not None]
     if impl == "commlab":
         return ours
-    return [p for p in parts if p in only or (p in ours and backend in p.fails)]
+    return [p for p in parts if p in only or (p in ours and backend in p.failure.fails)]
 
 
 def _plan(hook: str, wrapper: str, impl: str, backend: str) -> tuple[str, str]:
     _check(hook, wrapper, backend)
     name = hook_name(hook, wrapper)
     parts = _parts(hook, wrapper)
-    problems = [p.fails[backend] for p in parts if backend in p.fails]
+    problems = [p.failure.fails[backend] for p in parts if backend in p.failure.fails]
     ours = _commlab_parts(hook, wrapper, impl, backend)
     if SPECS[hook].commlab_only:
         where = ("issues its collective after the optimizer step, on the training loop's thread, none "
                  "from the hook" if SPECS[hook].averages_parameters else
                  "issues every collective from the hook body, in bucket order")
         return "commlab", f"PyTorch has no {name}: commlab's {where}, so it is safe on every backend"
-    note = SPECS[hook].note
+    note = SPECS[hook].failure.note
     if impl == "stock":
         if problems:
             return "stock", f"impl=stock asks for PyTorch's {name} on {backend}, although {problems[0]}"
@@ -125,13 +125,13 @@ def stock_warning(cfg: RunConfig, backend: str) -> str | None:
         return None
     warnings = []
     for part in _parts(cfg.hook, cfg.wrapper):
-        why = part.fails.get(backend)
+        why = part.failure.fails.get(backend)
         if not why:
             continue
-        if backend in part.one_bucket_works:
+        if backend in part.failure.one_bucket_works:
             advice = ("run with bucket_cap_mb large enough to hold every gradient in one bucket, "
                       "or impl=auto")
-        elif part.fails_at_compression:
+        elif part.failure.fails_at_compression:
             advice = f"the run fails at step {getattr(cfg, part.starts)}; use impl=auto or commlab"
         else:
             advice = "the run fails before its first step; use impl=auto or commlab"
@@ -144,12 +144,12 @@ def support_table(backend: str) -> list[dict]:
     rows = []
     for hook, spec in SPECS.items():
         for wrapper in WRAPPERS if spec.wrappable else ("none",):
-            fails = [p for p in _parts(hook, wrapper) if backend in p.fails]
+            fails = [p for p in _parts(hook, wrapper) if backend in p.failure.fails]
             if spec.commlab_only:
                 works: bool | str = NONE_IN_PYTORCH
             elif not fails:
                 works = True
-            elif all(backend in p.one_bucket_works for p in fails):
+            elif all(backend in p.failure.one_bucket_works for p in fails):
                 works = ONE_BUCKET_ONLY
             else:
                 works = False
@@ -174,7 +174,8 @@ class Piece:
 def pieces(hook: str, wrapper: str, backend: str) -> list[Piece]:
     """The hook, then the wrapper if any, each with where PyTorch's fails: pure, for the exports."""
     _check(hook, wrapper, backend)
-    return [Piece(_kind(p), p.name, p.stock, p.attr, p.variant is not None, p.fails.get(backend))
+    return [Piece(_kind(p), p.name, p.stock, p.attr, p.variant is not None,
+                  p.failure.fails.get(backend))
             for p in _parts(hook, wrapper)]
 
 
@@ -215,7 +216,7 @@ def choose(cfg: RunConfig, backend: str, process_group=None) -> HookChoice:
     module = spec.module(commlab_hook)
     state = build(spec.state, module, cfg, process_group) if spec.state else process_group
     averager = None
-    if spec.averager:
-        averager = state if spec.outer_loop else build(spec.averager, module, cfg, process_group)
+    if spec.averaging:
+        averager = state if spec.outer_loop else build(spec.averaging.averager, module, cfg, process_group)
     return HookChoice(state, hook, impl, hook_name(cfg.hook, cfg.wrapper), reason, spec, averager)
 

@@ -231,8 +231,8 @@ def traffic(cfg: dict) -> tuple[str, int, int]:
     if spec is None:
         return ring.ALLREDUCE, 0, 1
     collective = spec.collective
-    if spec.averaging_precision:  # its every collective is its averaging's (DiLoCo's int8: two allgathers)
-        collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
+    if spec.averaging and spec.averaging.precision:  # its every collective is its averaging's (DiLoCo's int8: two allgathers)
+        collective = OUTER_PRECISIONS[cfg.get(spec.averaging.precision, "fp32")]
     kind = ring.ALLGATHER if collective == ALLGATHER else ring.ALLREDUCE
     group = cfg.get("localsgd_subgroup_size", 1) if spec.subgroup else 0
     return kind, group, metrics.averaging_period(cfg)  # model averaging: the parameters, every period
@@ -246,9 +246,9 @@ def _averaging(steady: Sequence[dict], cfg: dict, world: int) -> tuple[str, floa
     spec = spec_of(cfg)
     if not metrics.averages_model(cfg):
         return ring.ALLREDUCE, 0.0
-    if not spec.averaging_precision:
+    if not spec.averaging.precision:
         return ring.ALLREDUCE, metrics.median(steady, "plain_bytes")
-    collective = OUTER_PRECISIONS[cfg.get(spec.averaging_precision, "fp32")]
+    collective = OUTER_PRECISIONS[cfg.get(spec.averaging.precision, "fp32")]
     kind = ring.ALLGATHER if collective == ALLGATHER else ring.ALLREDUCE
     counted = metrics.per_step(steady, cfg, "payload_bytes") * metrics.averaging_period(cfg)
     return kind, ring.message_bytes(kind, counted, world, world)

@@ -1,6 +1,6 @@
 """The compressors' definitions as people read them: one hook's for the Launch and Compare pages, all
 of them as the table of docs/hooks.md and ``commlab hooks``.  The words are the hook table's
-(``HookSpec.definition``); this module only lays them out."""
+(``HookSpec.definition``, written in ``commlab.hook_definitions``); this module only lays them out."""
 from __future__ import annotations
 
 import textwrap

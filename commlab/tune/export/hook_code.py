@@ -50,9 +50,10 @@ class HookFacts:
 def facts(cfg: RunConfig) -> HookFacts:
     s = SPECS[cfg.hook]
     return HookFacts(
-        name=registry.hook_name(cfg.hook), attr=s.attr, state=s.state, averager=s.averager,
+        name=registry.hook_name(cfg.hook), attr=s.attr, state=s.state,
+        averager=s.averaging.averager if s.averaging else None,
         outer_loop=s.outer_loop, subgroup=s.subgroup, sends_nothing=s.sends_nothing,
-        checkpoint=s.checkpoint, checkpoint_why=s.checkpoint_why, starts=s.starts, accelerate=s.accelerate,
+        checkpoint=s.checkpoint.holds, checkpoint_why=s.checkpoint.why, starts=s.starts, accelerate=s.accelerate,
         wrapper_accelerate=WRAPPER_SPECS[cfg.wrapper].accelerate if cfg.wrapper != "none" else "NO")
 
 
