@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commlab import rules
+from commlab import files, rules
 from commlab.hook_specs import BASELINE, HOOKS, OUTER_PRECISIONS, SPECS, WRAPPERS
 from commlab.rules import Rule
 
@@ -45,6 +45,9 @@ MAX_STEPS = 1_000_000
 # writes megabytes of trace a step (150 profiled steps of 2 ranks wrote 35 MB in 300 files).
 MAX_TRACED_STEPS = 16
 SHOWN_CHARS = 80  # a value quoted in a message is cut to this many characters
+# Why a settings file nested thousands deep does not parse (Python's parsers recurse per level;
+# settings are one level of keys).
+NESTED = "nested deeper than the parser goes (settings are one level of keys)"
 
 
 @dataclass(frozen=True)
@@ -418,6 +421,8 @@ class RunConfig:
                                        f"column {e.colno}"}) from None
         except ValueError as e:  # an integer of more digits than Python reads
             raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
+        except RecursionError:
+            raise ConfigError({"file": f"{source} does not parse: {NESTED}"}) from None
         if not isinstance(data, dict):
             raise ConfigError({"file": f"{source} must hold one object of settings, "
                                        f"not {type(data).__name__}"})
@@ -429,13 +434,17 @@ class RunConfig:
             data = tomllib.loads(text)
         except ValueError as e:  # TOMLDecodeError, or an integer of more digits than Python reads
             raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
+        except RecursionError:
+            raise ConfigError({"file": f"{source} does not parse: {NESTED}"}) from None
         return cls.from_dict(data, source)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> RunConfig:
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            text = files.read_regular(p, files.JSON_BYTES).decode("utf-8")
+        except files.Refused as e:  # a FIFO would block the command, /dev/zero fill its memory
+            raise ConfigError({"file": f"cannot read {p}: {e}"}) from None
         except OSError as e:
             raise ConfigError({"file": f"cannot read {p}: {e.strerror}"}) from None
         except UnicodeDecodeError as e:
@@ -596,7 +605,7 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
             raise TypeError(f"must be a number, got {shown(value)}")
         try:
             return float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit integer
             raise TypeError(f"must be a number, got {shown(value)}") from None
     if kind == "str":
         if not isinstance(value, str):

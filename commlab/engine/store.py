@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from commlab import files
 from commlab.config import settings
 
 FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
@@ -231,12 +232,11 @@ def load_json(path: Path, kind: Any = None) -> Any:
     path = Path(path)
     kind = schema(path.name) if kind is None else kind
     try:
-        text = path.read_bytes().decode("utf-8")
-        value = json.loads(text)
+        value = files.loads(files.read_regular(path, files.JSON_BYTES))
     except FileNotFoundError:
         raise
-    except IsADirectoryError:
-        raise Damaged(path.name, "a folder where a file belongs") from None
+    except files.Refused as e:  # a FIFO, /dev/zero, a folder: named, never waited on
+        raise Damaged(path.name, str(e)) from None
     except UnicodeDecodeError as e:
         raise Damaged(path.name, f"not UTF-8 text (byte {e.start})") from None
     except (ValueError, RecursionError) as e:
@@ -361,7 +361,7 @@ class JsonlTail:
     def read_new(self) -> list[dict]:
         out: list[dict] = []
         try:
-            with open(self.path, "rb") as f:
+            with files.open_regular(self.path) as f:
                 f.seek(self.offset)
                 rest = b""
                 while block := f.read(self.BLOCK):
@@ -370,16 +370,16 @@ class JsonlTail:
                     rest = block[end:]
                     self.offset += end
                     self._parse(block[:end], out)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
-            pass  # a folder where the file belongs: ``RunFolder.damage`` names it
+        except (FileNotFoundError, NotADirectoryError, PermissionError, files.Refused):
+            pass  # a folder, a FIFO, a device where the file belongs: ``RunFolder.damage`` names it
         return out
 
     def _parse(self, chunk: bytes, out: list[dict]) -> None:
         keep = self.keep
         for line in chunk.split(b"\n")[:-1]:  # the chunk ends with one; a stray \r splits nothing
             try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):  # junk, NUL bytes, not UTF-8
+                rec = files.loads(line)
+            except (ValueError, RecursionError):  # junk, NUL bytes, not UTF-8, a 400-digit integer
                 rec = None
             if rec is None or not self.check(rec):
                 self.skipped += line.strip() != b""  # a power cut's NUL padding counts too
@@ -391,13 +391,16 @@ def _first_line_is_a_record(path: Path, name: str) -> None:
     """Damaged unless the file's first complete line is a record (an object; a step record for
     metrics.jsonl): read without the rest, so a listing stays cheap for the longest run.  Later
     lines that are not records are skipped and counted by the readers, as a torn write leaves."""
-    with open(path, "rb") as f:
-        head = f.read(64 * 1024)
+    try:
+        with files.open_regular(path) as f:
+            head = f.read(64 * 1024)
+    except files.Refused as e:
+        raise Damaged(name, str(e)) from None
     if b"\n" not in head:
         return  # no complete line yet
     line = head.split(b"\n", 1)[0]
     try:
-        rec = json.loads(line)
+        rec = files.loads(line)
     except (ValueError, RecursionError):
         rec = None
     check = step_check() if name == "metrics.jsonl" else (lambda r: isinstance(r, dict))
@@ -611,7 +614,8 @@ class RunFolder(Folder):
     def trace(self) -> bytes | None:
         """trace.json, the traced steps as a Chrome trace, as it lies (None when absent)."""
         try:
-            return self.file(TRACE).read_bytes()
+            with files.open_regular(self.file(TRACE)) as f:
+                return f.read()
         except OSError:
             return None
 
@@ -665,7 +669,8 @@ class RunFolder(Folder):
 
         name = f"grads/step_{step}.pt"
         try:
-            grads = torch.load(self.file(name), map_location="cpu", weights_only=True)
+            with files.open_regular(self.file(name)) as f:
+                grads = torch.load(f, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             raise
         except Exception as e:  # torch.load raises many kinds on a file that is not its own
@@ -722,7 +727,7 @@ MAX_NAME_CHARS = 80  # a name shows in every run picker
 
 # What every listing reads of a run: one of them damaged makes the run "damaged".
 LISTED = ("config.json", "status.json", "launch.json", "supervisor.json", "meta.json",
-          "metrics.jsonl")
+          "metrics.jsonl", "evals.jsonl")
 # What ``RunFolder.summary`` reads of each step record (the rest is left unparsed in memory).
 SUMMARY_FIELDS = ("step", "loss", "step_s", "t", "payload_bytes", "plain_bytes", "compression_ratio")
 SUMMARY_COLUMNS = ("hook", "wrapper", "hook_impl", "world_size", "workload", "rank", "start_iter",
