@@ -251,3 +251,33 @@ def test_sweep_show_over_a_400_digit_integer_in_a_run_s_metrics(tmp_path):
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-3000:]
     assert re.search(r"^fp16 +3/3", shown.stdout, re.M), shown.stdout
     print(f"sweep --show in {took:.1f} s")
+
+
+# ---------------------------------------------------------------------------- item 12: the ledger's bandwidth unit
+def test_the_ledger_names_its_bandwidths_in_gigabytes_and_reads_old_files(tmp_path, capsys):
+    """The ledger's algbw and busbw are GB/s (as nccl-tests prints them) while every other *_gbps
+    of the lab is gigabits: their names, the page's column labels and `commlab runs --json` say
+    gigabytes; a ledger.json written before, with the old names, still reads."""
+    from test_damaged import GOOD, make_good_run
+
+    import lab_widgets
+    from commlab import cli
+    from commlab.analysis import ledger
+    from commlab.ui import runs
+
+    book = ledger.Ledger()
+    book.completed(book.issued(ledger.HOOK, "all_reduce", 2, 4000, 4000), 0.001)
+    (row,) = book.rows()
+    assert row["algbw_gbytes_s"] == pytest.approx(4000 / 0.001 / 1e9) and "algbw_gbps" not in row
+    old = {{"algbw_gbytes_s": "algbw_gbps", "busbw_gbytes_s": "busbw_gbps"}.get(k, k): v for k, v in row.items()}
+    run = make_good_run(tmp_path)
+    store.write_json(run / "ledger.json", {"step": 11, "world_size": 2, "clock": "host",
+                                           "emulated_link": False, "rows": [old]})
+    view = runs.ledger_view(run)
+    assert view["rows"][0]["algbw_gbytes_s"] == row["algbw_gbytes_s"]
+    assert view["rows"][0]["busbw_gbytes_s"] == row["busbw_gbytes_s"]
+    shown = {k: lab_widgets.LEDGER_TABLE[k][0] for k in view["columns"] if "bw" in k}
+    assert shown == {"algbw_gbytes_s": "algbw (GB/s, gigabytes)", "busbw_gbytes_s": "busbw (GB/s, gigabytes)"}
+    assert cli.main(["runs", "--runs-dir", str(tmp_path), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)["runs"]
+    assert listed["run_id"] == GOOD and listed["ledger"]["rows"][0]["busbw_gbytes_s"] == row["busbw_gbytes_s"]

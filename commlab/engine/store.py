@@ -172,7 +172,9 @@ CHECKPOINT = {"step": int, "world_size": int}
 PITFALL = {"step": int, "layer": str, "kind": str, "detail": str, "fix": str}
 LEDGER_ROW = {"traffic": str, "collective": str, "ranks": int, "size_bytes": int, "count": int,
               "bytes": int, "counted_bytes": int, "timed": int, "total_s": NUM, "mean_s": OPT_NUM,
-              "algbw_gbps": OPT_NUM, "busbw_gbps": OPT_NUM, "bus_factor": NUM, "link_s": NUM,
+              # GB/s; named algbw_gbps and busbw_gbps before (commlab.analysis.ledger.BANDWIDTHS)
+              "algbw_gbytes_s?": OPT_NUM, "busbw_gbytes_s?": OPT_NUM, "algbw_gbps?": OPT_NUM,
+              "busbw_gbps?": OPT_NUM, "bus_factor": NUM, "link_s": NUM,
               "link_wait_s": NUM, "link_share": OPT_NUM}
 LEDGER_FILE = {"step": int, "world_size": int, "clock": str, "emulated_link": bool, "rows": [LEDGER_ROW]}
 ERRORS = {"step": int, "layers?": [{"layer": str, "bucket": int, "rel_error": NUM}],
@@ -621,8 +623,11 @@ class RunFolder(Folder):
 
     def ledger(self) -> dict:
         """ledger.json, rank 0's collectives by traffic, kind, ranks and size, with their figures
-        (``commlab.analysis.ledger``); {} when the run has none (instrument off, no step yet)."""
-        return read_json(self.file(LEDGER), {})
+        (``commlab.analysis.ledger``, an older file's rows under today's names); {} when the run
+        has none (instrument off, no step yet)."""
+        from commlab.analysis.ledger import upgraded
+
+        return upgraded(read_json(self.file(LEDGER), {}))
 
     def profiler_traces(self) -> list[Path]:
         """The torch.profiler Chrome traces in profiler/, by name ([] when none)."""
