@@ -19,7 +19,7 @@ pass) are not in it.
 A call's latency runs from its issue (the call of ``dist.all_reduce``) to the completion of its
 work, on the host's clock (``Ledger.completed``).  On a run with an emulated link, each of the
 hook's collectives completes no earlier than the link would have carried it
-(``commlab.hooks.instrument.Link``), and the link carries one collective at a time.
+(``commlab.hooks.link.Link``), and the link carries one collective at a time.
 ``link_wait_s`` is what the link's hold added to their latency past the real completions: their
 own link time and their wait behind the hook's other collectives on it, less what the real
 collective took meanwhile; ``link_share`` is its share of the latency, what the link made of it.
