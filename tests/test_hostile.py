@@ -156,21 +156,31 @@ def test_the_listing_names_fifos_and_devices_and_lists_the_rest(tmp_path):
         run.metrics_records(), run.evals(), run.meta(), run.status_record(), run.config_dict()
 
 
+def _dangling(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.symlink_to("/nonexistent/rank.pt")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("harm, what", [(_fifo, "a named pipe (FIFO)"), (_dev_zero, "a character device")])
-def test_a_resume_refuses_a_checkpoint_file_that_is_a_fifo_or_a_device(checkpointed, tmp_path, harm, what):
+@pytest.mark.parametrize("name, harm, said", [
+    ("rank0.pt", _fifo, "checkpoint/rank0.pt cannot be read: a named pipe (FIFO) where a file belongs"),
+    ("rank0.pt", _dev_zero, "checkpoint/rank0.pt cannot be read: a character device where a file belongs"),
+    ("rank1.pt", _dangling, "checkpoint/rank1.pt is missing"),
+])
+def test_a_resume_refuses_a_checkpoint_file_that_is_a_fifo_or_a_device(checkpointed, tmp_path, name, harm, said):
     """A FIFO as checkpoint/rank0.pt hung `commlab run --resume`; /dev/zero there raised a
-    MemoryError traceback.  Both are named and refused before anything starts."""
+    MemoryError traceback; a symlink to nothing a FileNotFoundError traceback.  Each is named and
+    refused before anything starts."""
     folder = tmp_path / "special"
     shutil.copytree(checkpointed["two"].path, folder)
-    harm(folder / "checkpoint" / "rank0.pt")
+    harm(folder / "checkpoint" / name)
     done, took = _commlab("run", "--resume", str(folder), "--steps", "8", "--runs-dir", str(tmp_path),
                           "--json")
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])["errors"]["resume"]
-    assert f"checkpoint/rank0.pt cannot be read: {what} where a file belongs" in said, said
+    refused = json.loads(done.stdout.strip().splitlines()[-1])["errors"]["resume"]
+    assert said in refused, refused
     assert sorted(p.name for p in tmp_path.iterdir()) == ["special"]  # no run folder was made
-    print(f"refused in {took:.1f} s: {said}")
+    print(f"refused in {took:.1f} s: {refused}")
 
 
 @pytest.mark.timeout(30)  # a reader that waits on the FIFO fails here instead of hanging the suite

@@ -211,9 +211,18 @@ def file_errors(cfg: RunConfig, run_dir: Path, record: dict) -> str | None:
     """Why the checkpoint's files cannot continue ``cfg``: the first thing that does not fit.
     Asked twice of the same files (``resume_config``, then ``launch.prepare``), it opens them and
     builds the workload's model once."""
-    stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                  for p in sorted((run_dir / FOLDER).glob("rank*.pt")))
+    stamp = tuple(map(_stamp, sorted((run_dir / FOLDER).glob("rank*.pt"))))
     return _file_errors(cfg.to_json(), str(run_dir.resolve()), json.dumps(record), stamp)
+
+
+def _stamp(path: Path) -> tuple:
+    """A file's name, size and time as the cache's key; its name alone when it cannot be stat'ed
+    (a symlink to nothing: the check calls it missing)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (path.name,)
+    return path.name, st.st_size, st.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=8)
