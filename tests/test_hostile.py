@@ -183,6 +183,33 @@ def test_a_resume_refuses_a_checkpoint_file_that_is_a_fifo_or_a_device(checkpoin
     print(f"refused in {took:.1f} s: {refused}")
 
 
+@pytest.mark.slow  # no process, but AppTest reruns of two pages
+@pytest.mark.timeout(300)  # a page that waits on a FIFO fails here instead of hanging the suite
+def test_the_runs_and_watch_pages_name_fifos_and_devices(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+    from test_damaged import GOOD, make_good_run
+
+    make_good_run(tmp_path)
+    for i, (name, harm, _) in enumerate(SPECIAL.values()):
+        harm(make_good_run(tmp_path, f"20240101-000000-special-{i:04d}") / name)
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    at.run()
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    assert table[table["run_id"] == GOOD].iloc[0]["status"] == "finished"
+    for i, (name, _, what) in enumerate(SPECIAL.values()):
+        row = table[table["run_id"] == f"20240101-000000-special-{i:04d}"].iloc[0]
+        assert (row["status"], row["error"]) == ("damaged", f"damaged: {name}: {what}")
+    at.switch_page("pages/launch_and_watch.py")
+    for i in range(len(SPECIAL)):
+        at.session_state["watch"] = str(tmp_path / f"20240101-000000-special-{i:04d}")
+        at.session_state["views"] = {}
+        at.run()
+        assert not at.exception, (i, [e.value for e in at.exception])
+
+
 @pytest.mark.timeout(30)  # a reader that waits on the FIFO fails here instead of hanging the suite
 def test_store_readers_refuse_special_files_at_once(tmp_path):
     """In process, each low-level reader over a FIFO (no writer ever comes) and /dev/zero."""
