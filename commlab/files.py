@@ -38,7 +38,7 @@ class Refused(OSError):
         return self.what
 
 
-def kind_of(mode: int) -> str:
+def _kind_of(mode: int) -> str:
     return next((name for test, name in KINDS if test(mode)), "not a regular file")
 
 
@@ -50,10 +50,10 @@ def open_regular(path: str | os.PathLike, limit: int | None = None) -> BinaryIO:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{kind_of(st.st_mode)} where a file belongs")
+            raise Refused(f"{_kind_of(st.st_mode)} where a file belongs")
         if limit is not None and st.st_size > limit:
             raise Refused(f"{st.st_size:,} bytes, more than the {limit:,} its reader takes")
-        os.set_blocking(fd, True)
+        os.set_blocking(fd, True)  # the flag was for the open alone: a regular file's reads never wait
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
