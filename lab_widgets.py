@@ -125,8 +125,10 @@ LEDGER_TABLE = {
     "count": ("calls", "localized", None),
     "total_s": ("total latency (s)", "%.4f", "issue to completion, summed over the calls"),
     "mean_s": ("mean latency (s)", "%.6f", "total latency over the calls timed"),
-    "algbw_gbps": ("algbw (GB/s)", "%.4f", "S over the mean latency, 1e9 bytes a second"),
-    "busbw_gbps": ("busbw (GB/s)", "%.4f", "algbw times the bus factor (nccl-tests' PERFORMANCE.md)"),
+    "algbw_gbytes_s": ("algbw (GB/s, gigabytes)", "%.4f", "S over the mean latency, in gigabytes (1e9 "
+                       "bytes) a second as nccl-tests prints it; the lab's links are in gigabits (Gb/s)"),
+    "busbw_gbytes_s": ("busbw (GB/s, gigabytes)", "%.4f", "algbw times the bus factor (nccl-tests' "
+                       "PERFORMANCE.md), in gigabytes a second"),
     "bus_factor": ("bus factor", "%.3f", "allreduce 2(N-1)/N, allgather and reduce_scatter (N-1)/N, "
                                          "broadcast and reduce 1"),
     "bytes": ("bytes (S × calls)", "localized", None),

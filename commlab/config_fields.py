@@ -130,7 +130,7 @@ def coerce(f: dataclasses.Field, value: Any) -> Any:
             raise TypeError(f"must be a number, got {shown(value)}")
         try:
             return float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit integer
             raise TypeError(f"must be a number, got {shown(value)}") from None
     if kind == "str":
         if not isinstance(value, str):

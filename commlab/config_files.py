@@ -8,7 +8,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from commlab import files
 from commlab.config_fields import ConfigError
+
+# Why a settings file nested thousands deep does not parse (Python's parsers recurse per level;
+# settings are one level of keys).
+NESTED = "nested deeper than the parser goes (settings are one level of keys)"
 
 
 def is_toml(path: Path) -> bool:
@@ -23,6 +28,8 @@ def json_settings(text: str, source: str) -> dict[str, Any]:
                                    f"column {e.colno}"}) from None
     except ValueError as e:  # an integer of more digits than Python reads
         raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
+    except RecursionError:
+        raise ConfigError({"file": f"{source} does not parse: {NESTED}"}) from None
     if not isinstance(data, dict):
         raise ConfigError({"file": f"{source} must hold one object of settings, "
                                    f"not {type(data).__name__}"})
@@ -34,11 +41,15 @@ def toml_settings(text: str, source: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except ValueError as e:  # TOMLDecodeError, or an integer of more digits than Python reads
         raise ConfigError({"file": f"{source} does not parse: {e}"}) from None
+    except RecursionError:
+        raise ConfigError({"file": f"{source} does not parse: {NESTED}"}) from None
 
 
 def file_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return files.read_regular(path, files.JSON_BYTES).decode("utf-8")
+    except files.Refused as e:  # a FIFO would block the command, /dev/zero fill its memory
+        raise ConfigError({"file": f"cannot read {path}: {e}"}) from None
     except OSError as e:
         raise ConfigError({"file": f"cannot read {path}: {e.strerror}"}) from None
     except UnicodeDecodeError as e:

@@ -53,13 +53,13 @@ def test_the_ledger_files_each_call_and_derives_its_figures():
     first = book.rows()[0]
     assert first == {"traffic": "hook", "collective": "all_gather", "ranks": 4, "size_bytes": 1000,
                      "count": 1, "bytes": 1000, "counted_bytes": 500, "timed": 0, "total_s": 0.0,
-                     "mean_s": None, "algbw_gbps": None, "busbw_gbps": None, "bus_factor": 0.75,
+                     "mean_s": None, "algbw_gbytes_s": None, "busbw_gbytes_s": None, "bus_factor": 0.75,
                      "link_s": 0.0, "link_wait_s": 0.0, "link_share": None}
     reduce = book.rows()[1]
     assert (reduce["count"], reduce["timed"], reduce["bytes"], reduce["counted_bytes"]) == (2, 2, 2000, 2000)
     assert reduce["total_s"] == pytest.approx(0.010) and reduce["mean_s"] == pytest.approx(0.005)
-    assert reduce["algbw_gbps"] == pytest.approx(1000 / 0.005 / 1e9)
-    assert reduce["busbw_gbps"] == pytest.approx(reduce["algbw_gbps"] * 1.5)  # 2(4-1)/4
+    assert reduce["algbw_gbytes_s"] == pytest.approx(1000 / 0.005 / 1e9)
+    assert reduce["busbw_gbytes_s"] == pytest.approx(reduce["algbw_gbytes_s"] * 1.5)  # 2(4-1)/4
     assert reduce["link_share"] == pytest.approx(0.1) and reduce["link_s"] == 0.003
     assert [r["traffic"] for r in book.rows()] == ["hook", "hook", "other"]  # the hook's first
     book.completed(gather, 0.002)
@@ -88,8 +88,8 @@ def check_against_metrics(folder) -> dict:
     for r in rows:
         assert r["timed"] == r["count"] and r["bytes"] == r["count"] * r["size_bytes"], r
         assert r["mean_s"] == pytest.approx(r["total_s"] / r["count"]) and r["mean_s"] > 0, r
-        assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["mean_s"] / 1e9), r
-        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * ring.bus_factor(r["collective"], r["ranks"])), r
+        assert r["algbw_gbytes_s"] == pytest.approx(r["size_bytes"] / r["mean_s"] / 1e9), r
+        assert r["busbw_gbytes_s"] == pytest.approx(r["algbw_gbytes_s"] * ring.bus_factor(r["collective"], r["ranks"])), r
     return t
 
 

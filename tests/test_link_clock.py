@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
-from commlab.hooks import instrument
+from commlab.hooks import link
 
 
 class _Work:
-    """What ``_EmulatedWork`` reads of a collective's Work: its future."""
+    """What ``EmulatedWork`` reads of a collective's Work: its future."""
 
     def __init__(self, fut: torch.futures.Future):
         self._fut = fut
@@ -26,7 +26,7 @@ def test_callbacks_run_at_their_deadlines_in_deadline_order_off_the_caller():
     now = time.perf_counter()
     deadlines = {"c": now + 0.06, "a": now + 0.02, "b": now + 0.04}
     for name, at in deadlines.items():
-        instrument._LINK_CLOCK.at(at, lambda name=name: (
+        link.CLOCK.at(at, lambda name=name: (
             ran.append((name, time.perf_counter(), threading.current_thread().name)),
             len(ran) == 3 and done.set()))
     assert done.wait(5)
@@ -37,14 +37,14 @@ def test_callbacks_run_at_their_deadlines_in_deadline_order_off_the_caller():
 
 def test_a_deadline_already_past_runs_in_place():
     ran = []
-    instrument._LINK_CLOCK.at(time.perf_counter() - 1.0, lambda: ran.append(threading.current_thread()))
+    link.CLOCK.at(time.perf_counter() - 1.0, lambda: ran.append(threading.current_thread()))
     assert ran == [threading.current_thread()]
 
 
 def test_a_completed_collective_is_held_until_its_deadline_with_its_value():
     inner = torch.futures.Future()
     deadline = time.perf_counter() + 0.05
-    held = instrument._EmulatedWork(_Work(inner), deadline, cuda=False).get_future()
+    held = link.EmulatedWork(_Work(inner), deadline, cuda=False).get_future()
     then = held.then(lambda f: (time.perf_counter(), f.value()))
     inner.set_result([torch.tensor([3.0])])
     assert not held.done()  # the real collective is done; the link is not
@@ -54,7 +54,7 @@ def test_a_completed_collective_is_held_until_its_deadline_with_its_value():
 
 def test_a_failed_collective_fails_its_held_future_at_once():
     inner = torch.futures.Future()
-    held = instrument._EmulatedWork(_Work(inner), time.perf_counter() + 60.0, cuda=False).get_future()
+    held = link.EmulatedWork(_Work(inner), time.perf_counter() + 60.0, cuda=False).get_future()
     inner.set_exception(RuntimeError("peer gone"))
     assert held.done()
     with pytest.raises(RuntimeError, match="peer gone"):
@@ -68,6 +68,6 @@ def test_a_callback_that_raises_does_not_stop_the_clock():
         raise RuntimeError("a broken callback")
 
     now = time.perf_counter()
-    instrument._LINK_CLOCK.at(now + 0.01, fails)
-    instrument._LINK_CLOCK.at(now + 0.02, done.set)
+    link.CLOCK.at(now + 0.01, fails)
+    link.CLOCK.at(now + 0.02, done.set)
     assert done.wait(5)

@@ -19,7 +19,7 @@ pass) are not in it.
 A call's latency runs from its issue (the call of ``dist.all_reduce``) to the completion of its
 work, on the host's clock (``Ledger.completed``).  On a run with an emulated link, each of the
 hook's collectives completes no earlier than the link would have carried it
-(``commlab.hooks.instrument.Link``), and the link carries one collective at a time.
+(``commlab.hooks.link.Link``), and the link carries one collective at a time.
 ``link_wait_s`` is what the link's hold added to their latency past the real completions: their
 own link time and their wait behind the hook's other collectives on it, less what the real
 collective took meanwhile; ``link_share`` is its share of the latency, what the link made of it.
@@ -36,6 +36,10 @@ from dataclasses import dataclass
 from commlab.analysis import ring
 
 HOOK, MEASURE, OTHER = "hook", "measure", "other"
+# A row's bandwidths are gigabytes a second (GB/s), as nccl-tests prints them, while every *_gbps
+# of the lab (a link, a cluster) is gigabits: their names say so.  ledger.json files written before
+# named them algbw_gbps and busbw_gbps; ``upgraded`` reads those with today's names.
+BANDWIDTHS = {"algbw_gbps": "algbw_gbytes_s", "busbw_gbps": "busbw_gbytes_s"}
 TRAFFIC = {
     HOOK: "the hook's collectives: what metrics.jsonl's payload_bytes and collectives count",
     MEASURE: "the lab's exact mean gradient for the approximation error (every error_every steps; "
@@ -78,9 +82,9 @@ class Entry:
                 "size_bytes": self.size_bytes, "count": self.count,
                 "bytes": self.count * self.size_bytes, "counted_bytes": self.counted_bytes,
                 "timed": self.timed, "total_s": self.total_s, "mean_s": mean,
-                # GB/s, 1e9 bytes a second, as nccl-tests prints them
-                "algbw_gbps": None if alg is None else alg / 1e9,
-                "busbw_gbps": None if bus is None else bus / 1e9,
+                # gigabytes, 1e9 bytes, a second, as nccl-tests prints them (``BANDWIDTHS``)
+                "algbw_gbytes_s": None if alg is None else alg / 1e9,
+                "busbw_gbytes_s": None if bus is None else bus / 1e9,
                 "bus_factor": ring.bus_factor(self.collective, self.ranks),
                 "link_s": self.link_s, "link_wait_s": self.link_wait_s,
                 "link_share": self.link_wait_s / self.total_s if self.total_s else None}
@@ -119,6 +123,13 @@ class Ledger:
         order = list(TRAFFIC)
         return [e.row() for e in sorted(self._entries.values(), key=lambda e: (
             order.index(e.traffic), e.collective, e.ranks, e.size_bytes))]
+
+
+def upgraded(written: dict) -> dict:
+    """ledger.json as written, its rows' bandwidths under today's names (``BANDWIDTHS``)."""
+    if not written:
+        return written
+    return {**written, "rows": [{BANDWIDTHS.get(k, k): v for k, v in r.items()} for r in written["rows"]]}
 
 
 def totals(rows: list[dict]) -> dict[str, dict]:

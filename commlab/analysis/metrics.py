@@ -232,12 +232,19 @@ def steady_compression_ratio(records: Sequence[dict], cfg: dict,
     the per-tensor PowerSGD hook it equals the rule's prediction from the shapes (both count P
     and Q, (n + m)·r elements, for a compressed tensor and every element of the others); the
     batched hook compresses a whole bucket as one padded square matrix instead, so its ratio
-    differs. None without steady steps or instrumentation.  ``steady``: as ``headline``'s."""
+    differs.  For a hook that averages the model every period (post-local SGD, DiLoCo) the sums
+    keep to whole periods (``in_whole_periods``), as ``per_step`` does: a window that starts or
+    ends inside one counts its averaging too often or too seldom; before a whole period, every
+    steady step.  None without steady steps or instrumentation.  ``steady``: as ``headline``'s."""
     steady = steady_rows(records, cfg) if steady is None else steady
     if not steady or not _has(steady, "plain_bytes"):
         return None
-    sent = _total(steady, "payload_bytes")
-    return _total(steady, "plain_bytes") / sent if sent else None
+    whole = in_whole_periods(steady, cfg) if averages_model(cfg) else None
+    if whole is not None and whole.any():
+        plain, sent = (float(_values(steady, k)[whole].sum()) for k in ("plain_bytes", "payload_bytes"))
+    else:
+        plain, sent = _total(steady, "plain_bytes"), _total(steady, "payload_bytes")
+    return plain / sent if sent else None
 
 
 def relative_error(approx, exact) -> float:

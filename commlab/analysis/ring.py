@@ -80,7 +80,7 @@ def collective_s(collective: str, message: float, group_size: int, bandwidth_gbp
     """Seconds for ``collectives`` ring ``collective``s carrying ``message`` bytes per rank in all:
     ``latency_steps`` latencies each and ``sent_bytes`` over the bandwidth.  The one formula of a
     collective's time: the what-if model prices with it, and the emulated link
-    (``commlab.hooks.instrument.Link``) holds collectives back by it."""
+    (``commlab.hooks.link.Link``) holds collectives back by it."""
     beta = bandwidth_gbps * 1e9 / 8
     transfer = sent_bytes(collective, message, group_size) / beta if beta > 0 else 0.0
     return collectives * latency_steps(collective, group_size) * latency_us * 1e-6 + transfer

@@ -4,8 +4,8 @@ When a run finishes (``save_checkpoint``) every rank writes ``checkpoint/rank<k>
 the step and the hook's name; rank 0 the model and the optimizer (the same on every rank: each
 steps with the same averaged gradients); every rank its own hook state (what the hook's spec
 ``keeps``: PowerSGD's error memory is a rank's own) and torch's RNG; once all have, rank 0 writes
-``checkpoint.json`` (``{"step": last step, "world_size": N}``), which says the checkpoint is
-complete.  Before the first step the worker checks that the disk has room for it, and says in
+``checkpoint.json`` (``{"step": last step, "world_size": N, "run": the run's id}``), which says the
+checkpoint is complete.  Before the first step the worker checks that the disk has room for it, and says in
 meta.json when it will not be saved; a disk that fills while it is written ends the run naming
 the file.  Before a resume starts anything, every file is opened and checked (``resume_errors``).  ``commlab run --resume RUN_DIR`` (``resume_config`` + ``launch.start(...,
 resume=RUN_DIR)``) starts a new folder whose launch.json names the first (``resumed_from``); its
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commlab import model_io, workloads
+from commlab import files, model_io, workloads
 from commlab.config import ConfigError, RunConfig
 from commlab.engine import store
 from commlab.hook_specs import SPECS, HookSpec
@@ -114,11 +114,12 @@ def save(folder: store.RunFolder, rank: int, world: int, step: int, model: torch
          optimizer: torch.optim.Optimizer, state: object, spec: HookSpec) -> None:
     """Every rank calls it after ``step``, the run's last; rank 0 marks the checkpoint complete
     once every rank has written its file (a barrier: no hook is involved).  Each file says whose
-    it is (its rank, the step, the hook), so that a resume can check it before anything starts.
+    it is (its rank, the ranks and the run that saved it, the step, the hook), so that a resume
+    can check it before anything starts.
     A full disk is named (the file, no space left) and leaves no partial file."""
     path = rank_file(folder.path, rank)
     path.parent.mkdir(exist_ok=True)
-    saved = {"rank": rank, "world_size": world, "step": step, "hook_name": spec.name,
+    saved = {"rank": rank, "world_size": world, "run": folder.id, "step": step, "hook_name": spec.name,
              "hook": hook_state(state, spec), "rng": torch.get_rng_state()}
     if rank == 0:
         saved |= {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
@@ -134,7 +135,7 @@ def save(folder: store.RunFolder, rank: int, world: int, step: int, model: torch
         raise
     dist.barrier()
     if rank == 0:
-        store.write_json(folder.file(RECORD), {"step": step, "world_size": world})
+        store.write_json(folder.file(RECORD), {"step": step, "world_size": world, "run": folder.id})
 
 
 # ---------------------------------------------------------------------------- resuming (workers)
@@ -161,7 +162,7 @@ def continue_batches(ddp: torch.nn.Module, work: workloads.Workload, done: int, 
 
 
 # ---------------------------------------------------------------------------- checking (launcher)
-RECORD_KIND = {"step": int, "world_size": int}  # what checkpoint.json must hold
+RECORD_KIND = {"step": int, "world_size": int, "run?": str}  # what checkpoint.json must hold
 
 
 def checkpoint_record(run_dir: str | os.PathLike) -> dict:
@@ -172,7 +173,8 @@ def checkpoint_record(run_dir: str | os.PathLike) -> dict:
 def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike, files: bool = True) -> dict[str, str]:
     """Why ``cfg`` cannot continue the run in ``run_dir``, by field; empty when it can.  With
     ``files`` (as ``launch.prepare`` checks before anything starts) every rank's file is opened
-    (``weights_only``) and must be that rank's, of the recorded step, of this hook with the state
+    (``weights_only``) and must be that rank's, of the recorded step, ranks and run (files copied
+    in from another run are refused by name: it would train on from that run's model), of this hook with the state
     its spec keeps, and (rank 0's) of a model of this workload's shapes (``file_errors``)."""
     source = store.RunFolder(run_dir)
     if not source.exists():
@@ -209,9 +211,18 @@ def file_errors(cfg: RunConfig, run_dir: Path, record: dict) -> str | None:
     """Why the checkpoint's files cannot continue ``cfg``: the first thing that does not fit.
     Asked twice of the same files (``resume_config``, then ``launch.prepare``), it opens them and
     builds the workload's model once."""
-    stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                  for p in sorted((run_dir / FOLDER).glob("rank*.pt")))
+    stamp = tuple(map(_stamp, sorted((run_dir / FOLDER).glob("rank*.pt"))))
     return _file_errors(cfg.to_json(), str(run_dir.resolve()), json.dumps(record), stamp)
+
+
+def _stamp(path: Path) -> tuple:
+    """A file's name, size and time as the cache's key; its name alone when it cannot be stat'ed
+    (a symlink to nothing: the check calls it missing)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (path.name,)
+    return path.name, st.st_size, st.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=8)
@@ -225,11 +236,14 @@ def _file_errors(cfg_json: str, run_dir: str, record_json: str, stamp: tuple) ->
         name, path = f"{FOLDER}/rank{rank}.pt", rank_file(run_dir, rank)
         if not path.exists():
             return f"{name} is missing: the checkpoint is incomplete"
-        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive, its index at the end
-            return (f"{name} cannot be read (not a complete zip archive, {path.stat().st_size:,} bytes): "
-                    "a truncated file, or not a checkpoint")
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:  # a FIFO there would block the command, /dev/zero fill its memory: regular files only
+            with files.open_regular(path) as f:
+                if not zipfile.is_zipfile(f):  # torch.save writes a zip archive, its index at the end
+                    return (f"{name} cannot be read (not a complete zip archive, "
+                            f"{os.fstat(f.fileno()).st_size:,} bytes): a truncated file, or not a checkpoint")
+                saved = torch.load(files.path_of(f), map_location="cpu", weights_only=True, mmap=True)
+        except files.Refused as e:
+            return f"{name} cannot be read: {e}, not a checkpoint"
         except Exception as e:  # whatever the file is, it is named and refused
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             return f"{name} cannot be read ({first}): a truncated file, or not a checkpoint"
@@ -240,6 +254,12 @@ def _file_errors(cfg_json: str, run_dir: str, record_json: str, stamp: tuple) ->
             return f"{name} is rank {whose}'s file, not rank {rank}'s: the files were swapped or copied"
         if saved["step"] != record["step"]:
             return f"{name} is of step {saved['step']}, {RECORD} says {record['step']}: files of two checkpoints"
+        if saved.get("world_size", record["world_size"]) != record["world_size"]:
+            return (f"{name} was saved by a run of {saved['world_size']} ranks, {RECORD} says "
+                    f"{record['world_size']}: files of another run's checkpoint")
+        if saved.get("run", record.get("run")) != record.get("run", saved.get("run")):
+            return (f"{name} was saved by run {saved['run']}, {RECORD} by run {record['run']}: "
+                    "files of another run's checkpoint")
         if saved.get("hook_name", cfg.hook) != cfg.hook:
             return (f"{name} was saved by a run of {saved['hook_name']}, this run is {cfg.hook}: the "
                     "hook cannot change on resume")

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from commlab import files
 from commlab.config import settings
 
 FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
@@ -171,7 +172,9 @@ CHECKPOINT = {"step": int, "world_size": int}
 PITFALL = {"step": int, "layer": str, "kind": str, "detail": str, "fix": str}
 LEDGER_ROW = {"traffic": str, "collective": str, "ranks": int, "size_bytes": int, "count": int,
               "bytes": int, "counted_bytes": int, "timed": int, "total_s": NUM, "mean_s": OPT_NUM,
-              "algbw_gbps": OPT_NUM, "busbw_gbps": OPT_NUM, "bus_factor": NUM, "link_s": NUM,
+              # GB/s; named algbw_gbps and busbw_gbps before (commlab.analysis.ledger.BANDWIDTHS)
+              "algbw_gbytes_s?": OPT_NUM, "busbw_gbytes_s?": OPT_NUM, "algbw_gbps?": OPT_NUM,
+              "busbw_gbps?": OPT_NUM, "bus_factor": NUM, "link_s": NUM,
               "link_wait_s": NUM, "link_share": OPT_NUM}
 LEDGER_FILE = {"step": int, "world_size": int, "clock": str, "emulated_link": bool, "rows": [LEDGER_ROW]}
 ERRORS = {"step": int, "layers?": [{"layer": str, "bucket": int, "rel_error": NUM}],
@@ -231,12 +234,11 @@ def load_json(path: Path, kind: Any = None) -> Any:
     path = Path(path)
     kind = schema(path.name) if kind is None else kind
     try:
-        text = path.read_bytes().decode("utf-8")
-        value = json.loads(text)
+        value = files.loads(files.read_regular(path, files.JSON_BYTES))
     except FileNotFoundError:
         raise
-    except IsADirectoryError:
-        raise Damaged(path.name, "a folder where a file belongs") from None
+    except files.Refused as e:  # a FIFO, /dev/zero, a folder: named, never waited on
+        raise Damaged(path.name, str(e)) from None
     except UnicodeDecodeError as e:
         raise Damaged(path.name, f"not UTF-8 text (byte {e.start})") from None
     except (ValueError, RecursionError) as e:
@@ -361,7 +363,7 @@ class JsonlTail:
     def read_new(self) -> list[dict]:
         out: list[dict] = []
         try:
-            with open(self.path, "rb") as f:
+            with files.open_regular(self.path) as f:
                 f.seek(self.offset)
                 rest = b""
                 while block := f.read(self.BLOCK):
@@ -370,16 +372,16 @@ class JsonlTail:
                     rest = block[end:]
                     self.offset += end
                     self._parse(block[:end], out)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
-            pass  # a folder where the file belongs: ``RunFolder.damage`` names it
+        except (FileNotFoundError, NotADirectoryError, PermissionError, files.Refused):
+            pass  # a folder, a FIFO, a device where the file belongs: ``RunFolder.damage`` names it
         return out
 
     def _parse(self, chunk: bytes, out: list[dict]) -> None:
         keep = self.keep
         for line in chunk.split(b"\n")[:-1]:  # the chunk ends with one; a stray \r splits nothing
             try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):  # junk, NUL bytes, not UTF-8
+                rec = files.loads(line)
+            except (ValueError, RecursionError):  # junk, NUL bytes, not UTF-8, a 400-digit integer
                 rec = None
             if rec is None or not self.check(rec):
                 self.skipped += line.strip() != b""  # a power cut's NUL padding counts too
@@ -391,13 +393,16 @@ def _first_line_is_a_record(path: Path, name: str) -> None:
     """Damaged unless the file's first complete line is a record (an object; a step record for
     metrics.jsonl): read without the rest, so a listing stays cheap for the longest run.  Later
     lines that are not records are skipped and counted by the readers, as a torn write leaves."""
-    with open(path, "rb") as f:
-        head = f.read(64 * 1024)
+    try:
+        with files.open_regular(path) as f:
+            head = f.read(64 * 1024)
+    except files.Refused as e:
+        raise Damaged(name, str(e)) from None
     if b"\n" not in head:
         return  # no complete line yet
     line = head.split(b"\n", 1)[0]
     try:
-        rec = json.loads(line)
+        rec = files.loads(line)
     except (ValueError, RecursionError):
         rec = None
     check = step_check() if name == "metrics.jsonl" else (lambda r: isinstance(r, dict))
@@ -611,14 +616,18 @@ class RunFolder(Folder):
     def trace(self) -> bytes | None:
         """trace.json, the traced steps as a Chrome trace, as it lies (None when absent)."""
         try:
-            return self.file(TRACE).read_bytes()
+            with files.open_regular(self.file(TRACE)) as f:
+                return f.read()
         except OSError:
             return None
 
     def ledger(self) -> dict:
         """ledger.json, rank 0's collectives by traffic, kind, ranks and size, with their figures
-        (``commlab.analysis.ledger``); {} when the run has none (instrument off, no step yet)."""
-        return read_json(self.file(LEDGER), {})
+        (``commlab.analysis.ledger``, an older file's rows under today's names); {} when the run
+        has none (instrument off, no step yet)."""
+        from commlab.analysis.ledger import upgraded
+
+        return upgraded(read_json(self.file(LEDGER), {}))
 
     def profiler_traces(self) -> list[Path]:
         """The torch.profiler Chrome traces in profiler/, by name ([] when none)."""
@@ -665,7 +674,8 @@ class RunFolder(Folder):
 
         name = f"grads/step_{step}.pt"
         try:
-            grads = torch.load(self.file(name), map_location="cpu", weights_only=True)
+            with files.open_regular(self.file(name)) as f:
+                grads = torch.load(f, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             raise
         except Exception as e:  # torch.load raises many kinds on a file that is not its own
@@ -722,7 +732,7 @@ MAX_NAME_CHARS = 80  # a name shows in every run picker
 
 # What every listing reads of a run: one of them damaged makes the run "damaged".
 LISTED = ("config.json", "status.json", "launch.json", "supervisor.json", "meta.json",
-          "metrics.jsonl")
+          "metrics.jsonl", "evals.jsonl")
 # What ``RunFolder.summary`` reads of each step record (the rest is left unparsed in memory).
 SUMMARY_FIELDS = ("step", "loss", "step_s", "t", "payload_bytes", "plain_bytes", "compression_ratio")
 SUMMARY_COLUMNS = ("hook", "wrapper", "hook_impl", "world_size", "workload", "rank", "start_iter",

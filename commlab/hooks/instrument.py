@@ -7,9 +7,9 @@ through the module attribute).  The wrapper also records DDP's bucket layouts, t
 first hook call of a step to its last future's completion, and every K steps the approximation
 error against the exact mean gradient, from one extra allreduce whose bytes are counted apart.  An
 emulated link, when set, makes each collective the hook issues complete no earlier than a ring
-allreduce of its bytes over that link would (``Link.seconds``) after it started; collectives share
-the one link, so a collective issued while another is on it waits for the link to be free, as on
-a real network card.  At the steps it is told to trace, it records the step's timeline (see
+allreduce of its bytes over that link would (``commlab.hooks.link``) after it started; collectives
+share the one link, so a collective issued while another is on it waits for the link to be free, as
+on a real network card (``CollectiveCounter`` keeps that queue).  At the steps it is told to trace, it records the step's timeline (see
 ``commlab.analysis.timeline``): each hook call, each collective's issue and completion, each hook
 future's completion, and what the worker adds (backward, the optimizer step); on CUDA each of
 them is timed on the device too (``DeviceClock``).
@@ -17,11 +17,9 @@ them is timed on the device too (``DeviceClock``).
 from __future__ import annotations
 
 import contextlib
-import heapq
 import math
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,104 +31,7 @@ from commlab.analysis import ring, timeline
 from commlab.analysis.ledger import HOOK, MEASURE, OTHER, Ledger
 from commlab.analysis.metrics import relative_error
 from commlab.hooks import comm_thread, futures
-
-
-def _sleep_until(deadline: float) -> None:
-    delay = deadline - time.perf_counter()
-    if delay > 0:
-        time.sleep(delay)
-
-
-class _LinkClock:
-    """Runs callbacks at their deadlines, on a thread of its own: the emulated link holds a
-    collective's completion back there, not on the Gloo thread that completed it (Gloo has two,
-    and a thread asleep for the link could not carry the next collective meanwhile)."""
-
-    def __init__(self) -> None:
-        self._due: list[tuple[float, int, Callable[[], None]]] = []
-        self._wake = threading.Condition()
-        self._count = 0
-        self._thread: threading.Thread | None = None
-
-    def at(self, deadline: float, callback: Callable[[], None]) -> None:
-        if deadline <= time.perf_counter():
-            callback()
-            return
-        with self._wake:
-            if self._thread is None or not self._thread.is_alive():  # a forked child has none
-                self._thread = threading.Thread(target=self._serve, name="commlab-link", daemon=True)
-                self._thread.start()
-            self._count += 1
-            heapq.heappush(self._due, (deadline, self._count, callback))
-            self._wake.notify()
-
-    def _serve(self) -> None:
-        while True:
-            with self._wake:
-                while not self._due or self._due[0][0] > time.perf_counter():
-                    self._wake.wait(self._due[0][0] - time.perf_counter() if self._due else None)
-                _, _, callback = heapq.heappop(self._due)
-            try:
-                callback()
-            except Exception:  # the thread serves every later deadline too: say it, go on
-                traceback.print_exc()
-
-
-_LINK_CLOCK = _LinkClock()
-
-
-class _EmulatedWork:
-    """A collective's Work whose completion is held back until the emulated link would finish."""
-
-    def __init__(self, work, deadline: float, cuda: bool):
-        self._work, self._deadline, self._cuda = work, deadline, cuda
-
-    def wait(self, *args, **kwargs):
-        out = self._work.wait(*args, **kwargs)
-        _sleep_until(self._deadline)
-        return out
-
-    def get_future(self):
-        deadline = self._deadline
-        if self._cuda:  # a CUDA future's child keeps its stream semantics: hold it in place
-            def held(fut):
-                _sleep_until(deadline)
-                return fut.value()
-
-            return futures.then(self._work.get_future(), held)
-        out: torch.futures.Future = torch.futures.Future()
-
-        def release(fut):
-            try:
-                value = fut.value()
-            except Exception as e:  # the collective failed: no link to wait for
-                out.set_exception(e)
-                return
-            _LINK_CLOCK.at(deadline, lambda: out.set_result(value))
-
-        futures.on_done(self._work.get_future(), release)
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
-@dataclass
-class Link:
-    bandwidth_gbps: float = 0.0
-    latency_us: float = 0.0
-
-    @property
-    def on(self) -> bool:
-        return self.bandwidth_gbps > 0 or self.latency_us > 0
-
-    def seconds(self, nbytes: int, world_size: int, latency_steps: int | None = None) -> float:
-        """A collective counted as a ring allreduce of nbytes on every rank (``payload_of``): its
-        wire time, 2(N-1)/N * S / beta, and ``latency_steps`` latencies (None: an allreduce's
-        2(N-1); an allgather on g ranks takes g-1, ``ring.latency_steps``)."""
-        hops = ring.steps(world_size) if latency_steps is None else latency_steps
-        return (ring.allreduce_s(nbytes, world_size, self.bandwidth_gbps)
-                + hops * self.latency_us * 1e-6)
+from commlab.hooks.link import EmulatedWork, Link, sleep_until
 
 
 class CollectiveCounter:
@@ -223,22 +124,8 @@ class CollectiveCounter:
 
         def counted(call, kind, tensor, group, /, *args, **kwargs):  # a caller passes group= too
             issued_at = time.perf_counter()  # the ledger's latency runs from here
-            nbytes, hops, cuda = counter.payload_of(kind, tensor, group), counter.hops(kind, group), tensor.is_cuda
             cat = getattr(counter._local, "category", HOOK)
-            deadline, held = None, 0.0
-            with counter._lock:
-                counter.bytes[cat] += nbytes
-                counter.calls[cat] += 1
-                entry = counter.ledger.issued(cat, kind, counter._group_size(group),
-                                              tensor.numel() * tensor.element_size(), nbytes)
-                if cat == HOOK and counter.link.on:
-                    start = max(time.perf_counter(), counter._link_free)
-                    held = counter.link.seconds(nbytes, counter.world_size, hops)
-                    deadline = counter._link_free = start + held
-                    counter.link_s += held
-                span = [time.perf_counter(), None] if cat == HOOK and counter._in_bucket() else None
-                if span:
-                    counter._spans.append(span)
+            nbytes, entry, deadline, held, span = counter._issue(cat, kind, tensor, group)
             event = counter._traced(cat, nbytes)
             clock = counter.clock if event is not None else None
             # On the issuing stream: the collective's input is ready when the device gets here.
@@ -264,16 +151,38 @@ class CollectiveCounter:
                 if event is not None:
                     ended()  # NCCL made the current stream wait for the collective
                 if deadline is not None:
-                    _sleep_until(deadline)
+                    sleep_until(deadline)
                 return None
             futures.on_done(work.get_future(), real_end)
             if event is not None:
                 # A CUDA future runs its callbacks on streams that wait for its kernels.
                 futures.on_done(work.get_future(), lambda _: ended())
-            return work if deadline is None else _EmulatedWork(work, deadline, cuda)
+            return work if deadline is None else EmulatedWork(work, deadline, tensor.is_cuda)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
         return self
+
+    def _issue(self, cat: str, kind: str, tensor, group) -> tuple:
+        """One call issued: its bytes counted (``payload_of``) and filed in the ledger; for the
+        hook's, the emulated link booked (it carries one collective at a time: this one starts
+        when the link is free) and, in a bucket, its span on the real link opened.  Returns the
+        bytes, the ledger's entry, the link's deadline and hold (None and 0 without a link) and
+        the span (None outside a bucket)."""
+        nbytes, deadline, held = self.payload_of(kind, tensor, group), None, 0.0
+        with self._lock:
+            self.bytes[cat] += nbytes
+            self.calls[cat] += 1
+            entry = self.ledger.issued(cat, kind, self._group_size(group),
+                                       tensor.numel() * tensor.element_size(), nbytes)
+            if cat == HOOK and self.link.on:
+                start = max(time.perf_counter(), self._link_free)
+                held = self.link.seconds(nbytes, self.world_size, self.hops(kind, group))
+                deadline = self._link_free = start + held
+                self.link_s += held
+            span = [time.perf_counter(), None] if cat == HOOK and self._in_bucket() else None
+            if span:
+                self._spans.append(span)
+        return nbytes, entry, deadline, held, span
 
     def payload_of(self, kind: str, tensor, group) -> int:
         """The bytes a collective is counted as: the allreduce payload over all ranks that puts the

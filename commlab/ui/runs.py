@@ -122,7 +122,7 @@ class LiveView:
 # The ledger table's columns, as ledger.json's rows name them; the link's only on a run with an
 # emulated link.
 LEDGER_COLUMNS = ("traffic", "collective", "ranks", "size_bytes", "count", "total_s", "mean_s",
-                  "algbw_gbps", "busbw_gbps", "bus_factor", "bytes", "counted_bytes")
+                  "algbw_gbytes_s", "busbw_gbytes_s", "bus_factor", "bytes", "counted_bytes")
 LINK_COLUMNS = ("link_s", "link_wait_s", "link_share")
 
 
