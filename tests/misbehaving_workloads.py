@@ -75,3 +75,32 @@ def forks_a_daemon(rank=0, seed=0):
             time.sleep(600)
         os._exit(0)
     return mlp(rank=rank, seed=seed)
+
+
+ESCAPED_ENV = "COMMLAB_TEST_ESCAPED"  # a file each escaped process's PID is appended to
+
+
+def _note_pid(pid: int) -> None:
+    with open(os.environ[ESCAPED_ENV], "a") as f:
+        f.write(f"{pid}\n")
+
+
+def escaping(rank=0, seed=0):
+    """Starts two processes that try to outlive whoever called it: one with a clean environment in
+    a session of its own, one by a double fork (its parent gone at once, so init would adopt it)."""
+    import subprocess
+    import sys
+
+    w = mlp(rank=rank, seed=seed)
+    clean = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={},
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _note_pid(clean.pid)
+    middle = os.fork()
+    if middle == 0:
+        if os.fork() == 0:
+            os.setsid()
+            _note_pid(os.getpid())
+            time.sleep(600)
+        os._exit(0)
+    os.waitpid(middle, 0)
+    return w.model, w.batches

@@ -31,7 +31,6 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -167,7 +166,7 @@ def serve(pool_dir: Path) -> None:
             return
         name, run_dir = said["name"], Path(said["run_dir"])
         if code := _run_forked(worker, run_dir, pool_dir / "stores" / name, world):
-            _end_as(code)  # the run failed on this rank: the pool ends with it
+            procs.end_as(code)  # the run failed on this rank: the pool ends with it
         if rank == 0:
             store.write_json(pool_dir / "done" / name, {"run_dir": str(run_dir), "at": time.time()})
 
@@ -210,15 +209,6 @@ def _run_forked(worker, run_dir: Path, rendezvous: Path, world: int) -> int:
         finally:
             procs.exit_now(code)
     return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-
-
-def _end_as(code: int) -> None:
-    """End this process as the run's process on this rank ended (an exit code, or minus the
-    signal that killed it), so that torchrun's record of the rank says the same."""
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    procs.exit_now(code or 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ TORCHRUN_RECORD_ENV = "COMMLAB_TORCHRUN_RECORD"
 STORE_ADDR_ENV = "COMMLAB_STORE_ADDR"
 # How long a process just started may show no command line (see ``owned_by``).
 EXEC_SETTLE_S = 2.0
-_PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15
+_PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_CHILD_SUBREAPER = 1, 15, 36
 
 
 def _prctl():
@@ -190,18 +190,32 @@ def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
     return terminate(tree(pid), grace_s)
 
 
-def marked(name: str, value: str) -> list[psutil.Process]:
-    """Every live process with ``name=value`` in its environment (never a ``protected`` one):
-    the descendants of a process that was given it, however they detached (a new session, a
-    parent that died and left them to init)."""
-    spared, found = protected(), []
-    for p in psutil.process_iter():
-        try:
-            if p.pid not in spared and p.environ().get(name) == value:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return found
+def adopt_orphans() -> None:
+    """Have the kernel give this process, not init, every process orphaned below it: what code run
+    under it starts (a double fork, a child in a session of its own, with an environment of its own)
+    stays in its tree, however it detached, for ``end_adopted`` to end (Linux; elsewhere nothing)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def end_adopted(keep: Iterable[int] = (), grace_s: float = 1.0) -> list[int]:
+    """End (and reap) this process's children but ``keep``, with their descendants: after
+    ``adopt_orphans``, what the code it ran left behind.  Returns the PIDs that needed SIGKILL."""
+    try:
+        children = psutil.Process().children()
+    except psutil.NoSuchProcess:
+        return []
+    kept = set(keep)
+    return terminate([p for c in children if c.pid not in kept for p in tree(c.pid)], grace_s)
+
+
+def end_as(code: int) -> None:
+    """End this process as a child it waited for ended (``os.waitstatus_to_exitcode``: an exit
+    code, or minus the signal that killed it), so that whoever waits for this one reads the same."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    exit_now(code)
 
 
 HOST = socket.gethostname()

@@ -41,6 +41,7 @@ RELIST_S = 5.0
 # Before the first step the workers import torch and build DDP, which takes minutes on a busy
 # machine: a short stall timeout applies from the first step on.
 STARTUP_ALLOWANCE_S = 300.0
+ENDED_GRACE_S = 2.0  # after a run's ranks have exited, time for torchrun to end by itself
 CRASH_GRACE_S = 2.0  # after a rank's error file appears, time for torchrun to end the rest itself
 # torchrun's log holds what the workload prints: past LOG_LIMIT it keeps its last LOG_KEEP bytes
 # (a workload printing 40 MB made an 80 MB log).
@@ -78,6 +79,7 @@ def supervise(run_dir: Path) -> int:
         # run on warm ranks leaves its pool's for the next run.
         ended_well = ending is None and child.returncode == 0
         _end_all(child, watch.workers if watch and not ended_well else {})
+    procs.end_adopted()  # what the ranks started, however it detached (``adopt_orphans``)
     _record_end(folder, ending, child.returncode if child else None, run, node,
                 started=bool(watch and watch.workers))
     return 0
@@ -140,6 +142,7 @@ def _serve_one(pool_dir: Path, name: str, run_dir: str, child: subprocess.Popen,
     if not ended_well:
         (pool_dir / pool.ENDED).touch()
         _end_all(child, watch.workers if watch else {})
+    procs.end_adopted(keep=[child.pid])  # what the run's processes started (``adopt_orphans``)
     _record_end(folder, ending, child.returncode, records=records)
     return ended_well
 
@@ -190,6 +193,7 @@ class Watch:
         self.owner = folder.launch_info().get("owner")  # a process the run must not outlive
         self.workers: dict[int, float] = {}  # pid -> create time, so a reused PID is never taken for one
         self.last_progress, self.last_size, self.crash_seen = time.time(), 0, None
+        self.ranks_ended_at: float | None = None
         self.next_listing = 0.0
         self.ending: dict | None = None
         self._record()
@@ -198,6 +202,20 @@ class Watch:
         store.write_json(self.folder.file("supervisor.json"), {
             **self.me, "worker_pids": sorted(self.workers),
             "worker_create_times": {str(k): v for k, v in self.workers.items()}})
+
+    def _ranks_ended(self, now: float) -> bool:
+        """Whether a cold run's end is recorded and its ranks (torchrun's children) have exited,
+        for ENDED_GRACE_S: torchrun waits for every process that holds a rank's end of its pipes,
+        a process the workload started and left running among them, which is the run's to end,
+        not to wait for."""
+        if self.done is not None or self.run.status_record().get("status") not in store.FINAL:
+            return False
+        with contextlib.suppress(psutil.Error):
+            if any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.Process(self.child.pid).children()):
+                self.ranks_ended_at = None
+                return False
+        self.ranks_ended_at = self.ranks_ended_at or now
+        return now - self.ranks_ended_at > ENDED_GRACE_S
 
     def _processes(self) -> list[psutil.Process]:
         """The run's processes: torchrun's descendants; on a pool, less the pool's ranks
@@ -214,6 +232,8 @@ class Watch:
         if self.child.poll() is not None or (self.done is not None and self.done()):
             return True
         now = time.time()
+        if self._ranks_ended(now):
+            return True
         if len(self.workers) < self.cfg.world_size or now >= self.next_listing:
             known = {p.pid: p.create_time() for p in self._processes()}
             if known.keys() - self.workers.keys():
@@ -314,4 +334,7 @@ def _tail(path: Path, lines: int) -> str:
 
 
 if __name__ == "__main__":
+    # A run owns everything its ranks start: what detaches (a double fork, a session of its own, an
+    # environment of its own) is adopted here, not by init, and ended with the run.
+    procs.adopt_orphans()
     raise SystemExit(serve_pool(Path(sys.argv[2])) if sys.argv[1] == "--pool" else supervise(Path(sys.argv[1])))

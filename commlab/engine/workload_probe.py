@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import os
-import secrets
 import signal
 import sys
 import tempfile
@@ -27,9 +26,6 @@ from commlab.workload_names import BUILTIN_NAMES as BUILTIN
 # tens of seconds on a busy 2-core machine, then the person's module.
 TIMEOUT_S = 90.0
 MESSAGE_CHARS = 1500  # what a message quotes of the child's output
-# Set, with a value of its own, in the environment of every check's child: whatever the person's
-# code starts inherits it, and is ended with the check, however it detached.
-CHECK_ENV = "COMMLAB_WORKLOAD_CHECK"
 
 
 def check(cfg: RunConfig, timeout_s: float = TIMEOUT_S) -> RunConfig:
@@ -68,15 +64,13 @@ def _ask(job: dict, timeout_s: float) -> dict | str:
     """Run ``job`` in a child: its answer, or why it gave none (a message)."""
     with tempfile.TemporaryDirectory(prefix="commlab-probe-") as tmp:
         answer, log = Path(tmp) / "answer.json", Path(tmp) / "output.log"
-        mark = secrets.token_hex(8)
-        env = {**procs.package_env(), "OMP_NUM_THREADS": "1", CHECK_ENV: mark}
+        env = {**procs.package_env(), "OMP_NUM_THREADS": "1"}
         child = procs.spawn([sys.executable, "-m", __name__, str(answer), json.dumps(job)],
                             log=log, env=env)
         finished = procs.wait_until(lambda: child.poll() is not None, timeout_s)
         if not finished:  # not reaped yet, so the PID is still the child's: end it and its own
-            procs.kill_tree(child.pid, grace_s=1)
+            procs.kill_tree(child.pid, grace_s=1)  # what the person's code left is in its tree
         code = child.wait()
-        procs.terminate(procs.marked(CHECK_ENV, mark), grace_s=1)  # what it left, detached or not
         said = json.loads(answer.read_text()) if answer.exists() else None
         output = _tail(log)
     if said is not None:  # answered, even if the person's code then kept the process from ending
@@ -145,5 +139,18 @@ def _shapes_here(spec: str) -> dict:
     return {"error": None, "shapes": named_shapes(model), "layouts": layouts(model)}
 
 
+def _reaping(answer: str, job: str) -> None:
+    """The check, in a child of this process, which adopts whatever the person's code leaves
+    behind (a double fork, a session of its own, a clean environment) and ends it once the check
+    has ended, however it ended; this process then ends as the check did."""
+    procs.adopt_orphans()
+    check = os.fork()
+    if check == 0:
+        _main(answer, job)  # never returns
+    code = os.waitstatus_to_exitcode(os.waitpid(check, 0)[1])
+    procs.end_adopted()
+    procs.end_as(code)
+
+
 if __name__ == "__main__":
-    _main(*sys.argv[1:3])
+    _reaping(*sys.argv[1:3])
