@@ -533,23 +533,33 @@ TWELVE_HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "to
 CONTRACT = {"compare": ("setting", "bytes per step", "ratio vs", "pays here?"),
             "compression_rule": ("layer", "decision", "n·m")}
 
-# Pairs of a figure's SVG text boxes that overlap by more than a pixel each way (what a person
-# sees as one label drawn over another), per figure on the page, named by the figure's title.
-TEXT_OVERLAPS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
-  const boxes = [...gd.querySelectorAll('svg text')].map(t => [t, t.getBoundingClientRect()])
-    .filter(([t, r]) => t.textContent.trim() && r.width > 0 && r.height > 0
-            && getComputedStyle(t).visibility !== 'hidden' && getComputedStyle(t).opacity !== '0')
-    .map(([t, r]) => ({text: t.textContent.trim(), r}));
-  const pairs = [];
-  for (let a = 0; a < boxes.length; a++) for (let b = a + 1; b < boxes.length; b++) {
-    const p = boxes[a].r, q = boxes[b].r;
-    if (Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1
-        && Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1)
-      pairs.push([boxes[a].text, boxes[b].text]);
-  }
-  const title = gd.querySelector('.gtitle');
-  return {figure: title ? title.textContent : '(untitled)', pairs};
-})"""
+# Pairs of a figure's SVG text boxes that overlap by more than a pixel (what a person sees as one
+# label drawn over another), per figure on the page, named by the figure's title.  A box is the
+# text's own rectangle as drawn (turned with it: tick labels are rotated), compared by separating
+# axes: the rectangles of rotated neighbours' enclosing boxes overlap where the text does not.
+TEXT_OVERLAPS = """() => {
+  const corners = t => {
+    const b = t.getBBox(), m = t.getScreenCTM();
+    return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [b.x, b.y + b.height]]
+      .map(([x, y]) => [m.a * x + m.c * y + m.e, m.b * x + m.d * y + m.f]);
+  };
+  const apart = (P, Q) => [P, Q].some(poly => poly.some((p, i) => {
+    const q = poly[(i + 1) % 4], ax = q[1] - p[1], ay = p[0] - q[0], n = Math.hypot(ax, ay) || 1;
+    const a = P.map(([x, y]) => (x * ax + y * ay) / n), b = Q.map(([x, y]) => (x * ax + y * ay) / n);
+    return Math.min(Math.max(...a), Math.max(...b)) - Math.max(Math.min(...a), Math.min(...b)) <= 1;
+  }));
+  return [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
+    const boxes = [...gd.querySelectorAll('svg text')]
+      .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0
+              && getComputedStyle(t).visibility !== 'hidden' && getComputedStyle(t).opacity !== '0')
+      .map(t => ({text: t.textContent.trim(), c: corners(t)}));
+    const pairs = [];
+    for (let a = 0; a < boxes.length; a++) for (let b = a + 1; b < boxes.length; b++)
+      if (!apart(boxes[a].c, boxes[b].c)) pairs.push([boxes[a].text, boxes[b].text]);
+    const title = gd.querySelector('.gtitle');
+    return {figure: title ? title.textContent : '(untitled)', pairs};
+  });
+}"""
 # Each table's frame, and the headers its grid draws: Glide renders in its accessibility tree
 # only the columns that intersect its visible region, the last of them possibly cut.
 TABLES = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
@@ -559,14 +569,13 @@ TABLES = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
             columns: grid ? +grid.getAttribute('aria-colcount') : 0,
             shown: [...d.querySelectorAll('th[role="columnheader"]')].map(h => h.textContent)};
   })"""
-# A slider's value label over its own thumb.
+# A slider's value label over its own thumb (the element that holds it, where the slider draws it).
 SLIDER_COLLISIONS = """() => [...document.querySelectorAll('[data-testid="stSliderThumbValue"]')]
-  .map(v => [v, v.closest('[role="slider"]') || v.parentElement.querySelector('[role="slider"]')])
-  .filter(([v, s]) => s && v.getBoundingClientRect().width > 0).filter(([v, s]) => {
-    const p = v.getBoundingClientRect(), q = s.getBoundingClientRect();
+  .filter(v => v.getBoundingClientRect().width > 0).filter(v => {
+    const p = v.getBoundingClientRect(), q = v.parentElement.getBoundingClientRect();
     return Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1
       && Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1;
-  }).map(([v]) => v.textContent)"""
+  }).map(v => v.textContent)"""
 
 
 def readability(page, name: str) -> dict:

@@ -63,7 +63,7 @@ def check_rule_page(at: AppTest, named, rank: int, rate: float) -> None:
     assert list(table["r"]) == [d.r for d in summary.layers]
     assert list(table["(n+m)·r·rate"]) == pytest.approx([d.lhs for d in summary.layers])
     assert list(table["n·m"]) == [d.rhs for d in summary.layers]
-    assert list(table["compressed"]) == [d.compressed for d in summary.layers]
+    assert list(table["decision"]) == [rule_figs.DECISIONS[d.compressed] for d in summary.layers]
     assert list(table["elements before"]) == [d.numel_before for d in summary.layers]
     assert list(table["elements after"]) == [d.numel_after for d in summary.layers]
     metrics = {m.label: m.value for m in at.metric}
