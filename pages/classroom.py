@@ -18,7 +18,7 @@ PRESENTATION_CSS = """<style>
 [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li,
 [data-testid="stWidgetLabel"] p, [data-testid="stAlertContentInfo"] p,
 [data-testid="stTable"] th, [data-testid="stTable"] td {font-size: 1.6rem;}
-[data-testid="stSliderThumbValue"] p, [data-testid="stSliderTickBar"] p {font-size: 1rem;}
+[data-testid="stSliderThumbValue"] p, [data-testid="stSliderTickBar"] p {font-size: inherit;}
 h1 {font-size: 3.2rem !important;} h2, h3 {font-size: 2.3rem !important;}
 [data-testid="stCode"] {zoom: 1.5;}
 </style>"""
