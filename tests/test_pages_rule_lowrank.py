@@ -95,6 +95,7 @@ def test_lowrank_page_without_runs_says_how_to_make_one(monkeypatch, tmp_path):
     assert "has saved gradients" in at.info[0].value
     text = " ".join(m.value for m in at.markdown)
     assert "--save-grads-at" in text and "--error-every" in text and "save_grads_at" in text
+    assert f"--runs-dir {tmp_path / 'empty'}" in text  # where the page reads, from any terminal
 
 
 def test_rule_page_without_runs(monkeypatch, tmp_path):
