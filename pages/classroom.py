@@ -9,7 +9,7 @@ import lab_widgets
 from commlab.analysis import ring as ring_cost
 from commlab.config import ConfigError
 from commlab.figures import classroom as figs
-from commlab.teach import classroom
+from commlab.teach import averaging, classroom
 
 # Large text for a projector: Streamlit's own elements by CSS, the figures by figs.present, the
 # tables as HTML (a dataframe draws on a canvas: zoomed, it outgrows its column and the page).
@@ -187,7 +187,7 @@ def gradient_averaging() -> None:
         "takes the same step and the copies stay identical. DDP does it for you, bucket by "
         "bucket, overlapped with backward. By hand:")
     st.code("loss = loss_fn(model(x), y)\nloss.backward()\naverage_gradients(model)   # <- here\n"
-            "optimizer.step()\n\n" + inspect.getsource(classroom.average_gradients),
+            "optimizer.step()\n\n" + inspect.getsource(averaging.average_gradients),
             language="python")
     c1, c2, c3 = st.columns(3)
     ranks = c1.slider("Ranks", 2, classroom.MAX_WORLD_SIZE, 2, key="grad_ranks")
@@ -196,7 +196,7 @@ def gradient_averaging() -> None:
     if st.button("Train on real processes", type="primary"):
         with st.spinner(f"Training on {ranks} Gloo processes: DDP, by hand, no allreduce ..."):
             try:
-                st.session_state["grad_averaging"] = classroom.grad_averaging(ranks, steps, lr)
+                st.session_state["grad_averaging"] = averaging.grad_averaging(ranks, steps, lr)
             except (RuntimeError, TimeoutError) as e:
                 st.error(f"The processes failed: {e}")
     demo = st.session_state.get("grad_averaging")
