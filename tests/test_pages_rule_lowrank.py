@@ -57,6 +57,7 @@ def check_rule_page(at: AppTest, named, rank: int, rate: float) -> None:
     assert not at.exception, [e.value for e in at.exception]
     summary = apply_rule(named, rank, rate)
     table = at.dataframe[0].value
+    assert list(table.columns[:3]) == ["layer", "decision", "n·m"]  # what the page is for, first
     assert list(table["layer"]) == [d.name for d in summary.layers]
     assert list(table["n"]) == [d.n for d in summary.layers]
     assert list(table["m"]) == [d.m for d in summary.layers]
