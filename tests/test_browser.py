@@ -8,6 +8,10 @@ its main actions (every Classroom button, the ring's step slider and ▶ Play, p
 Start sweep and Stop sweep; every Export download, checked against the block the page shows and
 the run's settings) and screenshotting it into test-artifacts/.  Any exception a page shows fails
 it.  Without Chromium it skips, except under CI, where it fails.
+
+A second test reads every page as a person at a 1400 px wide window would, over 12 real runs (a
+sweep's worth, made once on warm ranks) and in Classroom's presentation mode: no figure text drawn
+over other text, no table off the window or over another, the columns a page is for on screen.
 """
 from __future__ import annotations
 
