@@ -9,14 +9,18 @@ import lab_widgets
 from commlab.analysis import ring as ring_cost
 from commlab.config import ConfigError
 from commlab.figures import classroom as figs
-from commlab.teach import classroom
+from commlab.teach import averaging, classroom
 
-# Large text for a projector: Streamlit's own elements by CSS, the figures by figs.present.
+# Large text for a projector: Streamlit's own elements by CSS, the figures by figs.present, the
+# tables as HTML (a dataframe draws on a canvas: zoomed, it outgrows its column and the page).
+# A slider's value and ticks keep their size: the slider places them for it, above its thumb.
 PRESENTATION_CSS = """<style>
 [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li,
-[data-testid="stWidgetLabel"] p, [data-testid="stAlertContentInfo"] p {font-size: 1.6rem;}
+[data-testid="stWidgetLabel"] p, [data-testid="stAlertContentInfo"] p,
+[data-testid="stTable"] th, [data-testid="stTable"] td {font-size: 1.6rem;}
+[data-testid="stSliderThumbValue"] p, [data-testid="stSliderTickBar"] p {font-size: inherit;}
 h1 {font-size: 3.2rem !important;} h2, h3 {font-size: 2.3rem !important;}
-[data-testid="stDataFrame"], [data-testid="stCode"] {zoom: 1.5;}
+[data-testid="stCode"] {zoom: 1.5;}
 </style>"""
 
 
@@ -24,12 +28,25 @@ def chart(fig) -> None:
     st.plotly_chart(figs.present(fig, large))
 
 
+def table(frame: pd.DataFrame) -> None:
+    if large:
+        st.table(frame.style.hide(axis="index").format(lambda v: f"{v:.4g}" if isinstance(v, float) else v))
+    else:
+        st.dataframe(frame, hide_index=True)
+
+
+def side_by_side(n: int) -> list:
+    """``n`` columns for panels a screen shows side by side; on a projector, one below the other,
+    each as wide as the page."""
+    return [st.container() for _ in range(n)] if large else st.columns(n)
+
+
 def scheme_panel(trace: classroom.Trace, k: int) -> None:
     phase = trace.steps[k - 1].phase if k else "before anything moves"
     st.subheader(f"{trace.scheme.capitalize()} — step {k}/{len(trace.steps)}: {phase}")
     chart(figs.ring_diagram(trace, k))
     chart(figs.holdings_figure(trace, k))
-    st.dataframe(figs.transfers_table(trace, k), hide_index=True)
+    table(figs.transfers_table(trace, k))
 
 
 def describe(result: classroom.CollectiveResult) -> tuple[str, str]:
@@ -84,11 +101,11 @@ def real_collectives() -> classroom.Collective | None:
     if "collectives" in st.session_state:
         results = st.session_state["collectives"][1]
         for row in range(0, len(results), 2):
-            for column, result in zip(st.columns(2), results[row:row + 2]):
+            for column, result in zip(side_by_side(2), results[row:row + 2]):
                 call, what = describe(result)
                 with column:
                     st.subheader(call)
-                    st.dataframe(figs.rank_table(result), hide_index=True)
+                    table(figs.rank_table(result))
                     chart(figs.before_after_chart(result, what))
         reduced = results[0]
         st.markdown("**Order in which the ranks reported back from all_reduce:** "
@@ -122,7 +139,7 @@ def ring_walkthrough(job: classroom.Collective | None) -> None:
         k = st.slider("Step", 0, len(ring.steps), 0,
                       help="0 is before anything moves; the arrow keys walk through the steps. "
                            "The diagrams' own ▶ Play walks through every step by itself.")
-        left, right = st.columns(2)
+        left, right = side_by_side(2)
         with left:
             scheme_panel(ring, k)
         with right:
@@ -130,7 +147,7 @@ def ring_walkthrough(job: classroom.Collective | None) -> None:
         st.subheader("Bytes each rank sends")
         chart(figs.bytes_chart(ring, naive))
         size_mb = st.number_input("Tensor size for this table (MB)", 1.0, 1e5, 100.0)
-        st.dataframe(figs.costs_table(size_mb, n), hide_index=True)
+        table(figs.costs_table(size_mb, n))
         st.caption("Both take 2(N−1) steps, but a ring step moves S/N over every link at once "
                    "while a naive step pushes all of S through rank 0's link: if a link moves "
                    "one message at a time, the ring finishes N times sooner.")
@@ -170,7 +187,7 @@ def gradient_averaging() -> None:
         "takes the same step and the copies stay identical. DDP does it for you, bucket by "
         "bucket, overlapped with backward. By hand:")
     st.code("loss = loss_fn(model(x), y)\nloss.backward()\naverage_gradients(model)   # <- here\n"
-            "optimizer.step()\n\n" + inspect.getsource(classroom.average_gradients),
+            "optimizer.step()\n\n" + inspect.getsource(averaging.average_gradients),
             language="python")
     c1, c2, c3 = st.columns(3)
     ranks = c1.slider("Ranks", 2, classroom.MAX_WORLD_SIZE, 2, key="grad_ranks")
@@ -179,7 +196,7 @@ def gradient_averaging() -> None:
     if st.button("Train on real processes", type="primary"):
         with st.spinner(f"Training on {ranks} Gloo processes: DDP, by hand, no allreduce ..."):
             try:
-                st.session_state["grad_averaging"] = classroom.grad_averaging(ranks, steps, lr)
+                st.session_state["grad_averaging"] = averaging.grad_averaging(ranks, steps, lr)
             except (RuntimeError, TimeoutError) as e:
                 st.error(f"The processes failed: {e}")
     demo = st.session_state.get("grad_averaging")
@@ -192,7 +209,7 @@ def gradient_averaging() -> None:
         st.caption("With the allreduce every rank applies the same averaged gradient, so the "
                    "distance stays exactly 0. Without it each rank follows its own data and the "
                    "replicas drift apart: they are no longer one model.")
-        st.dataframe(rows, hide_index=True)
+        table(rows)
 
 
 st.title("Classroom: allreduce")

@@ -1,6 +1,5 @@
 """Every algorithm side by side on one workload: quality, bytes, measured and predicted step time.
 Thin: runs picked, commlab.tune.compare, a table and plotly out."""
-import pandas as pd
 import streamlit as st
 
 import lab_widgets
@@ -52,32 +51,32 @@ st.caption(f"Quality: {basis} (lower is better). Predicted on {cluster.text()}: 
            f"Ratio, speed-up and *pays here?* against **{title}**.")
 if why := compare.missing(rows, against):
     st.warning(lab_widgets.literal(why))
-st.dataframe(pd.DataFrame(rows, columns=compare.COLUMNS), hide_index=True, key="compare_table",
-             column_config={
-                 "hook": st.column_config.TextColumn(
-                     "hook", help="a compressor's definition, against its paper and GRACE: under the table"),
-                 "quality": st.column_config.NumberColumn("quality", format="%.4f", help=basis),
-                 "bytes_per_step": st.column_config.NumberColumn(
-                     "bytes per step (B)", format="localized",
-                     help="per rank and step, as an allreduce payload of the same wire bytes; "
-                          "median over the steady steps"),
-                 "compression_ratio": st.column_config.NumberColumn(
-                     f"bytes ratio vs {title}", format="%.1f",
-                     help=f"{title}'s bytes per step over the run's"),
-                 "wire_bytes": st.column_config.NumberColumn(
-                     f"sent per rank on {world} (B)", format="localized",
-                     help="an allgather's grows with the workers, an allreduce's does not"),
-                 "median_step_s": st.column_config.NumberColumn("step here (s)", format="%.4f"),
-                 "predicted_step_s": st.column_config.NumberColumn("predicted step (s)", format="%.4f"),
-                 "speedup": st.column_config.NumberColumn(
-                     f"speed-up vs {title}", format="%.2f",
-                     help=f"{title}'s predicted step time over the run's, on {cluster.text()}"),
-                 "pays": st.column_config.TextColumn(
-                     "pays here?", help=f"by the what-if model on {world} workers at {latency:g} µs "
-                                        "per hop: the link bandwidth below which it beats the "
-                                        "baseline in step time, or never, or always"),
-                 "break_even_gbps": st.column_config.NumberColumn("break-even (Gb/s)", format="%.3g"),
-                 "overlap_share": st.column_config.NumberColumn("overlap share", format="%.2f")})
+number = st.column_config.NumberColumn
+st.dataframe(figs.table_frame(rows), hide_index=True, key="compare_table", column_config={
+    "label": st.column_config.TextColumn("setting", help="the hook and its own settings"),
+    "bytes_per_step": number("bytes per step", format="localized",
+                             help="per rank and step, as an allreduce payload of the same wire "
+                                  "bytes; median over the steady steps"),
+    "compression_ratio": number(f"ratio vs {title}", format="%.1f×",
+                                help=f"{title}'s bytes per step over the run's"),
+    "pays": st.column_config.TextColumn(
+        "pays here?", help=f"by the what-if model on {world} workers at {latency:g} µs per hop: the "
+                           "link bandwidths on which it beats the baseline in step time, or never, "
+                           "or always"),
+    "speedup": number(f"speed-up vs {title}", format="%.2f×",
+                      help=f"{title}'s predicted step time over the run's, on {cluster.text()}"),
+    "quality": number("quality", format="%.3f", help=basis),
+    "median_step_s": number("step here (s)", format="%.4f"),
+    "predicted_step_s": number("predicted step (s)", format="%.4f"),
+    "break_even_gbps": number("break-even (Gb/s)", format="%.3g"),
+    "wire_bytes": number(f"sent per rank on {world}", format="localized",
+                         help="bytes; an allgather's grow with the workers, an allreduce's do not"),
+    "overlap_share": number("overlap share", format="percent"),
+    "heldout_accuracy": number("held-out accuracy", format="percent"),
+    "heldout_bits_per_char": number("held-out bits/char", format="%.3f"),
+    "hook": st.column_config.TextColumn(
+        "hook", help="a compressor's definition, against its paper and GRACE: under the table"),
+    "basis": "quality from", "steady_steps": "steady steps", "run_id": "run"})
 
 compressors = [h for h in dict.fromkeys(r["hook"] for r in rows) if definitions.explain(h)]
 if compressors:
@@ -87,8 +86,8 @@ if compressors:
             st.markdown(f"#### {hook}\n\n{definitions.explain(hook)}")
 
 quality_title = "held-out loss" if basis.startswith("held-out") else "loss"
-c1, c2 = st.columns(2)
-c1.plotly_chart(figs.quality_figure(rows, "bytes_per_step", "bytes per step and rank",
+# One above the other, full width: each keeps its plot area beside a legend of up to 12 runs.
+st.plotly_chart(figs.quality_figure(rows, "bytes_per_step", "bytes per step and rank",
                                     "Quality vs bytes per step", quality_title))
-c2.plotly_chart(figs.quality_figure(rows, "predicted_step_s", "predicted step time, s",
+st.plotly_chart(figs.quality_figure(rows, "predicted_step_s", "predicted step time, s",
                                     f"Quality vs predicted step · {cluster.text()}", quality_title))

@@ -113,7 +113,9 @@ fig = figs.savings_figure(summary, grouping)
 if log_y:
     fig.update_yaxes(type="log")
 st.plotly_chart(fig, key="rule_chart")
-# Thousands separated, and wide enough for gpt2-xl's 80,411,200 (a narrow column cuts digits).
+# Thousands separated; the counts wide enough for gpt2-xl's 80,411,200 (a narrow column cuts
+# digits), n, m and r narrow: the decision and n·m stay on screen at 1400 px.
 st.dataframe(figs.rule_frame(summary), hide_index=True, column_config={
-    c: st.column_config.NumberColumn(format="localized", width="medium")
-    for c in ("n", "m", "(n+m)·r·rate", "n·m", "elements before", "elements after", "saved")})
+    **{c: st.column_config.NumberColumn(format="localized", width="small") for c in ("n", "m", "r")},
+    **{c: st.column_config.NumberColumn(format="localized", width="medium")
+       for c in ("n·m", "(n+m)·r·rate", "elements before", "elements after", "saved")}})

@@ -10,12 +10,13 @@ from commlab.engine.store import Damaged
 from commlab.figures import lowrank as figs
 from commlab.ui import lowrank_view
 
+# The runs folder is named in the command: a terminal's own folder may not be the lab's.
 HOW_TO = """Make a PowerSGD run that saves the exact mean gradient of a few steps and measures the
-error as it goes, from a terminal in the lab's folder:
+error as it goes, from a terminal:
 
 ```
 python -m commlab run --hook powersgd --workload mlp --steps 60 --start-powersgd-iter 10 \\
-    --matrix-approximation-rank 2 --error-every 5 --save-grads-at 30,31,32
+    --matrix-approximation-rank 2 --error-every 5 --save-grads-at 30,31,32 --runs-dir {runs_dir}
 ```
 
 or from Python: `commlab.api.run(RunConfig(hook="powersgd", save_grads_at=[30, 31, 32], error_every=5))`.
@@ -91,7 +92,7 @@ st.title("Low-rank error")
 choices = lowrank_view.choices()
 if not choices:
     st.info(f"No run in `{default_runs_dir()}` has saved gradients or measured errors yet.")
-    st.markdown(HOW_TO)
+    st.markdown(HOW_TO.format(runs_dir=default_runs_dir()))
     st.stop()
 
 path = lab_widgets.pick_run(choices)["path"]

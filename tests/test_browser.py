@@ -8,6 +8,10 @@ its main actions (every Classroom button, the ring's step slider and ▶ Play, p
 Start sweep and Stop sweep; every Export download, checked against the block the page shows and
 the run's settings) and screenshotting it into test-artifacts/.  Any exception a page shows fails
 it.  Without Chromium it skips, except under CI, where it fails.
+
+A second test reads every page as a person at a 1400 px wide window would, over 12 real runs (a
+sweep's worth, made once on warm ranks) and in Classroom's presentation mode: no figure text drawn
+over other text, no table off the window or over another, the columns a page is for on screen.
 """
 from __future__ import annotations
 
@@ -521,3 +525,165 @@ def drive_export(page, run) -> None:
         compile(got[name], name, "exec")
     for name in ("torchrun", "SLURM"):
         subprocess.run(["bash", "-n"], input=got[name], text=True, check=True)
+
+
+# ------------------------------------------------------------------ pages read at a glance
+# Issue 41: every figure and table of every page readable in a 1400 px wide window with a
+# sweep's worth of runs (12, the Compare page's own cap), and in Classroom's presentation mode.
+WIDE = {"width": 1400, "height": 1400}
+TWELVE_HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "batched_powersgd", "topk", "randomk",
+                "qsgd", "terngrad", "signsgd", "onebit", "dgc")
+# The table columns a page is for, by the start of their header: on screen without scrolling.
+CONTRACT = {"compare": ("setting", "bytes per step", "ratio vs", "pays here?"),
+            "compression_rule": ("layer", "decision", "n·m")}
+
+# Pairs of a figure's SVG text boxes that overlap by more than a pixel (what a person sees as one
+# label drawn over another), per figure on the page, named by the figure's title.  A box is the
+# text's own rectangle as drawn (turned with it: tick labels are rotated), compared by separating
+# axes: the rectangles of rotated neighbours' enclosing boxes overlap where the text does not.
+TEXT_OVERLAPS = """() => {
+  const corners = t => {
+    const b = t.getBBox(), m = t.getScreenCTM();
+    return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [b.x, b.y + b.height]]
+      .map(([x, y]) => [m.a * x + m.c * y + m.e, m.b * x + m.d * y + m.f]);
+  };
+  const apart = (P, Q) => [P, Q].some(poly => poly.some((p, i) => {
+    const q = poly[(i + 1) % 4], ax = q[1] - p[1], ay = p[0] - q[0], n = Math.hypot(ax, ay) || 1;
+    const a = P.map(([x, y]) => (x * ax + y * ay) / n), b = Q.map(([x, y]) => (x * ax + y * ay) / n);
+    return Math.min(Math.max(...a), Math.max(...b)) - Math.max(Math.min(...a), Math.min(...b)) <= 1;
+  }));
+  return [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
+    const boxes = [...gd.querySelectorAll('svg text')]
+      .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0
+              && getComputedStyle(t).visibility !== 'hidden' && getComputedStyle(t).opacity !== '0')
+      .map(t => ({text: t.textContent.trim(), c: corners(t)}));
+    const pairs = [];
+    for (let a = 0; a < boxes.length; a++) for (let b = a + 1; b < boxes.length; b++)
+      if (!apart(boxes[a].c, boxes[b].c)) pairs.push([boxes[a].text, boxes[b].text]);
+    const title = gd.querySelector('.gtitle');
+    return {figure: title ? title.textContent : '(untitled)', pairs};
+  });
+}"""
+# Each table's frame, and the headers its grid draws: Glide renders in its accessibility tree
+# only the columns that intersect its visible region, the last of them possibly cut.
+TABLES = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
+  .filter(d => d.getBoundingClientRect().width > 0).map(d => {
+    const r = d.getBoundingClientRect(), grid = d.querySelector('table[role="grid"]');
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+            columns: grid ? +grid.getAttribute('aria-colcount') : 0,
+            shown: [...d.querySelectorAll('th[role="columnheader"]')].map(h => h.textContent)};
+  })"""
+# A slider's value label over its own thumb (the element that holds it, where the slider draws it).
+SLIDER_COLLISIONS = """() => [...document.querySelectorAll('[data-testid="stSliderThumbValue"]')]
+  .filter(v => v.getBoundingClientRect().width > 0).filter(v => {
+    const p = v.getBoundingClientRect(), q = v.parentElement.getBoundingClientRect();
+    return Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top) > 1
+      && Math.min(p.right, q.right) - Math.max(p.left, q.left) > 1;
+  }).map(v => v.textContent)"""
+
+
+def readability(page, name: str) -> dict:
+    """What a person cannot read on the page as it is: overlapping text in each figure, tables
+    that overlap or leave the window, contract columns not on screen, slider values on thumbs;
+    the page's screenshot is kept as test-artifacts/``name``.png."""
+    width = page.viewport_size["width"]
+    tables = page.evaluate(TABLES)
+    found = {"text_overlaps": [f for f in page.evaluate(TEXT_OVERLAPS) if f["pairs"]],
+             "tables_off_window": [t["shown"][:2] for t in tables if t["right"] > width + 1],
+             "tables_overlapping": [[a["shown"][:1], b["shown"][:1]] for i, a in enumerate(tables)
+                                    for b in tables[i + 1:]
+                                    if min(a["right"], b["right"]) - max(a["left"], b["left"]) > 1
+                                    and min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 1],
+             "slider_values_on_thumbs": page.evaluate(SLIDER_COLLISIONS)}
+    stem = name.removeprefix("wide_")
+    if stem in CONTRACT:
+        table = next((t for t in tables if t["columns"]), {"shown": [], "columns": 0})
+        # A grid that draws fewer columns than it has may have cut the last one it draws.
+        whole = table["shown"] if len(table["shown"]) >= table["columns"] else table["shown"][:-1]
+        found["contract_columns_off_screen"] = [
+            c for c in CONTRACT[stem] if not any(h.startswith(c) for h in whole)]
+    screenshot(page, name)
+    return {k: v for k, v in found.items() if v}
+
+
+def overlap_count(found: dict) -> int:
+    return sum(len(f["pairs"]) for f in found.get("text_overlaps", ()))
+
+
+def open_page(page, title: str) -> None:
+    """Open a page from the sidebar and wait until it has drawn its figures."""
+    page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
+    first_word = re.escape(title.split()[0])
+    page.locator("h1").filter(has_text=re.compile(f"^{first_word}", re.I)).first.wait_for()
+    idle(page, timeout_ms=300_000)
+    settle(page)
+
+
+def settle(page) -> None:
+    """Plotly lays out text after the figure is attached: wait until every figure has drawn."""
+    page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')]
+        .every(gd => gd._fullLayout && gd.querySelector('.main-svg'))""")
+    time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def twelve_runs(tmp_path_factory) -> Path:
+    """A sweep's worth of real runs of the mlp (12 hooks, a few steps each, on warm ranks: about
+    20 s); COMMLAB_TWELVE_RUNS names a folder of them made before, to iterate on the pages."""
+    if os.environ.get("COMMLAB_TWELVE_RUNS"):
+        return Path(os.environ["COMMLAB_TWELVE_RUNS"])
+    runs_dir = tmp_path_factory.mktemp("twelve") / "runs"
+    subprocess.run([sys.executable, "-m", "commlab", "compare", "--workload", "mlp", "--hooks",
+                    ",".join(TWELVE_HOOKS), "--steps", "30", "--runs-dir", str(runs_dir)],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=900)
+    return runs_dir
+
+
+@pytest.mark.timeout(1800)
+def test_every_page_readable_at_1400px_with_12_runs(twelve_runs):
+    """Every page at 1400 px over 12 runs, and Classroom in presentation mode with its tables and
+    its ring's ▶ Play: no text drawn over other text in a figure, no table leaving the window or
+    overlapping another, the columns a page is for on screen; screenshots in test-artifacts/
+    (``wide_<page>.png``) and what was found in ``wide_pages.json``."""
+    need_browser()
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = free_port()
+    server = start_streamlit(twelve_runs, port)
+    found = {}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport=WIDE)
+                page.set_default_timeout(SLOW_MS)
+                page.goto(f"http://127.0.0.1:{port}/", timeout=SLOW_MS)
+                page.locator("h1").first.wait_for()
+                idle(page)
+                for file, title in [e for entries in navigation().values() for e in entries]:
+                    stem = Path(file).stem
+                    open_page(page, title)
+                    assert_no_exception(page, file)
+                    found[stem] = readability(page, f"wide_{stem}")
+                    log(f"{stem}: {overlap_count(found[stem])} overlapping text pair(s)")
+                open_page(page, "Classroom")
+                page.locator("label").filter(
+                    has=page.get_by_role("switch", name="Presentation mode")).click()
+                idle(page)
+                press(page, "Run on real processes", then="Order in which the ranks reported back")
+                settle(page)
+                found["classroom_presentation"] = readability(
+                    page, "wide_classroom_presentation")
+                tab(page, "Ring allreduce")
+                settle(page)
+                found["classroom_presentation_ring"] = readability(
+                    page, "wide_classroom_presentation_ring")
+            finally:
+                browser.close()
+    finally:
+        procs.kill_tree(server.pid, grace_s=30)
+        server.wait()
+    (ARTIFACTS / "wide_pages.json").write_text(json.dumps(found, indent=1))
+    print("\noverlapping text pairs: " + ", ".join(f"{k} {overlap_count(v)}" for k, v in found.items()))
+    assert not {k: v for k, v in found.items() if v}, json.dumps(found, indent=1)

@@ -1,4 +1,4 @@
-"""commlab.teach.classroom, commlab.teach.bench and commlab.teach.headroom: pure arithmetic checked on its own, and
+"""commlab.teach.classroom, commlab.teach.averaging, commlab.teach.bench and commlab.teach.headroom: pure arithmetic checked on its own, and
 every collective checked on real Gloo processes (no mock of torch.distributed).
 
 Starting ranks costs a torch import, so the real checks are few and each does a lot: one 8-rank
@@ -21,7 +21,7 @@ from commlab.analysis import ring
 from commlab.config import ConfigError
 from commlab.figures import bench as bench_figs
 from commlab.figures import classroom as figs
-from commlab.teach import bench, classroom, headroom
+from commlab.teach import averaging, bench, classroom, headroom
 
 REFERENCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min, "product": np.prod}
 
@@ -50,8 +50,8 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     (lambda: classroom.all_gather_job(2, "1\n2,3"), "values"),
     (lambda: bench.bench_plan(2, "1KB", "gloo", collectives="all_to_all"), "collectives"),
     (lambda: bench.bench_plan(2, "1KB", "gloo", collectives=""), "collectives"),
-    (lambda: classroom.grad_averaging(2, 0), "steps"),
-    (lambda: classroom.grad_averaging(2, 5, -1.0), "lr"),
+    (lambda: averaging.grad_averaging(2, 0), "steps"),
+    (lambda: averaging.grad_averaging(2, 5, -1.0), "lr"),
     (lambda: bench.bench_plan(2, "1KB,12XB", "gloo"), "sizes"),
     (lambda: bench.bench_plan(2, "2GB", "gloo"), "sizes"),
     (lambda: bench.bench_plan(2, "", "gloo"), "sizes"),
@@ -322,7 +322,7 @@ def test_reduce_all_gather_and_reduce_scatter_against_numpy(collectives):
 
 @pytest.mark.slow
 def test_ddp_equals_hand_averaged_gradients_and_replicas_drift_without():
-    demo = classroom.grad_averaging(world_size=2, steps=12)
+    demo = averaging.grad_averaging(world_size=2, steps=12)
     assert len(demo.rows) == 13 and demo.rows[0]["distance_no_allreduce"] == 0
     assert demo.max_grad_diff <= 1e-6
     assert all(r["distance_by_hand"] == 0 and r["distance_ddp"] == 0 for r in demo.rows)
@@ -354,14 +354,14 @@ def test_ranks_listen_on_loopback_only_and_an_interrupted_run_leaves_nothing():
         raise Stop  # what a page that is navigated away from does: the ranks are still training
 
     with pytest.raises(Stop):
-        classroom.run_ranks(classroom._grad_rank, 2, (100_000, 0.01, 0), on_message=look_then_stop)
+        classroom.run_ranks(averaging._grad_rank, 2, (100_000, 0.01, 0), on_message=look_then_stop)
     assert listening and set(listening) <= {"127.0.0.1", "::1"}, listening
 
 
 @pytest.mark.slow
 def test_timeout_leaves_nothing():
     with pytest.raises(TimeoutError):
-        classroom.run_ranks(classroom._grad_rank, 2, (100_000, 0.01, 0), timeout_s=0.5)
+        classroom.run_ranks(averaging._grad_rank, 2, (100_000, 0.01, 0), timeout_s=0.5)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 from commlab import cli
 from commlab.analysis import ring
 from commlab.config import RunConfig
+from commlab.figures import compare as figs
 from commlab.hooks.instrument import CollectiveCounter, Link
 from commlab.tune import compare, payoff, quality, whatif
 from commlab.tune.quality import Cluster
@@ -123,6 +124,27 @@ def test_the_table_has_quality_bytes_ratio_and_predicted_time_per_run():
     assert t["predicted_step_s"] == pytest.approx(profiles[1].step_s(8, 1.0, 5.0))
     assert a["median_step_s"] == 0.010 and not t["diverged"]
     assert compare.bases(rows) == quality.BASIS_TEXT[quality.HELD_OUT]
+
+
+def test_the_page_table_reads_setting_bytes_ratio_pays_first_and_12_runs_get_12_colours():
+    """What the Compare page shows (``figures.compare``): the columns a person reads first, first;
+    the verdict in a cell's words; columns no run fills left out; one colour per run, no two
+    alike for 12 runs, named by the run's label in a legend beside the plot, no text on points."""
+    ar, tk = _entries()
+    profiles = [whatif.profile_from_records(e.records, e.cfg, e.run_id) for e in (ar, tk)]
+    rows = compare.table([ar, tk], profiles, Cluster(8, 1.0, 5.0))
+    frame = figs.table_frame(rows)
+    assert list(frame.columns[:4]) == ["label", "bytes_per_step", "compression_ratio", "pays"]
+    assert "heldout_bits_per_char" not in frame.columns  # the mlp has no bits per character
+    pays = payoff.payoff(profiles[0], profiles[1], 8, 5.0)
+    assert frame["pays"][0] == "baseline"
+    assert frame["pays"][1] == (f"{pays.verdict} {pays.break_even_gbps:.3g} Gb/s"
+                                if pays.break_even_gbps else pays.verdict)
+    twelve = [{**rows[1], "label": f"setting {i}"} for i in range(12)]
+    fig = figs.quality_figure(twelve, "bytes_per_step", "bytes", "t", "loss")
+    assert len({t.marker.color for t in fig.data}) == 12
+    assert [t.name for t in fig.data] == [f"setting {i}" for i in range(12)]
+    assert all(t.mode == "markers" for t in fig.data) and fig.layout.legend.x > 1
 
 
 def test_a_run_without_evaluations_is_named_as_training_loss_and_no_profile_leaves_blanks():

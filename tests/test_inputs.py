@@ -272,11 +272,11 @@ def _ranks_listen_on_loopback(start) -> None:
 
 @pytest.mark.slow
 def test_classroom_ranks_stay_on_loopback_with_eth0_in_the_environment(monkeypatch):
-    from commlab.teach import classroom
+    from commlab.teach import averaging
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
-    _ranks_listen_on_loopback(lambda look: classroom.run_ranks(
-        classroom._grad_rank, 2, (100_000, 0.01, 0), on_message=look))
+    _ranks_listen_on_loopback(lambda look: averaging.run_ranks(
+        averaging._grad_rank, 2, (100_000, 0.01, 0), on_message=look))
 
 
 @pytest.mark.slow

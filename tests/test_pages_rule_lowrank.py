@@ -57,13 +57,14 @@ def check_rule_page(at: AppTest, named, rank: int, rate: float) -> None:
     assert not at.exception, [e.value for e in at.exception]
     summary = apply_rule(named, rank, rate)
     table = at.dataframe[0].value
+    assert list(table.columns[:3]) == ["layer", "decision", "n·m"]  # what the page is for, first
     assert list(table["layer"]) == [d.name for d in summary.layers]
     assert list(table["n"]) == [d.n for d in summary.layers]
     assert list(table["m"]) == [d.m for d in summary.layers]
     assert list(table["r"]) == [d.r for d in summary.layers]
     assert list(table["(n+m)·r·rate"]) == pytest.approx([d.lhs for d in summary.layers])
     assert list(table["n·m"]) == [d.rhs for d in summary.layers]
-    assert list(table["compressed"]) == [d.compressed for d in summary.layers]
+    assert list(table["decision"]) == [rule_figs.DECISIONS[d.compressed] for d in summary.layers]
     assert list(table["elements before"]) == [d.numel_before for d in summary.layers]
     assert list(table["elements after"]) == [d.numel_after for d in summary.layers]
     metrics = {m.label: m.value for m in at.metric}
@@ -95,6 +96,7 @@ def test_lowrank_page_without_runs_says_how_to_make_one(monkeypatch, tmp_path):
     assert "has saved gradients" in at.info[0].value
     text = " ".join(m.value for m in at.markdown)
     assert "--save-grads-at" in text and "--error-every" in text and "save_grads_at" in text
+    assert f"--runs-dir {tmp_path / 'empty'}" in text  # where the page reads, from any terminal
 
 
 def test_rule_page_without_runs(monkeypatch, tmp_path):

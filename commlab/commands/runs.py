@@ -12,13 +12,18 @@ def _runs(args) -> int:
     runs = list_runs(args.runs_dir or default_runs_dir())
     rows = [r.summary() | {"name": r.notes()["name"], "ledger": _ledger(r, totals)} for r in runs]
     lines = [f"{r['run_id']:<60} {r['error']}" if r["status"] == "damaged" else
-             f"{r['run_id']:<60} {r['status']:<9} {r['hook']}/{r['wrapper']} "
+             f"{r['run_id']:<60} {r['status']:<9} {_hook(r)} "
              f"steps {number(r['steps'])}/{number(r['steps_planned'])} loss {number(r['final_loss'])}"
              + (f"  \"{r['name']}\"" if r["name"] else "")
              + (f" ({r['skipped_lines']} damaged metrics line(s) skipped)" if r["skipped_lines"] else "")
              for r in rows]
     emit(args, {"runs": rows}, "\n".join(lines) or "no runs yet: start one with `commlab run`")
     return 0
+
+
+def _hook(row: dict) -> str:
+    """The hook, and the compress wrapper around it where there is one ("powersgd in fp16_wrapper")."""
+    return row["hook"] if row["wrapper"] in (None, "none") else f"{row['hook']} in {row['wrapper']}_wrapper"
 
 
 def _ledger(run, totals) -> dict:

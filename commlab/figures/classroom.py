@@ -70,7 +70,7 @@ def holdings_figure(trace: classroom.Trace, k: int) -> go.Figure:
                for c in chunks] for r in range(n)],
         texttemplate="%{text}", zmin=1, zmax=n, colorscale="Blues",
         x=[f"chunk {c} [{a}:{b}]" for c, (a, b) in enumerate(trace.chunks)],
-        y=[f"rank {r}" for r in range(n)], colorbar=dict(title="ranks<br>folded in")))
+        y=[f"rank {r}" for r in range(n)], colorbar=dict(title=dict(text="ranks folded in", side="right"))))
     fig.update_layout(title="what each rank holds", yaxis_autorange="reversed",
                       height=120 + 45 * n, margin=dict(t=40, b=10))
     return fig
@@ -183,7 +183,8 @@ def ring_diagram(trace: classroom.Trace, start: int = 0) -> go.Figure:
                               dict(label="▶ Play", method="animate", args=[None, play]),
                               dict(label="⏸ Pause", method="animate", args=[[None], pause])])],
         sliders=[dict(active=start, x=0.25, len=0.75, y=-0.02, yanchor="top",
-                      currentvalue=dict(prefix="step "),
+                      # at the slider's right end: at its left the buttons' large text covered it
+                      currentvalue=dict(prefix="step ", xanchor="right"),
                       steps=[dict(label=str(k), method="animate",
                                   args=[[str(k)], dict(frame=dict(duration=0, redraw=True),
                                                        mode="immediate")]) for k in steps])])

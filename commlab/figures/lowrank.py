@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from commlab.analysis.lowrank import LayerError, WarmStart
 from commlab.figures import style
-
-_COLORS = qualitative.Plotly
 
 
 def error_table(layers: list[LayerError], rank: int) -> pd.DataFrame:
@@ -35,7 +32,7 @@ def error_vs_rank(layers: list[LayerError], run_rank: int | None = None) -> go.F
     the layers picked, ``SHOWN_LAYERS`` of them unless told)."""
     fig = go.Figure()
     for i, le in enumerate(layers):
-        color = _COLORS[i % len(_COLORS)]
+        color = style.colour(i)
         fig.add_scatter(x=le.ranks, y=le.optimum, name=f"{le.name} · optimum", legendgroup=le.name,
                         mode="lines+markers", line=dict(color=color))
         fig.add_scatter(x=le.ranks, y=le.power, name=f"{le.name} · PowerSGD", legendgroup=le.name,

@@ -11,6 +11,7 @@ from commlab.figures import style
 FP32_BYTES = 4
 # Past this many layers the names no longer fit under the bars; they stay in the hover text.
 _MAX_LABELLED_LAYERS = 60
+_UPRIGHT_LAYERS = 8
 
 
 def step_bytes(summary: RuleSummary, element_size: int = FP32_BYTES) -> dict[str, int]:
@@ -20,14 +21,19 @@ def step_bytes(summary: RuleSummary, element_size: int = FP32_BYTES) -> dict[str
             "allreduce": summary.numel_before * element_size}
 
 
+# What the rule decided for a layer, as the table says it.
+DECISIONS = {True: "compress: sends P and Q", False: "allreduce as is"}
+
+
 def rule_frame(summary: RuleSummary) -> pd.DataFrame:
-    """One row per layer with both sides of the rule and the elements before and after."""
+    """One row per layer: the decision and the two sides of the rule first (what the page is for),
+    then the shape they come from and the elements before and after."""
     return pd.DataFrame([{
-        "layer": d.name, "shape": "×".join(map(str, d.shape)) or "scalar", "n": d.n, "m": d.m,
-        "r": d.r, "(n+m)·r·rate": d.lhs, "n·m": d.rhs, "compressed": d.compressed,
+        "layer": d.name, "decision": DECISIONS[d.compressed], "n·m": d.rhs, "(n+m)·r·rate": d.lhs,
+        "shape": "×".join(map(str, d.shape)) or "scalar", "n": d.n, "m": d.m, "r": d.r,
         "elements before": d.numel_before, "elements after": d.numel_after,
         "saved": d.numel_before - d.numel_after, "n × m is": d.layout} for d in summary.layers],
-        columns=["layer", "shape", "n", "m", "r", "(n+m)·r·rate", "n·m", "compressed",
+        columns=["layer", "decision", "n·m", "(n+m)·r·rate", "shape", "n", "m", "r",
                  "elements before", "elements after", "saved"]
         + (["n × m is"] if any(d.layout for d in summary.layers) else []))
 
@@ -86,6 +92,9 @@ def savings_figure(summary: RuleSummary, grouping: str = GROUPINGS[0], top: int 
         go.Bar(name="saved by compression", x=names, y=df["saved"].to_numpy(), customdata=status,
                hovertemplate=hover, marker_color="#F58518")]
     labelled = len(names) <= _MAX_LABELLED_LAYERS
+    # Upright names stand apart only while the bars are few; turned a full quarter, each takes
+    # just its line's height, and neighbours at 45° would overlap.
+    angle = -90 if len(names) > _UPRIGHT_LAYERS else None
     what = {"every layer": "per layer", "by layer kind": "per kind of layer (block numbers as *)",
             "largest layers": f"of the {top} largest layers"}[grouping]
     layout = dict(
@@ -93,7 +102,7 @@ def savings_figure(summary: RuleSummary, grouping: str = GROUPINGS[0], top: int 
                           f"elements {what}, sent and saved"),
         barmode="stack", height=460, margin=dict(t=style.top_margin(), b=10),
         yaxis=dict(title="elements", separatethousands=True),
-        xaxis=dict(showticklabels=labelled, automargin=True,
+        xaxis=dict(showticklabels=labelled, automargin=True, tickangle=angle,
                    title="layer" if labelled else "layer (in registration order; hover for names)"),
         legend=dict(orientation="h", y=1.0, x=1, xanchor="right", yanchor="bottom"))
     return go.Figure(bars, layout)

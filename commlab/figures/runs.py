@@ -5,7 +5,6 @@ figure.  ``uirevision`` stays fixed, so a zoom survives the live panel's refresh
 """
 from __future__ import annotations
 
-import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -31,9 +30,8 @@ def loss_figure(frames: dict, x: str = "step", smoothing: float = 0.0, log_y: bo
     """Loss of one or several runs (label -> metrics DataFrame) against step, time or bytes;
     ``smoothing`` draws the moving average (``smoothed``) over the raw curve, faded."""
     fig = go.Figure()
-    palette = plotly.colors.qualitative.Plotly
     for i, (label, df) in enumerate((k, v) for k, v in frames.items() if x in v):
-        colour = palette[i % len(palette)]
+        colour = style.colour(i)
         if smoothing > 0:
             fig.add_scatter(x=df[x], y=df["loss"], name=f"{label} (raw)", mode="lines",
                             line=dict(color=colour, width=1), opacity=0.3, showlegend=False,
@@ -45,7 +43,7 @@ def loss_figure(frames: dict, x: str = "step", smoothing: float = 0.0, log_y: bo
                                         + (f" (smoothed {smoothing:g})" if smoothing > 0 else "")),
                       xaxis_title=X_AXES[x][1], yaxis_title="loss", height=420,
                       margin=dict(t=style.top_margin(), b=10, l=10, r=10),
-                      uirevision="keep", legend=dict(orientation="h", y=-0.2))
+                      uirevision="keep", legend=style.LEGEND_BESIDE)
     fig.update_yaxes(type="log" if log_y else "linear")
     fig.update_xaxes(type="log" if log_x else "linear")
     if x == "sent_bytes":
@@ -96,8 +94,7 @@ def buckets_figure(layouts: dict[str, list[dict]], cap_bytes: int | None) -> go.
     titles = list(layouts)
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.15)
     names = sorted({p["name"] for rows in layouts.values() for b in rows for p in b["params"]})
-    palette = plotly.colors.qualitative.Plotly
-    colour = {n: palette[i % len(palette)] for i, n in enumerate(names)}
+    colour = {n: style.colour(i) for i, n in enumerate(names)}
     largest = max([b["bytes"] for rows in layouts.values() for b in rows] + [cap_bytes or 0, 1])
     unit = units.human_bytes(largest).split()[-1]
     per_unit = 1024 ** units.BINARY_UNITS.index(unit)

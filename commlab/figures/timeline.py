@@ -51,7 +51,9 @@ def step_figure(recorded: dict, step: str) -> go.Figure:
              "other": "mean-loss allreduce", "link": "emulated link"}
     for key, rows in groups.items():
         _bar(fig, names[key], COLOURS[key], rows, pattern="/" if key == "link" else "")
-    fig.update_layout(barmode="overlay", height=120 + 60 * len(order), legend={"orientation": "h"},
-                      xaxis_title="ms from the step's first event", margin={"t": 30})
+    # The legend above the rows: below them it would sit on the x-axis title.
+    fig.update_layout(barmode="overlay", height=160 + 60 * len(order), margin={"t": 30},
+                      legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+                      xaxis_title="ms from the step's first event")
     fig.update_yaxes(categoryorder="array", categoryarray=order[::-1])
     return fig

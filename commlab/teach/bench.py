@@ -245,61 +245,75 @@ def _bench_rank(rank: int, world_size: int, report, collectives: list[str],
                         int(oop_wrong), int(ip_wrong), copy_s[size]))
 
 
-def _call(collective: str, size: int, in_place: bool, rank: int, n: int, device, fill: bool):
-    """(one call of ``collective`` on fresh buffers, a count of its wrong elements).
+@dataclass(frozen=True)
+class _Patterns:
+    """The buffers' contents.  With ``fill`` rank r's input holds i % PATTERN + r at the i-th
+    element of the largest buffer, so that the exact answer is whole numbers; without it the
+    buffers are zeros (timing: sums of zeros cannot overflow or turn denormal)."""
 
-    With ``fill`` rank r's input holds i % PATTERN + r at the i-th element of the largest buffer,
-    so that the exact answer is whole numbers; without it the buffers are zeros (timing), and
-    the count is 0.
-    """
+    count: int
+    n: int
+    device: object
+    fill: bool
+
+    def index(self):
+        import torch
+
+        return torch.arange(self.count, device=self.device)
+
+    def of(self, r: int, part=slice(None)):
+        import torch
+
+        if not self.fill:
+            return torch.zeros(self.count, device=self.device)[part]
+        return (self.index()[part] % PATTERN + r).float()
+
+    def reduced(self):
+        """The sum of every rank's pattern."""
+        return self.n * (self.index() % PATTERN).float() + self.n * (self.n - 1) / 2
+
+
+def _call(collective: str, size: int, in_place: bool, rank: int, n: int, device, fill: bool):
+    """(one call of ``collective`` on fresh buffers (``_Patterns``), a count of its wrong
+    elements: 0 without ``fill``)."""
     import torch
     import torch.distributed as dist
 
     count = size // ITEMSIZE
     chunk = count // n
     mine = slice(rank * chunk, (rank + 1) * chunk)
-
-    def index():
-        return torch.arange(count, device=device)
-
-    def pattern(r: int, part=slice(None)):
-        if not fill:
-            return torch.zeros(count, device=device)[part]
-        return (index()[part] % PATTERN + r).float()
-
-    def reduced():  # the sum of every rank's pattern
-        return n * (index() % PATTERN).float() + n * (n - 1) / 2
+    p = _Patterns(count, n, device, fill)
 
     if collective == "all_gather":
         out = torch.zeros(count, device=device)
         if in_place:
-            out[mine] = pattern(rank, mine)
+            out[mine] = p.of(rank, mine)
             inp = out[mine]
         else:
-            inp = pattern(rank, mine)
+            inp = p.of(rank, mine)
 
         def want():
-            return (index() % PATTERN + index() // chunk).float()
+            return (p.index() % PATTERN + p.index() // chunk).float()
 
         def call():
             dist.all_gather_single(out, inp)
     elif collective == "reduce_scatter":
-        inp = pattern(rank)
+        inp = p.of(rank)
         out = inp[mine] if in_place else torch.zeros(chunk, device=device)
 
         def want():
-            return reduced()[mine]
+            return p.reduced()[mine]
 
         def call():
             dist.reduce_scatter_single(out, inp)
     elif collective in ("all_reduce", "broadcast", "reduce"):
-        src = pattern(rank)
+        src = p.of(rank)
         out = src if in_place else torch.zeros(count, device=device)
 
         def want():
             if collective == "reduce" and rank != ROOT:
                 return out  # the other ranks' buffers are scratch: nothing to check
-            return pattern(ROOT) if collective == "broadcast" else reduced()
+            return p.of(ROOT) if collective == "broadcast" else p.reduced()
 
         def call():
             if not in_place:  # torch has no out-of-place form: copy first, as functional ones do

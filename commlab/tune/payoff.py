@@ -88,7 +88,7 @@ def judged(base: HookProfile | None, other: HookProfile | None, cluster, against
     """A setting's row on ``cluster`` (a ``quality.Cluster``): whether it pays (the sentence),
     its break-even and its speed-up over the baseline; blanks without both profiles."""
     if base is None or other is None:
-        return {"pays": None, "break_even_gbps": None, "speedup": None}
+        return {"pays": None, "verdict": None, "break_even_gbps": None, "speedup": None}
     pays = payoff(base, other, cluster.world_size, cluster.latency_us, against)
-    return {"pays": pays.sentence(), "break_even_gbps": pays.break_even_gbps,
+    return {"pays": pays.sentence(), "verdict": pays.verdict, "break_even_gbps": pays.break_even_gbps,
             "speedup": speedup(base, other, cluster.world_size, cluster.bandwidth_gbps, cluster.latency_us)}
