@@ -11,9 +11,9 @@ from __future__ import annotations
 from commlab.config import RunConfig
 from commlab.engine import launch as _launch
 from commlab.engine.launch import Run, list_runs, open_run
-from commlab.engine.store import GOING, STOPPABLE
+from commlab.engine.run_state import GOING, STOPPABLE, RunStatus
 
-__all__ = ["RunConfig", "Run", "GOING", "STOPPABLE", "launch", "run", "resume", "open_run",
+__all__ = ["RunConfig", "Run", "RunStatus", "GOING", "STOPPABLE", "launch", "run", "resume", "open_run",
            "list_runs"]
 
 

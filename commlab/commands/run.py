@@ -7,6 +7,7 @@ import sys
 from collections.abc import Collection
 
 from commlab.config import ConfigError, RunConfig, settings
+from commlab.engine.run_state import RunStatus
 
 FLAG_TYPES = {"int": int, "float": float}  # the rest is text, parsed as a config file's is
 METAVARS = {"int": "N", "float": "X", "list[int]": "N,N,..."}
@@ -121,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
         if tb:
             text += "\n" + tb
     emit(args, payload, text)
-    return 0 if payload["status"] == "finished" else 1
+    return 0 if payload["status"] == RunStatus.FINISHED else 1
 
 
 def result_text(payload: dict) -> str:

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.devices import pick_backend, ranks_forkable
-from commlab.engine import procs, store
+from commlab.engine import procs, status_file, store
 from commlab.engine.commands import run_argv, supervisor_argv
 from commlab.engine.nodes import STOP_GRACE_S, Nodes, request_stop
 from commlab.engine.pool import Pool, hand, supervisor_of, withdraw
 from commlab.engine.ranks import loopback_interface
+from commlab.engine.run_state import RunStatus
 from commlab.engine.slurm import SlurmJob, cancel, submit
 from commlab.engine.slurm import job_of as slurm_job_of
 
@@ -88,7 +89,7 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
         raise ConfigError({"nnodes": "a run on several nodes starts cold, from step 0 (no resume, no warm ranks)"})
     whole = Path(cfg.runs_dir, node.run_id).resolve() if node is not None else None  # the run's folder
     run_dir = store.new_run_dir(cfg.runs_dir, cfg.label()) if node is None else _node_dir(cfg, node, whole)
-    store.write_json(run_dir / "status.json", {"status": "starting", "step": None})
+    status_file.record(run_dir, RunStatus.STARTING, step=None)
     store.write_json(run_dir / "launch.json", {
         "backend": backend, "backend_reason": why, "hook_impl": impl, "hook_reason": impl_reason,
         "warning": registry.stock_warning(cfg, backend), "request_id": request_id,
@@ -145,7 +146,7 @@ class Run(store.RunFolder):
         second or more: their teardown; the supervisor sees them all gone)."""
         def ended() -> bool:
             status = self.status()
-            if status == "orphaned":
+            if status == RunStatus.ORPHANED:
                 self.stop()
             return status not in store.GOING
 
@@ -213,9 +214,8 @@ def start(cfg: RunConfig, request_id: str | None = None,
         store.write_json(folder.file("launch.json"),
                          {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     except BaseException as e:  # this process owns the starting run: it must not stay starting
-        store.write_json(folder.file("status.json"), {
-            "status": "failed", "step": None, "error": str(e) if slurm is not None or pool is not None else
-            f"the supervisor could not be started: {e!r}"})
+        status_file.record(folder.path, RunStatus.FAILED, step=None, error=(
+            str(e) if slurm is not None or pool is not None else f"the supervisor could not be started: {e!r}"))
         raise
     return Run(folder.path)
 
@@ -350,8 +350,7 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
 
 
 def _record_stopped(folder: store.RunFolder) -> None:
-    store.write_json(folder.file("status.json"), {
-        **folder.status_record(), "status": "stopped", "error": "stopped by the user"})
+    status_file.record(folder.path, RunStatus.STOPPED, error="stopped by the user")
 
 
 def workers_alive(sup: dict) -> list[int]:

@@ -27,14 +27,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commlab.engine import procs, store
+from commlab.engine import procs, status_file, store
+from commlab.engine.run_state import RunStatus
 
 NODES = "nodes"  # in a run folder: node K's records, K > 0
 STOP = "stop.json"
 IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 JOIN_TIMEOUT_S = 600.0  # torchrun's own default for its c10d rendezvous
 STOP_GRACE_S = 30.0  # for every node's supervisor to see a Stop and end its agent
-BAD_ENDS = ("failed", "stopped", "stalled")  # a node's end that ends the others (not finished, diverged)
+BAD_ENDS = (RunStatus.FAILED, RunStatus.STOPPED, RunStatus.STALLED)  # a node's end that ends the others (not finished, diverged)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -153,7 +154,7 @@ def ended_elsewhere(run_dir: Path, node: Nodes) -> dict | None:
     others = ([(k, records(run_dir, k)) for k in range(1, node.nnodes)] if node.node_rank == 0
               else [(0, run_dir)])
     for k, folder in others:
-        said = store.read_json(folder / "status.json", {})
+        said = status_file.said(folder)
         if said.get("status") in BAD_ENDS:
             return {"status": said["status"], "error": f"node {k} ended the run: {said.get('error')}",
                     **({"failed_rank": said["failed_rank"]} if "failed_rank" in said else {}),

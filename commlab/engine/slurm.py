@@ -29,7 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commlab.engine import nodes, procs, store
+from commlab.engine import nodes, procs, status_file, store
+from commlab.engine.run_state import FINAL, RunStatus
 
 SCRIPT = "job.sbatch"
 POLL_S = 0.5
@@ -127,7 +128,7 @@ def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
 
     folder.file(SCRIPT).write_text(script(folder.path.resolve(), cfg, job,
                                           backend=folder.launch_info().get("backend", "gloo")))
-    store.write_json(folder.file("status.json"), {"status": "pending", "step": None})
+    status_file.record(folder.path, RunStatus.PENDING, step=None)
     # The settings before sbatch: the node tasks read them as they start, perhaps at once.
     store.write_json(folder.file("launch.json"), {**folder.launch_info(), "slurm": {"job": job.as_dict()}})
     try:
@@ -191,12 +192,12 @@ def follow(run_dir: Path) -> int:
             state = {}
         unanswered_since = None
         js = state.get("JobState", "")
-        said = store.read_json(folder.file("status.json"), {})
+        said = status_file.said(folder.path)
         slurm = {"job_id": job_id, "state": js or "GONE", "reason": state.get("Reason")}
         if js == "PENDING" and said.get("slurm") != slurm:
-            store.write_json(folder.file("status.json"), {**said, "status": "pending", "slurm": slurm})
-        elif js not in ("", "PENDING", *ENDED) and said.get("status") == "pending":
-            store.write_json(folder.file("status.json"), {**said, "status": "starting", "slurm": slurm})
+            status_file.record(folder.path, RunStatus.PENDING, slurm=slurm)
+        elif js not in ("", "PENDING", *ENDED) and said.get("status") == RunStatus.PENDING:
+            status_file.record(folder.path, RunStatus.STARTING, slurm=slurm)
         elif not js or js in ENDED:
             record_end(folder, job_id, state, cancelled_for)
             return 0
@@ -214,28 +215,27 @@ def record_end(folder: store.RunFolder, job_id: str, state: dict, cancelled_for:
     supervisors recorded (given ``wait_s`` to record it), unless Slurm ended it (cancelled, time
     limit, a failure before or outside the ranks): then Slurm's reason."""
     js = state.get("JobState", "GONE")
-    procs.wait_until(lambda: store.read_json(folder.file("status.json"), {}).get("status") in store.FINAL,
-                     wait_s, 0.2)
-    said = store.read_json(folder.file("status.json"), {})
+    procs.wait_until(lambda: status_file.said(folder.path).get("status") in FINAL, wait_s, 0.2)
+    said = status_file.said(folder.path).get("status")
     asked = nodes.stop_request(folder.path)
     slurm = {"job_id": job_id, "state": js, "reason": state.get("Reason"), "exit_code": state.get("ExitCode")}
     ending: dict = {}
     if js == "CANCELLED":
         why = cancelled_for or (asked or {}).get("error") or (
             f"Slurm cancelled job {job_id} (scancel, or the cluster's administrator)")
-        if said.get("status") not in ("finished", "diverged", "failed"):
-            ending = {"status": "stopped", "error": why}
+        if said != RunStatus.FAILED:  # a failure is not renamed by the cancel that came after it
+            ending = {"status": RunStatus.STOPPED, "error": why}
     elif js in ("TIMEOUT", "DEADLINE", "PREEMPTED"):
-        if said.get("status") not in ("finished", "diverged"):
-            ending = {"status": "stopped", "error": f"Slurm ended job {job_id}: {js} "
-                                                    f"(time limit {state.get('TimeLimit', '?')})"}
-    elif said.get("status") not in store.FINAL:
-        ending = {"status": "failed", "error": (
+        ending = {"status": RunStatus.STOPPED, "error": f"Slurm ended job {job_id}: {js} "
+                                                        f"(time limit {state.get('TimeLimit', '?')})"}
+    elif said not in FINAL:  # else the supervisors recorded the end, and Slurm's word adds no other
+        ending = {"status": RunStatus.FAILED, "error": (
             f"Slurm job {job_id} ended {js} (reason {state.get('Reason')}, exit code "
             f"{state.get('ExitCode')}) before the run recorded an end"),
             "traceback": _tail(folder.file(f"slurm-{job_id}.out"))}
-    store.write_json(folder.file("status.json"), {**said, **ending, "slurm": slurm,
-                                                  **({"ended_at": time.time()} if ending else {})})
+    # Slurm's word on the job is kept either way; an end only where the state machine allows it.
+    if not (ending and status_file.record(folder.path, **ending, slurm=slurm, ended_at=time.time())):
+        status_file.record(folder.path, slurm=slurm)
 
 
 def _tail(path: Path, lines: int = 25) -> str:

@@ -15,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from commlab.engine import nodes, procs, store
+from commlab.engine import nodes, procs, status_file, store
 from commlab.engine.launch import torchrun_command, worker_env
+from commlab.engine.run_state import RunStatus
 from commlab.engine.slurm import SlurmJob
 from commlab.engine.supervisor import supervise
 
@@ -45,10 +46,9 @@ def node_main(run_dir: Path) -> int:
     records = node.records(folder.path) if node else folder.path
     if node and (errors := node.errors()):  # this compute node lacks the interface, or serves elsewhere
         Path(records).mkdir(parents=True, exist_ok=True)
-        store.write_json(Path(records) / "status.json", {
-            "status": "failed", "step": None, "ended_at": time.time(),
-            "error": f"node {rank} ({procs.HOST}) cannot take part: " + "; ".join(
-                f"{k}: {v}" for k, v in errors.items())})
+        status_file.record(records, RunStatus.FAILED, step=None, ended_at=time.time(),
+                           error=f"node {rank} ({procs.HOST}) cannot take part: " + "; ".join(
+                f"{k}: {v}" for k, v in errors.items()))
         return 1
     mine = {"command": torchrun_command(cfg, folder.path, sys.executable, node),
             "nodes": node.as_dict() if node else None}
@@ -57,7 +57,7 @@ def node_main(run_dir: Path) -> int:
     else:
         records.mkdir(parents=True, exist_ok=True)
         store.write_json(records / "config.json", folder.config_dict())
-        store.write_json(records / "status.json", {"status": "starting", "step": None})
+        status_file.record(records, RunStatus.STARTING, step=None)
         store.write_json(records / "launch.json", {**{k: v for k, v in info.items() if k != "supervisor"},
                                                    **mine, "run_dir": str(folder.path)})
     os.environ.update(worker_env(cfg, dict(os.environ), node))

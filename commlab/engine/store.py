@@ -53,14 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from commlab.config import settings
-
-FINAL = ("finished", "failed", "diverged", "stopped", "stalled")
-# pending: a Slurm job waiting in the queue (``commlab.engine.slurm``); starting: the folder exists,
-# its supervisor is not up yet; orphaned: the supervisor is gone but some of the run's processes
-# still run (nothing supervises them: Stop ends them)
-GOING = ("pending", "starting", "running", "orphaned")
-STOPPABLE = (*GOING, "lost")  # a lost run's torchrun or workers may still live: Stop ends them
-
+from commlab.engine.run_state import FINAL, GOING, STOPPABLE, RunStatus  # noqa: F401 (read as store.X)
 
 RESERVE = ".reserve"  # in every run folder: RESERVE_SLOTS files of SLOT_BYTES, written as it is made
 RESERVE_SLOTS, SLOT_BYTES = 4, 64 * 1024
@@ -521,24 +514,24 @@ class RunFolder(Folder):
         none does: it can never record an end."""
         from commlab.engine.procs import alive, elsewhere
 
-        rec = read_json(self.file("status.json"), {"status": "starting"})
+        rec = read_json(self.file("status.json"), {"status": RunStatus.STARTING})
         if rec.get("status") not in GOING:
             return rec
         up = self.file("supervisor.json").exists()
         if up:
-            rec = {**rec, "status": "running"}
+            rec = {**rec, "status": RunStatus.RUNNING}
         owner = self.supervisor() or self.launch_info().get("launcher", {})
         if elsewhere(owner):  # a compute node's process: what the folder says is all that is known here
             return rec
         if owner.get("create_time") is not None and alive(owner.get("pid"), owner["create_time"]):
             return rec
         if up and self.processes():
-            return {**rec, "status": "orphaned", "error": "its supervisor is gone but some of its "
+            return {**rec, "status": RunStatus.ORPHANED, "error": "its supervisor is gone but some of its "
                     "processes still run, unsupervised: Stop ends them"}
         why = ("the run's processes are gone and it never recorded an end (machine restarted or "
                "processes killed from outside)" if up else
                f"its supervisor never came up (see {self.file('supervisor.log')})")
-        return {**rec, "status": "lost", "error": why}
+        return {**rec, "status": RunStatus.LOST, "error": why}
 
     def status(self) -> str:
         return self.status_record()["status"]
@@ -634,7 +627,7 @@ class RunFolder(Folder):
         """``status_record``, or status "damaged" with the damage as its error when a file every
         listing reads is damaged: the one place a run is called damaged."""
         damage = self.damage()
-        return {"status": "damaged", "error": damage} if damage else self.status_record()
+        return {"status": RunStatus.DAMAGED, "error": damage} if damage else self.status_record()
 
     def damage(self, *names: str) -> str | None:
         """``damaged: <file>: <what>`` for the first of ``names`` (by default the files every
@@ -684,7 +677,7 @@ class RunFolder(Folder):
 
         row = {"run_id": self.id, "run_dir": str(self.path)}
         listed = self.listed_status_record()
-        if listed["status"] == "damaged":
+        if listed["status"] == RunStatus.DAMAGED:
             return {**row, **dict.fromkeys(SUMMARY_COLUMNS), **listed, "skipped_lines": 0}
         cfg = self.config_dict()
         if records is None:

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from commlab.devices import ranks_forkable
-from commlab.engine import pool, procs, store
+from commlab.engine import pool, procs, status_file, store
 from commlab.engine.commands import pool_argv
 from commlab.engine.nodes import Nodes, ended_elsewhere, not_joined, stop_request
+from commlab.engine.run_state import FINAL, GOING, RunStatus
 
 POLL_S = 0.2
 # A run on warm ranks: the pool's next run waits until its supervisor has seen this one done.
@@ -52,8 +53,7 @@ def supervise(run_dir: Path) -> int:
     node = Nodes(**folder.launch_info()["nodes"]) if folder.launch_info().get("nodes") else None
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
-    said = store.read_json(folder.file("status.json"), {})
-    if said.get("status") in store.FINAL:
+    if status_file.said(folder.path).get("status") in FINAL:
         return 0  # stopped while it was starting: run nothing
     child = watch = None
     try:
@@ -61,14 +61,12 @@ def supervise(run_dir: Path) -> int:
                             env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(folder.file("torchrun.json"))},
                             die_with_caller=True)
         watch = Watch(folder, child, stop_requested, run, node)
-        said = store.read_json(folder.file("status.json"), {})
-        if said.get("status") in ("pending", "starting"):  # up: supervisor.json is written, the command runs
-            store.write_json(folder.file("status.json"), {**said, "status": "running"})
+        status_file.record(folder.path, RunStatus.RUNNING)  # up: supervisor.json is written, the command runs
         procs.wait_until(watch, interval=POLL_S)
         ending = watch.ending
     except Exception as e:  # a run nobody watches must not go on: end it, and say why
         traceback.print_exc()
-        ending = {"status": "failed", "error": f"the supervisor failed, so it ended the run: "
+        ending = {"status": RunStatus.FAILED, "error": f"the supervisor failed, so it ended the run: "
                                                f"{type(e).__name__}: {e}"}
     if child is not None:
         # The ranks are ended unless the command ended well: a cold run's are gone by then, and a
@@ -109,10 +107,9 @@ def serve_pool(pool_dir: Path) -> int:
     child.wait(timeout=10)
     for _, run_dir in iter(lambda: pool.take(pool_dir / "runs", lambda: True), None):
         folder = store.RunFolder(run_dir)
-        if folder.status() in store.GOING:
-            store.write_json(folder.file("status.json"), {
-                **folder.status_record(), "status": "stopped", "ended_at": time.time(),
-                "error": "its pool of warm ranks ended before the run started"})
+        if folder.status() in GOING:
+            status_file.record(folder.path, RunStatus.STOPPED, ended_at=time.time(),
+                               error="its pool of warm ranks ended before the run started")
     return 0
 
 
@@ -124,14 +121,13 @@ def _serve_one(pool_dir: Path, name: str, run_dir: str, child: subprocess.Popen,
     watch = ending = None
     try:
         watch = Watch(folder, child, stop_requested, done=done.exists)
-        said = store.read_json(folder.file("status.json"), {})
-        store.write_json(folder.file("status.json"), {**said, "status": "running"})
+        status_file.record(folder.path, RunStatus.RUNNING)
         store.write_json(pool_dir / "queue" / name, {"run_dir": run_dir})
         procs.wait_until(watch, interval=POOLED_POLL_S)
         ending = watch.ending
     except Exception as e:
         traceback.print_exc()
-        ending = {"status": "failed", "error": f"the supervisor failed, so it ended the run: "
+        ending = {"status": RunStatus.FAILED, "error": f"the supervisor failed, so it ended the run: "
                                                f"{type(e).__name__}: {e}"}
     ended_well = ending is None and done.exists()
     if not ended_well:
@@ -145,28 +141,25 @@ def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | 
                 run: store.RunFolder | None = None, node: Nodes | None = None, started: bool = True,
                 records: store.RunFolder | None = None) -> None:
     """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
-    left.  Nothing to add when rank 0 recorded its own end: a Stop that came after the last step
-    (its checkpoint written) does not make a finished run a stopped one.  Node K of a run on
+    left (``status_file`` keeps rank 0's own end: a Stop that came after the last step, its
+    checkpoint written, does not make a finished run a stopped one).  Node K of a run on
     several nodes (``run`` the run folder, ``folder`` its records) whose agent ended well records
     the run's end; a node whose agent never started ranks names the nodes that never joined.
     ``records``: where torchrun's record and log are, when not ``folder`` (a pool's)."""
     run = run or folder
-    said = store.read_json(folder.file("status.json"), {})
-    if said.get("status") in ("finished", "diverged"):
-        return
     if ending is None and returncode == 0 and run.path != folder.path:
         whole = run.status_record()
-        ending = {"status": whole["status"] if whole["status"] in store.FINAL else "finished",
+        ending = {"status": whole["status"] if whole["status"] in FINAL else RunStatus.FINISHED,
                   "error": whole.get("error")}
     if ending is None and node is not None and not started and (missing := not_joined(run.path, node)):
-        ending = {"status": "failed", "error": "; ".join(
+        ending = {"status": RunStatus.FAILED, "error": "; ".join(
             f"node {k} did not join within {node.join_timeout_s:g} s" for k in missing)}
     try:
         ending = {"step": _last_step(run), **(ending or _failure(run, returncode, records or folder))}
     except Exception as e:  # the folder cannot tell more: record what is known
-        ending = ending or {"status": "failed", "error": f"the workers exited with code "
-                                                         f"{returncode}; reading why failed: {e!r}"}
-    store.write_json(folder.file("status.json"), {**said, **ending, "ended_at": time.time()})
+        ending = ending or {"status": RunStatus.FAILED, "error": f"the workers exited with code "
+                                                                 f"{returncode}; reading why failed: {e!r}"}
+    status_file.record(folder.path, **ending, ended_at=time.time())
 
 
 class Watch:
@@ -213,14 +206,14 @@ class Watch:
             self.last_size, self.last_progress = size, now
         cfg = self.cfg
         if self.stop_requested:
-            self.ending = {"status": "stopped", "error": "stopped by the user"}
+            self.ending = {"status": RunStatus.STOPPED, "error": "stopped by the user"}
         elif asked := stop_request(self.run.path):  # a Stop pressed on any node, or on a pool's run
-            self.ending = {"status": "stopped", "error": f"{asked.get('error')} (on {asked.get('host')})"}
+            self.ending = {"status": RunStatus.STOPPED, "error": f"{asked.get('error')} (on {asked.get('host')})"}
         elif self.node and (elsewhere := ended_elsewhere(self.run.path, self.node)):
             self.ending = elsewhere  # another node's bad end
         elif (self.owner and not procs.elsewhere(self.owner)  # else the Slurm follower watches it
               and not procs.alive(self.owner["pid"], self.owner["create_time"])):
-            self.ending = {"status": "stopped", "error": (
+            self.ending = {"status": RunStatus.STOPPED, "error": (
                 f"its {self.owner['what']} ended (process {self.owner['pid']}), so the run was "
                 "stopped with it")}
         elif now - self.last_progress > (cfg.stall_timeout_s if self.last_size else
@@ -253,7 +246,7 @@ def _stalled(folder: store.RunFolder, cfg, idle_s: float) -> dict:
     msg = f"no step completed for {idle_s:.0f} s {where}; hook {hook}."
     if launch.get("warning"):
         msg += " " + launch["warning"]
-    return {"status": "stalled", "step": step, "error": msg}
+    return {"status": RunStatus.STALLED, "step": step, "error": msg}
 
 
 def _failure(folder: store.RunFolder, returncode: int | None, records: store.RunFolder | None = None) -> dict:
@@ -269,10 +262,10 @@ def _failure(folder: store.RunFolder, returncode: int | None, records: store.Run
         first = (own or reports)[0]
         tail = "\n".join(first.get("traceback", "").strip().splitlines()[-12:])
         if own:
-            return {"status": "failed", "failed_rank": first.get("rank"), "traceback": tail,
+            return {"status": RunStatus.FAILED, "failed_rank": first.get("rank"), "traceback": tail,
                     "error": f"rank {first.get('rank')} failed: {first.get('error')}"}
         gone = first["ranks_gone"][0]
-        return {"status": "failed", "failed_rank": gone, "traceback": tail,
+        return {"status": RunStatus.FAILED, "failed_rank": gone, "traceback": tail,
                 "error": f"rank {gone} ended without an error report (killed, or it crashed "
                          f"outside Python); rank {first.get('rank')} then failed: {first.get('error')}"}
     # torchrun stamps a failure to the second, and ends the survivors of a failed rank with
@@ -283,10 +276,10 @@ def _failure(folder: store.RunFolder, returncode: int | None, records: store.Run
     if seen:
         first = seen[0]
         how = f"signal {first['signal']}" if first.get("exitcode", 0) < 0 else f"code {first.get('exitcode')}"
-        return {"status": "failed", "failed_rank": first.get("rank"),
+        return {"status": RunStatus.FAILED, "failed_rank": first.get("rank"),
                 "error": f"rank {first.get('rank')} ended by {how} without an error report",
                 "traceback": _tail(records.file("launcher.log"), 25)}
-    return {"status": "failed", "failed_rank": None,
+    return {"status": RunStatus.FAILED, "failed_rank": None,
             "error": f"the workers exited with code {returncode} without an error report",
             "traceback": _tail(records.file("launcher.log"), 25)}
 

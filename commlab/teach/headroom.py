@@ -28,6 +28,7 @@ from typing import Any
 from commlab.analysis import metrics
 from commlab.config import ConfigError
 from commlab.engine import store
+from commlab.engine.run_state import RunStatus
 
 THRESHOLD = 0.10  # PyTorch's noop_hook documentation: "less than 10% speedup of training time"
 SAVED_LABEL = "step time saved by noop"
@@ -118,7 +119,7 @@ def _run_to_end(batch, cfg, timeout_s: float):
     if status in store.GOING:
         run.stop()
         raise RuntimeError(f"the {cfg.hook} run did not finish within {timeout_s:g} s; stopped it")
-    if status != "finished":
+    if status != RunStatus.FINISHED:
         error = run.status_record().get("error") or "no error recorded"
         raise RuntimeError(f"the {cfg.hook} run ended {status}: {error} (run folder {run.path})")
     return run

@@ -13,8 +13,9 @@ import numpy as np
 
 from commlab.analysis import ledger, metrics
 from commlab.config import default_runs_dir, label_of
-from commlab.engine import store
+from commlab.engine import status_file, store
 from commlab.engine.launch import open_run, workers_alive
+from commlab.engine.run_state import FINAL, GOING
 from commlab.hook_specs import spec_of
 
 # The live charts' points per line, however long the run (W&B shows at most 1,500 a line,
@@ -149,7 +150,7 @@ def run_choices(runs_dir: str | None = None) -> list[dict]:
     reloaded page re-attaches to them, then the rest; newest first within each."""
     runs = [{"path": str(r.path), "label": picker_label(r), "status": listed_status(r)}
             for r in store.list_runs(runs_dir or default_runs_dir())]
-    return sorted(runs, key=lambda r: r["status"] not in store.GOING)  # sorted() is stable
+    return sorted(runs, key=lambda r: r["status"] not in GOING)  # sorted() is stable
 
 
 def listed_status(run: store.RunFolder) -> str:
@@ -235,7 +236,7 @@ def _summary(run: store.RunFolder) -> dict:
     # An ended run never changes again: its metrics are parsed once per version of its files.
     # A run still going is read on from where the last look stopped.
     path = str(run.path)
-    if store.read_json(run.file("status.json"), {}).get("status") in store.FINAL:
+    if status_file.said(run.path).get("status") in FINAL:
         _going.pop(path, None)
         return dict(_final_summary(path, _version(run)))
     with _going_lock:  # pages of several sessions run in threads of one process
@@ -314,7 +315,7 @@ def delete_run(path: str | Path, runs_dir: str | None = None) -> None:
     run = store.RunFolder(p.resolve())
     if not run.exists():
         raise ValueError(f"{p} is not a commlab run folder (no config.json); nothing was deleted")
-    if run.status() in store.GOING:
+    if run.status() in GOING:
         raise ValueError(f"run {run.id} is still running: stop it first")
     if workers_alive(store.read_json(run.file("supervisor.json"), {})):
         raise ValueError(f"run {run.id} has worker processes still alive: stop it first")
