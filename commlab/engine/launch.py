@@ -11,7 +11,6 @@ can stop it through the PIDs recorded in the folder: only processes proven to be
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.devices import pick_backend, ranks_forkable
-from commlab.engine import procs, status_file, store
+from commlab.engine import claims, procs, status_file, store
 from commlab.engine.commands import run_argv, supervisor_argv
 from commlab.engine.nodes import STOP_GRACE_S, Nodes, request_stop
 from commlab.engine.pool import Pool, hand, supervisor_of, withdraw
@@ -31,7 +30,6 @@ from commlab.engine.slurm import SlurmJob, cancel, submit
 from commlab.engine.slurm import job_of as slurm_job_of
 
 POOLS = ".pools"  # in the runs folder: the warm ranks of a comparison or a headroom measurement
-NODE_CLAIM = ".node"  # in a node's records folder: the run id is this node's
 
 
 def resolve_backend(cfg: RunConfig, gpus: int | None = None) -> tuple[str, str]:
@@ -110,11 +108,9 @@ def _node_dir(cfg: RunConfig, node: Nodes, run_dir: Path) -> Path:
     before), or when node 0's settings differ."""
     path = node.records(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    try:  # claimed with O_EXCL: of two commands given one id at the same moment, one is refused
-        os.close(os.open(path / NODE_CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        taken = (path / "config.json").exists()  # a run from before the claim file
-    except FileExistsError:
-        taken = True
+    # Of two commands given one id at the same moment, one is refused; a run from before the claim
+    # file has its config.json.
+    taken = not claims.take(path / claims.NODE_CLAIM) or (path / "config.json").exists()
     if taken:
         raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} already holds node "
                                      f"{node.node_rank}'s records (give each run an id of its own)"})
@@ -188,18 +184,17 @@ def start(cfg: RunConfig, request_id: str | None = None,
     claim = None
     if request_id:
         cfg.check()  # bad settings are refused even when the id was seen before
-        claim = _claim_path(cfg.runs_dir, request_id)
-        first = _claim(claim)
-        if first:
+        claim = claims.Request(cfg.runs_dir, request_id)
+        if first := claim.take():
             return Run(first)  # started (or being started) by the first call: never a second supervisor
     try:
         folder = prepare(cfg, request_id, resume, owner, pool, node)
     except BaseException:
         if claim:
-            claim.unlink(missing_ok=True)  # nothing was started: the id is free again
+            claim.release()
         raise
     if claim:
-        store.write_json(claim, {"run": folder.id})
+        claim.name(folder.path)
     me = str(folder.path.resolve())
     try:
         if slurm is not None:
@@ -275,27 +270,6 @@ class Batch:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _claim_path(runs_dir: str | os.PathLike, request_id: str) -> Path:
-    """The file in the runs folder that says which run a request id started (a file: no run)."""
-    return Path(runs_dir) / f".request-{hashlib.sha256(request_id.encode()).hexdigest()[:32]}.json"
-
-
-def _claim(path: Path, wait_s: float = 60) -> Path | None:
-    """Take the id (None), created with O_EXCL so two processes at once never both do; or the
-    folder of the run that the call holding it started, once it has named it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        return None
-    except FileExistsError:
-        pass
-    named = lambda: store.read_json(path, {}).get("run")  # noqa: E731
-    if not procs.wait_until(named, wait_s, 0.05):
-        raise RuntimeError(f"another process claimed request id {path.name} and has not started "
-                           f"its run after {wait_s:.0f} s")
-    return path.parent / named()
 
 
 def open_run(path: str | os.PathLike) -> Run:
