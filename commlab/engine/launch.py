@@ -20,7 +20,7 @@ from pathlib import Path
 
 from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.devices import pick_backend, ranks_forkable
-from commlab.engine import claims, procs, status_file, store
+from commlab.engine import claims, procs, run_folder, status_file, store
 from commlab.engine.commands import run_argv, supervisor_argv
 from commlab.engine.nodes import STOP_GRACE_S, Nodes, request_stop
 from commlab.engine.pool import Pool, hand, supervisor_of, withdraw
@@ -62,7 +62,7 @@ def worker_env(cfg: RunConfig, base: dict | None = None, node: Nodes | None = No
 
 def prepare(cfg: RunConfig, request_id: str | None = None,
             resume: str | os.PathLike | None = None, owner: str | None = None,
-            pool: str | os.PathLike | None = None, node: Nodes | None = None) -> store.RunFolder:
+            pool: str | os.PathLike | None = None, node: Nodes | None = None) -> run_folder.RunFolder:
     """Validate, then create the run folder, status ``starting`` and owned by this process until
     ``start`` hands it to a supervisor; config.json, the marker, last.  ``resume``: the folder of
     a finished run this one continues from its checkpoint (``commlab.engine.checkpoint``).
@@ -99,7 +99,7 @@ def prepare(cfg: RunConfig, request_id: str | None = None,
         "launcher": procs.identity(os.getpid()),
         "owner": {**procs.identity(os.getpid()), "what": owner} if owner else None})
     store.write_json(run_dir / "config.json", cfg.to_dict())
-    return store.RunFolder(run_dir)
+    return run_folder.RunFolder(run_dir)
 
 
 def _node_dir(cfg: RunConfig, node: Nodes, run_dir: Path) -> Path:
@@ -123,7 +123,7 @@ def _node_dir(cfg: RunConfig, node: Nodes, run_dir: Path) -> Path:
     return path
 
 
-class Run(store.RunFolder):
+class Run(run_folder.RunFolder):
     """A run folder plus control: wait for it, stop it, ask whether it still goes."""
 
     def whole(self) -> Run:
@@ -280,10 +280,10 @@ def open_run(path: str | os.PathLike) -> Run:
 
 
 def list_runs(runs_dir: str | os.PathLike | None = None) -> list[Run]:
-    return [Run(f.path) for f in store.list_runs(runs_dir or default_runs_dir())]
+    return [Run(f.path) for f in run_folder.list_runs(runs_dir or default_runs_dir())]
 
 
-def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
+def stop(folder: run_folder.RunFolder, grace_s: float = 5.0) -> str:
     """Stop a run and every process it started, starting, running or orphaned; returns the status
     it ends with.  Only processes proven to be the run's are signalled (``procs.belonging``): a
     forged or stale supervisor.json makes it kill nothing else."""
@@ -323,7 +323,7 @@ def stop(folder: store.RunFolder, grace_s: float = 5.0) -> str:
     return folder.status()
 
 
-def _record_stopped(folder: store.RunFolder) -> None:
+def _record_stopped(folder: run_folder.RunFolder) -> None:
     status_file.record(folder.path, RunStatus.STOPPED, error="stopped by the user")
 
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commlab.engine import nodes, procs, status_file, store
+from commlab.engine import nodes, procs, run_folder, status_file, store
 from commlab.engine.run_state import FINAL, RunStatus
 
 SCRIPT = "job.sbatch"
@@ -114,13 +114,13 @@ def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable, back
     return "\n".join(lines) + "\n"
 
 
-def sbatch_argv(folder: store.RunFolder) -> list[str]:
+def sbatch_argv(folder: run_folder.RunFolder) -> list[str]:
     """sbatch's own argv: what holds a path is given here, not in an #SBATCH line."""
     return ["sbatch", "--parsable", f"--job-name=commlab-{folder.id}"[:100], f"--chdir={folder.path}",
             f"--output={folder.path}/slurm-%j.out", str(folder.file(SCRIPT))]
 
 
-def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
+def submit(folder: run_folder.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
     """Write the script, submit it, record the job id and spawn the follower; returns the job id.
     ConfigError (the launcher's) with sbatch's own words when it refuses; a job submitted but not
     followed (the follower could not start) is cancelled."""
@@ -132,7 +132,7 @@ def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
     # The settings before sbatch: the node tasks read them as they start, perhaps at once.
     store.write_json(folder.file("launch.json"), {**folder.launch_info(), "slurm": {"job": job.as_dict()}})
     try:
-        done = subprocess.run(sbatch_argv(store.RunFolder(folder.path.resolve())), env=env,
+        done = subprocess.run(sbatch_argv(run_folder.RunFolder(folder.path.resolve())), env=env,
                               capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         raise ConfigError({"launcher": "sbatch did not answer within 120 s (the job may have been "
@@ -153,7 +153,7 @@ def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
     return job_id
 
 
-def job_of(folder: store.RunFolder) -> str | None:
+def job_of(folder: run_folder.RunFolder) -> str | None:
     return (folder.launch_info().get("slurm") or {}).get("job_id")
 
 
@@ -177,7 +177,7 @@ def job_state(job_id: str) -> dict | None:
 
 # ---------------------------------------------------------------------------- the follower
 def follow(run_dir: Path) -> int:
-    folder = store.RunFolder(run_dir)
+    folder = run_folder.RunFolder(run_dir)
     info = folder.launch_info()
     job_id, owner = info["slurm"]["job_id"], info.get("owner")
     cancelled_for = None
@@ -209,7 +209,7 @@ def follow(run_dir: Path) -> int:
         time.sleep(POLL_S)
 
 
-def record_end(folder: store.RunFolder, job_id: str, state: dict, cancelled_for: str | None = None,
+def record_end(folder: run_folder.RunFolder, job_id: str, state: dict, cancelled_for: str | None = None,
                wait_s: float = RECORD_WAIT_S) -> None:
     """The run's end once the job has left (``state``: its last ``job_state``): what the
     supervisors recorded (given ``wait_s`` to record it), unless Slurm ended it (cancelled, time

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from commlab.engine import nodes, procs, status_file, store
+from commlab.engine import nodes, procs, run_folder, status_file, store
 from commlab.engine.launch import torchrun_command, worker_env
 from commlab.engine.run_state import RunStatus
 from commlab.engine.slurm import SlurmJob
@@ -35,7 +35,7 @@ def first_address() -> str:
 
 def node_main(run_dir: Path) -> int:
     """One node's task of the job: this node's records, then its supervisor in the foreground."""
-    folder = store.RunFolder(run_dir)
+    folder = run_folder.RunFolder(run_dir)
     cfg, info = folder.config(), folder.launch_info()
     job = SlurmJob(**info["slurm"]["job"])
     count, rank = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NODEID"])

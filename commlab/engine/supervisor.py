@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from commlab.devices import ranks_forkable
-from commlab.engine import pool, procs, status_file, store
+from commlab.engine import pool, procs, run_folder, status_file, store
 from commlab.engine.commands import pool_argv
 from commlab.engine.nodes import Nodes, ended_elsewhere, not_joined, stop_request
 from commlab.engine.run_state import FINAL, GOING, RunStatus
@@ -48,8 +48,8 @@ LOG_LIMIT, LOG_KEEP = 16 * 2**20, 4 * 2**20
 def supervise(run_dir: Path) -> int:
     """``run_dir``: the run folder; on node K of a run on several nodes, its records there
     (``commlab.engine.nodes``), whose launch.json names the run folder."""
-    folder = store.RunFolder(run_dir)
-    run = store.RunFolder(folder.launch_info().get("run_dir") or run_dir)
+    folder = run_folder.RunFolder(run_dir)
+    run = run_folder.RunFolder(folder.launch_info().get("run_dir") or run_dir)
     node = Nodes(**folder.launch_info()["nodes"]) if folder.launch_info().get("nodes") else None
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
@@ -84,7 +84,7 @@ def serve_pool(pool_dir: Path) -> int:
     ranks leave), a run does not end well (the ranks are ended inside it), or the process the pool
     dies with has ended.  A run handed but never taken ends as stopped, named why."""
     record = store.read_json(pool_dir / "pool.json")
-    owner, records = record["owner"], store.RunFolder(pool_dir)
+    owner, records = record["owner"], run_folder.RunFolder(pool_dir)
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
     child = procs.spawn(pool_argv(record["world_size"], pool_dir, fork=ranks_forkable()),
@@ -106,7 +106,7 @@ def serve_pool(pool_dir: Path) -> int:
         _end_all(child, {})
     child.wait(timeout=10)
     for _, run_dir in iter(lambda: pool.take(pool_dir / "runs", lambda: True), None):
-        folder = store.RunFolder(run_dir)
+        folder = run_folder.RunFolder(run_dir)
         if folder.status() in GOING:
             status_file.record(folder.path, RunStatus.STOPPED, ended_at=time.time(),
                                error="its pool of warm ranks ended before the run started")
@@ -114,9 +114,9 @@ def serve_pool(pool_dir: Path) -> int:
 
 
 def _serve_one(pool_dir: Path, name: str, run_dir: str, child: subprocess.Popen, stop_requested: list,
-               records: store.RunFolder) -> bool:
+               records: run_folder.RunFolder) -> bool:
     """One run on the pool's ranks, supervised; whether the ranks are ready for the next."""
-    folder = store.RunFolder(run_dir)
+    folder = run_folder.RunFolder(run_dir)
     done = pool_dir / "done" / name
     watch = ending = None
     try:
@@ -137,9 +137,9 @@ def _serve_one(pool_dir: Path, name: str, run_dir: str, child: subprocess.Popen,
     return ended_well
 
 
-def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | None,
-                run: store.RunFolder | None = None, node: Nodes | None = None, started: bool = True,
-                records: store.RunFolder | None = None) -> None:
+def _record_end(folder: run_folder.RunFolder, ending: dict | None, returncode: int | None,
+                run: run_folder.RunFolder | None = None, node: Nodes | None = None, started: bool = True,
+                records: run_folder.RunFolder | None = None) -> None:
     """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
     left (``status_file`` keeps rank 0's own end: a Stop that came after the last step, its
     checkpoint written, does not make a finished run a stopped one).  Node K of a run on
@@ -167,8 +167,8 @@ class Watch:
     the run must end (torchrun exited, ``done()`` says the run is, or ``ending`` was set: Stop, a
     stall, a crash).  ``child``: torchrun, whose children the ranks are (a pool's, on warm ranks)."""
 
-    def __init__(self, folder: store.RunFolder, child: subprocess.Popen, stop_requested: list,
-                 run: store.RunFolder | None = None, node: Nodes | None = None,
+    def __init__(self, folder: run_folder.RunFolder, child: subprocess.Popen, stop_requested: list,
+                 run: run_folder.RunFolder | None = None, node: Nodes | None = None,
                  done: Callable[[], bool] | None = None):
         self.folder, self.child, self.stop_requested, self.done = folder, child, stop_requested, done
         self.run, self.node = run or folder, node  # the run folder; this node of a run on several
@@ -233,12 +233,12 @@ def _end_all(child: subprocess.Popen, workers: dict[int, float]) -> None:
     child.wait(timeout=10)
 
 
-def _last_step(folder: store.RunFolder) -> int | None:
+def _last_step(folder: run_folder.RunFolder) -> int | None:
     rows = folder.metrics_records()
     return rows[-1]["step"] if rows else None
 
 
-def _stalled(folder: store.RunFolder, cfg, idle_s: float) -> dict:
+def _stalled(folder: run_folder.RunFolder, cfg, idle_s: float) -> dict:
     launch = folder.launch_info()
     step = _last_step(folder)
     where = "before the first step" if step is None else f"after step {step}"
@@ -249,7 +249,7 @@ def _stalled(folder: store.RunFolder, cfg, idle_s: float) -> dict:
     return {"status": RunStatus.STALLED, "step": step, "error": msg}
 
 
-def _failure(folder: store.RunFolder, returncode: int | None, records: store.RunFolder | None = None) -> dict:
+def _failure(folder: run_folder.RunFolder, returncode: int | None, records: run_folder.RunFolder | None = None) -> dict:
     """Who failed first.  A rank whose error is its own (no rank gone yet when it failed) comes
     first; a rank that failed because a peer was gone names that peer; with no report at all
     (ranks killed, none of them could write one), torchrun's record of the ranks it saw end

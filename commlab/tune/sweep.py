@@ -74,7 +74,7 @@ from commlab.config import (
     own_settings,
     settings,
 )
-from commlab.engine import procs, store
+from commlab.engine import procs, run_folder, store
 from commlab.hook_specs import BASELINE, HOOKS
 from commlab.tune import baseline as baselines
 from commlab.tune import pareto, payoff, quality, whatif
@@ -385,7 +385,7 @@ class Sweep(store.Folder):
         run_dir, status = entry.get("run_dir"), entry.get("status", "starting")
         step = len(store.read_jsonl(Path(run_dir) / "metrics.jsonl")) if run_dir else 0
         if run_dir and status == "starting":  # the sweep records only a run's launch and its end
-            status = store.RunFolder(run_dir).status()
+            status = run_folder.RunFolder(run_dir).status()
         p = Progress(index, len(labels), labels[index] if labels else "",
                      status, step, self.spec().base.steps, self.status())
         p.eta_s = eta(p.fraction, state.get("since")) if p.sweep_status == "running" else None
