@@ -37,7 +37,7 @@ def launcher(prefix: str):
     nodes, time limit, partition and interface).  Returns (``SlurmJob`` or None, errors by field)."""
     import os
 
-    from commlab.engine import nodes, slurm
+    from commlab.engine.launchers import nodes, slurm
 
     if not slurm.available():
         return None, {}

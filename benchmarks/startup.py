@@ -71,7 +71,7 @@ def one_run(argv: list[str], runs_dir: Path, env: dict | None = None) -> dict[st
 
 COLD_RUNS = """
 import sys
-from commlab.engine.launch import Batch
+from commlab.engine.launchers.warm import Batch
 from commlab.tune import sweep as sw
 spec = sw.SweepSpec.from_dict(__import__("json").loads(sys.argv[1]))
 with Batch("benchmark", warm=False) as batch:

@@ -50,7 +50,7 @@ def _hooks(text: str, against: str = baselines.DEFAULT) -> list[str]:
 
 
 def _run_hooks(args: argparse.Namespace) -> list:
-    from commlab.engine.launch import Batch
+    from commlab.engine.launchers.warm import Batch
 
     base = config_from_args(args, axes=("hook",))
     # Every configuration is checked before the first run starts.

@@ -24,10 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from commlab.devices import ranks_forkable
-from commlab.engine import pool, procs, run_folder, status_file, store
+from commlab.engine import launchers, pool, procs, run_folder, status_file, store
 from commlab.engine.commands import pool_argv
-from commlab.engine.nodes import Nodes, ended_elsewhere, not_joined, stop_request
+from commlab.engine.launchers.base import Launcher
 from commlab.engine.run_state import FINAL, GOING, RunStatus
+from commlab.engine.stop_request import stop_request
 
 POLL_S = 0.2
 # A run on warm ranks: the pool's next run waits until its supervisor has seen this one done.
@@ -47,35 +48,52 @@ LOG_LIMIT, LOG_KEEP = 16 * 2**20, 4 * 2**20
 
 def supervise(run_dir: Path) -> int:
     """``run_dir``: the run folder; on node K of a run on several nodes, its records there
-    (``commlab.engine.nodes``), whose launch.json names the run folder."""
+    (``commlab.engine.launchers.nodes``), whose launch.json names the run folder."""
     folder = run_folder.RunFolder(run_dir)
-    run = run_folder.RunFolder(folder.launch_info().get("run_dir") or run_dir)
-    node = Nodes(**folder.launch_info()["nodes"]) if folder.launch_info().get("nodes") else None
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
     if status_file.said(folder.path).get("status") in FINAL:
         return 0  # stopped while it was starting: run nothing
+
+    def spawn() -> subprocess.Popen:
+        return procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"),
+                           env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(folder.file("torchrun.json"))},
+                           die_with_caller=True)
+
+    run = run_folder.RunFolder(folder.launch_info().get("run_dir") or run_dir)
+    _supervised(folder, spawn, stop_requested, run=run)
+    return 0
+
+
+def _supervised(folder: run_folder.RunFolder, torchrun: Callable[[], subprocess.Popen], stop_requested: list,
+                run: run_folder.RunFolder | None = None, done: Callable[[], bool] | None = None,
+                up: Callable[[], None] = lambda: None, ended_badly: Callable[[], None] = lambda: None,
+                records: run_folder.RunFolder | None = None) -> bool:
+    """One run, supervised: its torchrun (``torchrun()``: spawned for it, or a pool's), ``running``
+    once up (then ``up()``), watched until it must end, its ranks ended unless it ended well, and how
+    it ended recorded; whether it ended well.  ``done``: the run is over while torchrun goes on (a
+    pool's next run); ``ended_badly``: called before the ranks are ended."""
+    launcher = launchers.of(folder.launch_info())
     child = watch = None
     try:
-        child = procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"),
-                            env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(folder.file("torchrun.json"))},
-                            die_with_caller=True)
-        watch = Watch(folder, child, stop_requested, run, node)
+        child = torchrun()
+        watch = Watch(folder, child, stop_requested, launcher, run, done)
         status_file.record(folder.path, RunStatus.RUNNING)  # up: supervisor.json is written, the command runs
-        procs.wait_until(watch, interval=POLL_S)
+        up()
+        procs.wait_until(watch, interval=POLL_S if done is None else POOLED_POLL_S)
         ending = watch.ending
     except Exception as e:  # a run nobody watches must not go on: end it, and say why
         traceback.print_exc()
         ending = {"status": RunStatus.FAILED, "error": f"the supervisor failed, so it ended the run: "
-                                               f"{type(e).__name__}: {e}"}
-    if child is not None:
-        # The ranks are ended unless the command ended well: a cold run's are gone by then, and a
-        # run on warm ranks leaves its pool's for the next run.
-        ended_well = ending is None and child.returncode == 0
+                                                       f"{type(e).__name__}: {e}"}
+    ended_well = ending is None and (done() if done else child is not None and child.returncode == 0)
+    if not ended_well:
+        ended_badly()
+    if child is not None and not (ended_well and done):  # a pool's ranks that ended well go on
         _end_all(child, watch.workers if watch and not ended_well else {})
-    _record_end(folder, ending, child.returncode if child else None, run, node,
-                started=bool(watch and watch.workers))
-    return 0
+    _record_end(folder, ending, child.returncode if child else None, launcher, run,
+                started=bool(watch and watch.workers), records=records)
+    return ended_well
 
 
 def serve_pool(pool_dir: Path) -> int:
@@ -116,29 +134,14 @@ def serve_pool(pool_dir: Path) -> int:
 def _serve_one(pool_dir: Path, name: str, run_dir: str, child: subprocess.Popen, stop_requested: list,
                records: run_folder.RunFolder) -> bool:
     """One run on the pool's ranks, supervised; whether the ranks are ready for the next."""
-    folder = run_folder.RunFolder(run_dir)
     done = pool_dir / "done" / name
-    watch = ending = None
-    try:
-        watch = Watch(folder, child, stop_requested, done=done.exists)
-        status_file.record(folder.path, RunStatus.RUNNING)
-        store.write_json(pool_dir / "queue" / name, {"run_dir": run_dir})
-        procs.wait_until(watch, interval=POOLED_POLL_S)
-        ending = watch.ending
-    except Exception as e:
-        traceback.print_exc()
-        ending = {"status": RunStatus.FAILED, "error": f"the supervisor failed, so it ended the run: "
-                                               f"{type(e).__name__}: {e}"}
-    ended_well = ending is None and done.exists()
-    if not ended_well:
-        (pool_dir / pool.ENDED).touch()
-        _end_all(child, watch.workers if watch else {})
-    _record_end(folder, ending, child.returncode, records=records)
-    return ended_well
+    return _supervised(run_folder.RunFolder(run_dir), lambda: child, stop_requested, done=done.exists,
+                       up=lambda: store.write_json(pool_dir / "queue" / name, {"run_dir": run_dir}),
+                       ended_badly=(pool_dir / pool.ENDED).touch, records=records)
 
 
 def _record_end(folder: run_folder.RunFolder, ending: dict | None, returncode: int | None,
-                run: run_folder.RunFolder | None = None, node: Nodes | None = None, started: bool = True,
+                launcher: Launcher | None = None, run: run_folder.RunFolder | None = None, started: bool = True,
                 records: run_folder.RunFolder | None = None) -> None:
     """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
     left (``status_file`` keeps rank 0's own end: a Stop that came after the last step, its
@@ -151,9 +154,8 @@ def _record_end(folder: run_folder.RunFolder, ending: dict | None, returncode: i
         whole = run.status_record()
         ending = {"status": whole["status"] if whole["status"] in FINAL else RunStatus.FINISHED,
                   "error": whole.get("error")}
-    if ending is None and node is not None and not started and (missing := not_joined(run.path, node)):
-        ending = {"status": RunStatus.FAILED, "error": "; ".join(
-            f"node {k} did not join within {node.join_timeout_s:g} s" for k in missing)}
+    if ending is None and not started and launcher is not None:
+        ending = launcher.never_started(run.path)
     try:
         ending = {"step": _last_step(run), **(ending or _failure(run, returncode, records or folder))}
     except Exception as e:  # the folder cannot tell more: record what is known
@@ -168,10 +170,10 @@ class Watch:
     stall, a crash).  ``child``: torchrun, whose children the ranks are (a pool's, on warm ranks)."""
 
     def __init__(self, folder: run_folder.RunFolder, child: subprocess.Popen, stop_requested: list,
-                 run: run_folder.RunFolder | None = None, node: Nodes | None = None,
+                 launcher: Launcher, run: run_folder.RunFolder | None = None,
                  done: Callable[[], bool] | None = None):
         self.folder, self.child, self.stop_requested, self.done = folder, child, stop_requested, done
-        self.run, self.node = run or folder, node  # the run folder; this node of a run on several
+        self.launcher, self.run = launcher, run or folder  # how it runs; the run folder (node K's: the run's)
         torchrun = procs.identity(child.pid)
         self.me = {**procs.identity(os.getpid()), "torchrun_pid": torchrun["pid"],
                    "torchrun_create_time": torchrun["create_time"], "up_at": time.time()}
@@ -209,7 +211,7 @@ class Watch:
             self.ending = {"status": RunStatus.STOPPED, "error": "stopped by the user"}
         elif asked := stop_request(self.run.path):  # a Stop pressed on any node, or on a pool's run
             self.ending = {"status": RunStatus.STOPPED, "error": f"{asked.get('error')} (on {asked.get('host')})"}
-        elif self.node and (elsewhere := ended_elsewhere(self.run.path, self.node)):
+        elif elsewhere := self.launcher.ended_elsewhere(self.run.path):
             self.ending = elsewhere  # another node's bad end
         elif (self.owner and not procs.elsewhere(self.owner)  # else the Slurm follower watches it
               and not procs.alive(self.owner["pid"], self.owner["create_time"])):

@@ -94,7 +94,7 @@ def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2
     base = {"workload": workload, "steps": steps, "world_size": world_size, **settings}
     configs = {hook: RunConfig.from_dict({**base, "hook": hook}, "headroom settings").check()
                for hook in ("allreduce", "noop")}
-    from commlab.engine.launch import Batch
+    from commlab.engine.launchers.warm import Batch
 
     times, run_ids = {}, {}
     with Batch("headroom measurement") as batch:  # the two runs on the same warm ranks

@@ -28,7 +28,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from commlab.config import RunConfig, is_plain_allreduce, link_of
-from commlab.engine.slurm import sbatch_line_errors
+from commlab.engine.launchers.slurm import sbatch_line_errors
 from commlab.hook_specs import BASELINE, SPECS, STEP_COUNTS, WHOLE_STATE, WRAPPER_SPECS, Build, spec
 from commlab.hooks import registry
 

@@ -14,6 +14,7 @@ from typing import Any
 from commlab.config import GROUPS, RunConfig, Setting, applies, settings
 from commlab.engine import claims, workload_probe
 from commlab.engine import launch as engine
+from commlab.engine.launchers.choice import chosen
 from commlab.hook_specs import POWERSGD_SETTINGS
 from commlab.workload_names import BUILTIN_NAMES as BUILTIN
 from commlab.workload_names import DESCRIPTIONS
@@ -187,7 +188,7 @@ def request_id(cfg: RunConfig, draft: str) -> str:
 
 def launch(cfg: RunConfig, request_id: str | None = None, slurm=None) -> tuple[engine.Run, bool]:
     """Start a run, or return the one already going with exactly these settings; ``slurm``: as a
-    Slurm job (``commlab.engine.slurm.SlurmJob``).
+    Slurm job (``commlab.engine.launchers.slurm.SlurmJob``).
 
     Returns (run, started).  Browser tabs are separate sessions that share nothing but the runs
     folder, so the check and the start happen under a lock file there: two tabs that submit the
@@ -197,4 +198,4 @@ def launch(cfg: RunConfig, request_id: str | None = None, slurm=None) -> tuple[e
         for run in engine.list_runs(cfg.runs_dir):
             if run.is_running() and run.config_dict() == cfg.to_dict():
                 return run, False
-        return engine.start(cfg, request_id, slurm=slurm), True
+        return engine.start(cfg, chosen(slurm=slurm), request_id), True

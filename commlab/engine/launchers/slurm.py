@@ -5,12 +5,12 @@
 ``submit`` writes the run folder's job script (``job.sbatch``: one ``srun`` task per node), submits
 it with ``sbatch`` (an argv list, never a shell string) and records the job id in launch.json.  Each
 task runs ``python -m commlab.engine.slurm_node RUN_DIR``: that node's supervisor, in the foreground,
-owning its torchrun agent; on several nodes a run on several nodes (``commlab.engine.nodes``) with
+owning its torchrun agent; on several nodes a run on several nodes (``commlab.engine.launchers.nodes``) with
 the c10d rendezvous on the allocation's first node, on one node an ordinary run on loopback there.
 The runs folder must be one folder that the login node and the compute nodes share, at the same
 path, and so must the Python environment (the job runs this machine's ``sys.executable``).
 
-A detached follower on the submitting machine (``python -m commlab.engine.slurm RUN_DIR``)
+A detached follower on the submitting machine (``python -m commlab.engine.launchers.slurm RUN_DIR``)
 keeps status.json in step with the job, read with ``scontrol show job`` (no accounting daemon is
 needed): ``pending`` with Slurm's reason while queued, ``starting`` once the job runs, then the
 node supervisors take over (``running``, the end); when the job leaves, a run that did not record
@@ -29,8 +29,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commlab.engine import nodes, procs, run_folder, status_file, store
-from commlab.engine.run_state import FINAL, RunStatus
+from commlab.devices import ranks_forkable
+from commlab.engine import procs, run_folder, status_file, store
+from commlab.engine.commands import LOOPBACK, run_argv, worker_env
+from commlab.engine.launchers import nodes
+from commlab.engine.launchers.base import Launcher
+from commlab.engine.run_state import FINAL, GOING, RunStatus
+from commlab.engine.stop_request import STOP_GRACE_S, request_stop, stop_request
+from commlab.engine.supervisor import supervise
 
 SCRIPT = "job.sbatch"
 POLL_S = 0.5
@@ -144,17 +150,13 @@ def submit(folder: run_folder.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
         store.write_json(folder.file("launch.json"), {
             **folder.launch_info(), "slurm": {"job_id": job_id, "job": job.as_dict(), "submitted_at": time.time()}})
         me = str(folder.path.resolve())
-        child = procs.spawn([sys.executable, "-m", "commlab.engine.slurm", me],
+        child = procs.spawn([sys.executable, "-m", "commlab.engine.launchers.slurm", me],
                             log=folder.file("supervisor.log"), env={**env, procs.OWNER_ENV: me}, detached=True)
         store.write_json(folder.file("launch.json"), {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     except BaseException:
         cancel(job_id)
         raise
     return job_id
-
-
-def job_of(folder: run_folder.RunFolder) -> str | None:
-    return (folder.launch_info().get("slurm") or {}).get("job_id")
 
 
 def cancel(job_id: str) -> None:
@@ -204,7 +206,7 @@ def follow(run_dir: Path) -> int:
         if owner and cancelled_for is None and not procs.alive(owner["pid"], owner["create_time"]):
             cancelled_for = (f"its {owner['what']} ended (process {owner['pid']}), so the run was "
                              "stopped with it")
-            nodes.request_stop(folder.path, cancelled_for)
+            request_stop(folder.path, cancelled_for)
             cancel(job_id)
         time.sleep(POLL_S)
 
@@ -217,7 +219,7 @@ def record_end(folder: run_folder.RunFolder, job_id: str, state: dict, cancelled
     js = state.get("JobState", "GONE")
     procs.wait_until(lambda: status_file.said(folder.path).get("status") in FINAL, wait_s, 0.2)
     said = status_file.said(folder.path).get("status")
-    asked = nodes.stop_request(folder.path)
+    asked = stop_request(folder.path)
     slurm = {"job_id": job_id, "state": js, "reason": state.get("Reason"), "exit_code": state.get("ExitCode")}
     ending: dict = {}
     if js == "CANCELLED":
@@ -243,6 +245,101 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return ""
+
+
+class OnSlurm(Launcher):
+    """A run submitted as a Slurm job, followed from here; on several nodes each node's task is that
+    node's part of a run on several (``nodes.OnNodes``), which its supervisor asks."""
+
+    name = "slurm"
+
+    def __init__(self, job: SlurmJob, owner: str | None = None, resume=None, node: nodes.Nodes | None = None):
+        super().__init__(owner, resume)
+        self.job = job
+        self.nodes = nodes.OnNodes(node) if node is not None else Launcher()  # what a node's supervisor asks
+
+    @classmethod
+    def owns(cls, info: dict) -> bool:
+        return bool(job_of_record(info))
+
+    @classmethod
+    def of_record(cls, info: dict) -> OnSlurm:
+        return cls(SlurmJob(**info["slurm"]["job"]), node=nodes.Nodes(**info["nodes"]) if info.get("nodes") else None)
+
+    def start(self, folder: run_folder.RunFolder, cfg) -> None:
+        submit(folder, cfg, self.job, procs.package_env())
+
+    def start_failure(self, e: BaseException) -> str:
+        return str(e)
+
+    def ask_to_stop(self, folder: run_folder.RunFolder, grace_s: float) -> None:
+        """Every node's supervisor ends its agent on the request; then Slurm ends the job."""
+        request_stop(folder.path)
+        cancel(job_of_record(folder.launch_info()))
+        procs.wait_until(lambda: folder.status() not in GOING, grace_s + STOP_GRACE_S)
+
+    def describe(self, cfg, info: dict) -> str:
+        return (f"{self.job.nodes} node(s) x {cfg.world_size} {info['backend']} rank(s) of Slurm job "
+                f"{info['slurm']['job_id']}")
+
+    def ended_elsewhere(self, run_dir: Path) -> dict | None:
+        return self.nodes.ended_elsewhere(run_dir)
+
+    def never_started(self, run_dir: Path) -> dict | None:
+        return self.nodes.never_started(run_dir)
+
+
+def job_of_record(info: dict) -> str | None:
+    return (info.get("slurm") or {}).get("job_id")
+
+
+# ---------------------------------------------------------------------------- a node's task
+def first_address() -> str:
+    """The address of the allocation's first node, where node 0 serves the rendezvous: its NodeAddr
+    in Slurm's configuration (a node's name need not resolve; its address is how Slurm reaches it)."""
+    def scontrol(*args: str) -> str:
+        return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True).stdout
+
+    first = scontrol("show", "hostnames", os.environ["SLURM_JOB_NODELIST"]).split()[0]
+    fields = dict(w.split("=", 1) for w in scontrol("-o", "show", "node", first).split() if "=" in w)
+    return fields.get("NodeAddr") or first
+
+
+def node_main(run_dir: Path) -> int:
+    """One node's task of the job (``commlab.engine.slurm_node``): this node's records, then its
+    supervisor in the foreground, owning the node's torchrun agent, so that Slurm's signals reach it.
+    The node's place comes from Slurm (SLURM_NNODES, SLURM_NODEID, the allocation's first node's
+    address for the rendezvous); on several nodes a run on several nodes, on one an ordinary run on
+    loopback."""
+    folder = run_folder.RunFolder(run_dir)
+    cfg, info = folder.config(), folder.launch_info()
+    job = SlurmJob(**info["slurm"]["job"])
+    count, rank = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NODEID"])
+    node = None
+    if count > 1:
+        node = nodes.Nodes(count, rank, f"{first_address()}:{job.port}", folder.id, str(job.ifname),
+                           nodes.interface_address(str(job.ifname)))
+    records = node.records(folder.path) if node else folder.path
+    if node and (errors := node.errors()):  # this compute node lacks the interface, or serves elsewhere
+        Path(records).mkdir(parents=True, exist_ok=True)
+        status_file.record(records, RunStatus.FAILED, step=None, ended_at=time.time(),
+                           error=f"node {rank} ({procs.HOST}) cannot take part: " + "; ".join(
+                               f"{k}: {v}" for k, v in errors.items()))
+        return 1
+    place = node or LOOPBACK
+    mine = {"command": run_argv(cfg.world_size, folder.path, sys.executable, place, fork=ranks_forkable()),
+            "nodes": node.as_dict() if node else None}
+    if records == folder.path:
+        store.write_json(folder.file("launch.json"), {**folder.launch_info(), **mine})  # read again: submit writes it too
+    else:
+        records.mkdir(parents=True, exist_ok=True)
+        store.write_json(records / "config.json", folder.config_dict())
+        status_file.record(records, RunStatus.STARTING, step=None)
+        store.write_json(records / "launch.json", {**{k: v for k, v in info.items() if k != "supervisor"},
+                                                   **mine, "run_dir": str(folder.path)})
+    os.environ.update(worker_env(cfg, dict(os.environ), place))
+    os.environ[procs.OWNER_ENV] = str(Path(records).resolve())
+    return supervise(Path(records))
 
 
 def main(argv: list[str] | None = None) -> int:
