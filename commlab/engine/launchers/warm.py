@@ -1,5 +1,6 @@
 """A run on warm ranks (``commlab.engine.pool``): handed to a pool's supervisor, which is there
-already and goes on to the pool's next run, so a Stop is asked in the folder, not signalled."""
+already and goes on to the pool's next run, so a Stop is asked in the folder, not signalled.
+``Batch``: the runs one process starts one after another on such ranks (a sweep, a comparison)."""
 from __future__ import annotations
 
 import os
