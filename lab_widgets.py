@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from commlab.config import ConfigError
-from commlab.engine.store import RunFolder
+from commlab.engine.run_folder import RunFolder
 
 # The run the pages show, whichever page chose it; Launch sets it to the run it starts.
 RUN_KEY = "watch"
@@ -37,7 +37,7 @@ def launcher(prefix: str):
     nodes, time limit, partition and interface).  Returns (``SlurmJob`` or None, errors by field)."""
     import os
 
-    from commlab.engine import nodes, slurm
+    from commlab.engine.launchers import nodes, slurm
 
     if not slurm.available():
         return None, {}

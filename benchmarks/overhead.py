@@ -34,8 +34,7 @@ sys.path.insert(0, str(ROOT))
 from ratios import median_ratio_interval, step_times_by_side  # noqa: E402  (benchmarks/)
 
 from commlab.api import RunConfig, run  # noqa: E402
-from commlab.engine.commands import torchrun_argv  # noqa: E402
-from commlab.engine.launch import worker_env  # noqa: E402
+from commlab.engine.commands import torchrun_argv, worker_env  # noqa: E402
 
 SIDES = ("bare", "off", "default", "powersgd_commlab", "powersgd_stock")
 AB = "lab_steps"  # not a run of its own: one bare run that alternates the worker's additions

@@ -64,8 +64,7 @@ from ratios import median_ratio_interval, step_times_by_side  # noqa: E402  (ben
 
 from commlab.analysis import ring, timeline  # noqa: E402
 from commlab.api import RunConfig, run  # noqa: E402
-from commlab.engine.commands import torchrun_argv  # noqa: E402
-from commlab.engine.launch import worker_env  # noqa: E402
+from commlab.engine.commands import torchrun_argv, worker_env  # noqa: E402
 
 # Buckets: several each (DDP's default cap makes one).  Batch: backward computes for tens of ms.
 WORKLOADS = {"wide": dict(bucket_cap_mb=4.0, batch_size=128),

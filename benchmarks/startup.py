@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from commlab.devices import FORK_ENV  # noqa: E402
-from commlab.engine import store  # noqa: E402
+from commlab.engine import run_folder  # noqa: E402
 
 # Times each process reports of itself (wall clock): a process's create time, as psutil reads it
 # off /proc, is off by up to a second (the boot time it adds is whole seconds), so none is used.
@@ -59,7 +59,7 @@ def one_run(argv: list[str], runs_dir: Path, env: dict | None = None) -> dict[st
     out, _ = proc.communicate(timeout=600)
     returned = time.time()
     payload = json.loads(out.strip().splitlines()[-1])
-    run = store.RunFolder(payload["run_dir"])
+    run = run_folder.RunFolder(payload["run_dir"])
     launch, sup, meta = run.launch_info(), run.supervisor(), run.meta()
     first = run.metrics_records()[0]
     return {"command": command, "folder": launch["created_at"], "supervisor": sup["up_at"],
@@ -71,7 +71,7 @@ def one_run(argv: list[str], runs_dir: Path, env: dict | None = None) -> dict[st
 
 COLD_RUNS = """
 import sys
-from commlab.engine.launch import Batch
+from commlab.engine.launchers.warm import Batch
 from commlab.tune import sweep as sw
 spec = sw.SweepSpec.from_dict(__import__("json").loads(sys.argv[1]))
 with Batch("benchmark", warm=False) as batch:
@@ -128,7 +128,7 @@ def _spec(sweep_argv: list[str], runs_dir: Path) -> dict:
 
 def _runs(where: Path) -> list:
     """The run folders under ``where`` (a sweep's too), in the order they were started."""
-    runs = [store.RunFolder(p.parent) for p in where.glob("*/config.json")]
+    runs = [run_folder.RunFolder(p.parent) for p in where.glob("*/config.json")]
     return sorted(runs, key=lambda r: r.launch_info()["created_at"])
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from commlab.config import RunConfig
 from commlab.engine import launch as _launch
 from commlab.engine.launch import Run, list_runs, open_run
-from commlab.engine.store import GOING, STOPPABLE
+from commlab.engine.launchers.choice import chosen
+from commlab.engine.run_state import GOING, STOPPABLE, RunStatus
 
-__all__ = ["RunConfig", "Run", "GOING", "STOPPABLE", "launch", "run", "resume", "open_run",
+__all__ = ["RunConfig", "Run", "RunStatus", "GOING", "STOPPABLE", "launch", "run", "resume", "open_run",
            "list_runs"]
 
 
@@ -22,10 +23,10 @@ def launch(cfg: RunConfig | None = None, request_id: str | None = None, resume=N
     """Validate and start a run in the background (status ``starting``, then ``running``: both
     in ``GOING``); raises ConfigError before starting anything.  ``resume``: the folder of a
     finished run that this one continues from its checkpoint (see ``resume``).  ``node``: this
-    node of a run on several (``commlab.engine.nodes.Nodes``).  ``slurm``: submit it to Slurm
-    (``commlab.engine.slurm.SlurmJob``)."""
+    node of a run on several (``commlab.engine.launchers.nodes.Nodes``).  ``slurm``: submit it to
+    Slurm (``commlab.engine.launchers.slurm.SlurmJob``)."""
     cfg = (cfg or RunConfig()).with_overrides(**overrides) if overrides else (cfg or RunConfig())
-    return _launch.start(cfg, request_id, resume, node=node, slurm=slurm)
+    return _launch.start(cfg, chosen(resume, node, slurm), request_id)
 
 
 def resume(run_dir, request_id: str | None = None, **overrides) -> Run:

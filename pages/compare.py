@@ -3,7 +3,7 @@ Thin: runs picked, commlab.tune.compare, a table and plotly out."""
 import streamlit as st
 
 import lab_widgets
-from commlab.api import open_run
+from commlab.api import RunStatus, open_run
 from commlab.figures import compare as figs
 from commlab.figures.whatif import ASSUMPTION
 from commlab.tune import baseline as baselines
@@ -22,7 +22,7 @@ st.caption("One workload, every algorithm you ran on it, side by side as GRACE's
            "`commlab compare --workload W --hooks a,b,c --steps N [--against fp16]`, or from Launch "
            "and watch.")
 
-finished = [c for c in runs.run_choices() if c["status"] == "finished"]
+finished = [c for c in runs.run_choices() if c["status"] == RunStatus.FINISHED]
 if not finished:
     lab_widgets.stop_without_runs("finished runs of one workload, one per algorithm, compare here.")
 workload_of = {c["path"]: open_run(c["path"]).config_dict().get("workload") for c in finished}

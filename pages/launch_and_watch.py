@@ -107,7 +107,7 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
         job = status["slurm"]
         st.caption(f"Slurm job {lab_widgets.literal(job['job_id'])}: {lab_widgets.literal(job['state'])}"
                    + (f" (reason: {lab_widgets.literal(job['reason'])})" if job.get("reason") not in (None, "None") else ""))
-    if status["status"] == "stopped":  # the person pressed Stop: news, not a failure
+    if status["status"] == api.RunStatus.STOPPED:  # the person pressed Stop: news, not a failure
         st.caption(f"Stopped by the user after {h['steps_done']:,} steps.")
     elif status.get("error") and status["status"] not in api.GOING:
         st.error(lab_widgets.literal(status["error"]))

@@ -114,7 +114,7 @@ def test_cli_refuses_bad_input_with_exit_code_2(tmp_path):
 def test_a_recorded_config_reads_a_setting_added_since_as_what_the_run_did(tmp_path):
     """A TernGrad run recorded before terngrad_clip_sigmas existed ran unclipped: read back, exported
     and resumed, it stays unclipped; a config a person writes gets today's default."""
-    from commlab.engine.store import RunFolder
+    from commlab.engine.run_folder import RunFolder
 
     old = RunConfig(hook="terngrad").to_dict()
     del old["terngrad_clip_sigmas"]

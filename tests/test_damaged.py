@@ -25,7 +25,7 @@ import lab_widgets
 from commlab import cli
 from commlab.analysis import buckets
 from commlab.config import RunConfig
-from commlab.engine import store
+from commlab.engine import run_folder, store
 from commlab.tune import whatif
 from commlab.ui import lowrank_view, runs
 
@@ -154,9 +154,9 @@ def damaged_dir(tmp_path):
     return tmp_path
 
 
-def _run_of(root: Path, case: str) -> store.RunFolder:
+def _run_of(root: Path, case: str) -> run_folder.RunFolder:
     slug = re.sub(r"[^a-z0-9]+", "-", case.lower())
-    return next(store.RunFolder(p) for p in root.iterdir() if f"-{slug}-" in p.name)
+    return next(run_folder.RunFolder(p) for p in root.iterdir() if f"-{slug}-" in p.name)
 
 
 # ---------------------------------------------------------------------------- every reader
@@ -188,7 +188,7 @@ def test_bad_metrics_lines_are_skipped_and_counted(damaged_dir):
         row = _run_of(damaged_dir, case).summary()
         assert (row["steps"], row["skipped_lines"]) == (STEPS, skipped), case
         assert row["final_loss"] == pytest.approx(2.0 - 0.1 * (STEPS - 1))
-    assert store.RunFolder(damaged_dir / GOOD).summary()["skipped_lines"] == 0
+    assert run_folder.RunFolder(damaged_dir / GOOD).summary()["skipped_lines"] == 0
 
 
 def test_ui_and_tune_readers_over_the_damaged_folder(damaged_dir):
@@ -217,7 +217,7 @@ def test_ui_and_tune_readers_over_the_damaged_folder(damaged_dir):
             except store.Damaged:
                 pass
     assert {c["path"] for c in lowrank_view.choices(root)} >= {str(damaged_dir / GOOD)}
-    everyone = store.list_runs(root)  # the damaged too: their readers return what they can
+    everyone = run_folder.list_runs(root)  # the damaged too: their readers return what they can
     assert GOOD in {p.run_id for p in whatif.profiles_from_runs(everyone)}
     whatif.checks(everyone)
 

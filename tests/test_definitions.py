@@ -16,7 +16,7 @@ import torch
 
 from commlab.analysis import metrics, ring
 from commlab.config import RunConfig, is_plain_allreduce, label_of
-from commlab.engine import store
+from commlab.engine import run_folder, store
 from commlab.hooks.instrument import Link
 from commlab.teach import bench, classroom, headroom
 from commlab.tune import payoff, sweep, whatif
@@ -120,13 +120,13 @@ def test_headline_figures_by_hand():
     assert metrics.headline(uninstrumented, cfg)["bytes_per_step"] is None
 
 
-def _run_folder(root: Path, name: str, cfg: RunConfig, records: list[dict]) -> store.RunFolder:
+def _run_folder(root: Path, name: str, cfg: RunConfig, records: list[dict]) -> run_folder.RunFolder:
     folder = root / name
     folder.mkdir(parents=True)
     store.write_json(folder / "config.json", cfg.to_dict())
     store.write_json(folder / "status.json", {"status": "finished"})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return store.RunFolder(folder)
+    return run_folder.RunFolder(folder)
 
 
 def test_every_reader_of_a_runs_figures_agrees_with_the_one_definition(tmp_path):

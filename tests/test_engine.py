@@ -11,8 +11,8 @@ import pytest
 
 from commlab.api import Run, RunConfig, launch, open_run, run
 from commlab.engine import procs, store
-from commlab.engine.commands import torchrun_argv
-from commlab.engine.launch import prepare, torchrun_command, worker_env
+from commlab.engine.commands import torchrun_argv, worker_env
+from commlab.engine.launch import prepare, torchrun_command
 from commlab.hook_specs import PAGE, WRAPPERS, hooks_of
 
 HERE = __import__("pathlib").Path(__file__).parent

@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 
 from commlab import workloads
 from commlab.config import ConfigError, RunConfig
-from commlab.engine import checkpoint, store
+from commlab.engine import checkpoint, run_folder, store
 from commlab.hook_specs import SPECS
 
 
@@ -99,7 +99,7 @@ def test_a_users_workload_may_add_held_out_batches(monkeypatch):
 
 
 def test_evals_jsonl_is_read_leniently(tmp_path):
-    folder = store.RunFolder(tmp_path)
+    folder = run_folder.RunFolder(tmp_path)
     assert folder.evals() == [] and folder.checkpoint_step() is None and folder.resumed_from() is None
     rows = [{"step": 9, "loss": 1.5, "eval_s": 0.01, "accuracy": 0.5},
             {"step": 19, "loss": 1.25, "eval_s": 0.02, "bits_per_char": 1.8}]
@@ -107,7 +107,7 @@ def test_evals_jsonl_is_read_leniently(tmp_path):
         json.dumps(rows[0]) + "\nnot json\n" + json.dumps({"step": "x", "loss": 1}) + "\n"
         + json.dumps(rows[1]) + "\n")
     assert folder.evals() == rows
-    assert store.heldout(rows) == {"heldout_loss": 1.25, "heldout_accuracy": None,
+    assert run_folder.heldout(rows) == {"heldout_loss": 1.25, "heldout_accuracy": None,
                                    "heldout_bits_per_char": 1.8}
 
 

@@ -22,7 +22,7 @@ import pytest
 from commlab import files
 from commlab.analysis import metrics
 from commlab.config import RunConfig
-from commlab.engine import checkpoint, store
+from commlab.engine import checkpoint, run_folder, store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,7 +152,7 @@ def test_the_listing_names_fifos_and_devices_and_lists_the_rest(tmp_path):
     print(f"{len(SPECIAL)} hostile runs listed damaged in {took:.1f} s")
     # The readers behind the pages read past them: nothing waits, nothing raises.
     for i in range(len(SPECIAL)):
-        run = store.RunFolder(tmp_path / f"20240101-000000-special-{i:04d}")
+        run = run_folder.RunFolder(tmp_path / f"20240101-000000-special-{i:04d}")
         run.metrics_records(), run.evals(), run.meta(), run.status_record(), run.config_dict()
 
 
@@ -261,11 +261,11 @@ def test_a_400_digit_integer_in_metrics_is_a_damaged_line(tmp_path):
     lines = (later / "metrics.jsonl").read_text().splitlines()
     rec = json.loads(lines[-1])
     (later / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps({**rec, "loss": huge})]) + "\n")
-    row = store.RunFolder(later).summary()
+    row = run_folder.RunFolder(later).summary()
     assert (row["status"], row["steps"], row["skipped_lines"]) == ("finished", STEPS - 1, 1)
     first = make_good_run(tmp_path, "20240101-000000-first-0000")
     (first / "metrics.jsonl").write_text(json.dumps({**rec, "step": huge}) + "\n" + "\n".join(lines) + "\n")
-    row = store.RunFolder(first).summary()
+    row = run_folder.RunFolder(first).summary()
     assert row["status"] == "damaged" and row["error"].startswith("damaged: metrics.jsonl: its first line"), row
     (first / "status.json").write_text(f'{{"status": "finished", "step": {huge}}}')
     with pytest.raises(store.Damaged, match=r"status.json: not JSON \(an integer of 401 digits"):

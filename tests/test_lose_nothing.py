@@ -19,7 +19,7 @@ import pytest
 
 from commlab import cli
 from commlab.config import ConfigError, RunConfig
-from commlab.engine import checkpoint, store, supervisor
+from commlab.engine import checkpoint, run_folder, store, supervisor
 from commlab.engine.launch import Run
 from commlab.tune import sweep as sw
 
@@ -290,7 +290,7 @@ def test_a_log_past_its_limit_keeps_its_tail_and_says_so(tmp_path):
 
 # ============================================================================ how a run ended
 def test_a_stop_after_the_last_step_leaves_a_finished_run_finished(tmp_path):
-    folder = store.RunFolder(tmp_path)
+    folder = run_folder.RunFolder(tmp_path)
     store.write_json(folder.file("status.json"), {"status": "finished", "step": 9})
     supervisor._record_end(folder, {"status": "stopped", "error": "stopped by the user"}, 0)
     assert store.read_json(folder.file("status.json"))["status"] == "finished"

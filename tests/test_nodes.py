@@ -1,4 +1,4 @@
-"""A run on several nodes (``commlab.engine.nodes``), tested as two nodes on this machine: each its
+"""A run on several nodes (``commlab.engine.launchers.nodes``), tested as two nodes on this machine: each its
 own ``commlab run`` and supervisor, naming the loopback interface, node 1's agent at 127.0.0.2.
 One torchrun c10d rendezvous, one run folder in the shared runs folder; a Stop pressed on either
 node, a rank failing on either, and a node that never joins end the run everywhere with the
@@ -19,7 +19,7 @@ from commlab.api import RunConfig, launch
 from commlab.config import ConfigError
 from commlab.engine import procs
 from commlab.engine.commands import run_argv
-from commlab.engine.nodes import Nodes
+from commlab.engine.launchers.nodes import Nodes
 from commlab.engine.store import GOING
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def test_several_nodes_name_the_interface_or_are_refused_by_name(monkeypatch):
 def test_one_run_id_given_twice_at_once_on_a_node_is_refused_the_second_time(tmp_path, rank):
     """The moment between the first command's claim and its config.json: the second is refused
     (before the claim file, both found no config.json and went on into one folder)."""
-    from commlab.engine.launch import _node_dir
+    from commlab.engine.launchers.nodes import node_dir
 
     cfg = RunConfig(workload="mlp", runs_dir=str(tmp_path))
     node = _node(rank, "127.0.0.1:29400", "exp1")
@@ -77,9 +77,9 @@ def test_one_run_id_given_twice_at_once_on_a_node_is_refused_the_second_time(tmp
     if rank:  # node 1 compares its settings with node 0's
         run_dir.mkdir()
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
-    assert _node_dir(cfg, node, run_dir) == node.records(run_dir)
+    assert node_dir(cfg, node, run_dir) == node.records(run_dir)
     with pytest.raises(ConfigError, match="'exp1' is taken"):
-        _node_dir(cfg, node, run_dir)
+        node_dir(cfg, node, run_dir)
 
 
 def test_a_node_s_torchrun_joins_node_0_s_rendezvous():

@@ -7,7 +7,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, _orthogonalize
 
 from commlab.api import RunConfig, run
-from commlab.engine import store
+from commlab.engine import run_folder, store
 from commlab.hooks import pitfalls
 from commlab.ui import lowrank_view, runs
 
@@ -104,7 +104,7 @@ def test_p_slices_follow_the_hooks_grouping_by_shape():
 
 
 def test_pitfalls_reads_records_and_skips_damaged_lines(tmp_path):
-    folder = store.RunFolder(tmp_path)
+    folder = run_folder.RunFolder(tmp_path)
     assert folder.pitfalls() == []
     rec = {"step": 3, "layer": "side.weight", "kind": pitfalls.ZERO_GRADIENT, "detail": "d", "fix": "f"}
     (tmp_path / store.PITFALLS).write_text(json.dumps(rec) + "\nnot json\n" + json.dumps({"step": "x"}) + "\n")
@@ -145,7 +145,7 @@ def test_a_real_run_names_the_zero_gradient_layer_and_the_fix(tmp_path):
     r = run(RunConfig(workload="tests.test_pitfalls:zero_side_input", steps=8, world_size=2,
                       hook="powersgd", start_powerSGD_iter=2, orthogonalization_epsilon=0.0,
                       error_every=1, eval_every=0, runs_dir=str(tmp_path)), timeout=120)
-    found = store.RunFolder(r.path).pitfalls()
+    found = run_folder.RunFolder(r.path).pitfalls()
     assert found and found[0]["layer"] == "side.weight" and found[0]["step"] == 2, found
     assert found[0]["kind"] == pitfalls.ZERO_GRADIENT
     rec = r.status_record()

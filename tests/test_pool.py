@@ -19,7 +19,9 @@ import pytest
 
 from commlab.config import RunConfig
 from commlab.engine import procs
-from commlab.engine.launch import start, worker_env
+from commlab.engine.commands import worker_env
+from commlab.engine.launch import start
+from commlab.engine.launchers.warm import Warm
 from commlab.engine.pool import POOL_RANK_NAME, Pool, supervisor_of
 
 pytestmark = pytest.mark.slow  # a pool of real ranks
@@ -82,7 +84,7 @@ def test_warm_runs_give_the_numbers_of_cold_ones_bit_for_bit(powersgd_run, allre
     try:
         for cfg, cold_run in zip([*cfgs, topk], cold):
             ranks = set(_pool_ranks(pool))
-            warm = start(cfg, pool=pool.path)
+            warm = start(cfg, Warm(pool.path))
             assert warm.wait(600) == "finished", warm.status_record()
             assert warm.launch_info()["pool"] == str(pool.path.resolve())
             assert _numbers(warm) == _numbers(cold_run), cfg.hook
@@ -105,13 +107,13 @@ def test_a_failing_run_ends_named_and_the_pool_starts_again_for_the_next(tmp_pat
     fine = RunConfig(workload="mlp", steps=3, runs_dir=str(tmp_path))
     pool = _pool(tmp_path, fine)
     try:
-        failed = start(crashing, pool=pool.path)
+        failed = start(crashing, Warm(pool.path))
         assert failed.wait(600) == "failed"
         rec = failed.status_record()
         assert rec["failed_rank"] == 1 and "ran out of data on purpose" in rec["error"], rec
         assert not pool.alive()  # a rank failed inside the run: the pool ended with it
         pool.start(worker_env(fine))
-        nxt = start(fine, pool=pool.path)
+        nxt = start(fine, Warm(pool.path))
         assert nxt.wait(600) == "finished", nxt.status_record()
     finally:
         pool.close()
@@ -125,13 +127,13 @@ def test_a_run_that_hangs_is_stalled_and_the_next_gets_fresh_ranks(tmp_path):
     fine = RunConfig(workload="mlp", steps=3, runs_dir=str(tmp_path))
     pool = _pool(tmp_path, fine)
     try:
-        stalled = start(hangs, pool=pool.path)
+        stalled = start(hangs, Warm(pool.path))
         assert stalled.wait(600) == "stalled", stalled.status_record()
         assert "after step 2" in stalled.status_record()["error"]
         old_ranks = set(stalled.supervisor()["worker_pids"])
         assert not pool.alive() and _gone(old_ranks)  # the hung ranks went with it
         pool.start(worker_env(fine))
-        nxt = start(fine, pool=pool.path)
+        nxt = start(fine, Warm(pool.path))
         assert nxt.wait(600) == "finished", nxt.status_record()
         assert not set(nxt.supervisor()["worker_pids"]) & old_ranks
     finally:
@@ -144,7 +146,7 @@ def test_a_stop_ends_the_run_and_the_pool(tmp_path):
     long = RunConfig(workload="mlp", steps=100_000, runs_dir=str(tmp_path))
     pool = _pool(tmp_path, long)
     try:
-        run = start(long, pool=pool.path)
+        run = start(long, Warm(pool.path))
         assert procs.wait_until(lambda: len(run.metrics_records()) > 3, 600), run.status_record()
         ranks = {p.pid for p in _pool_processes(pool)[2:]}  # after its supervisor and torchrun
         # Its supervisor knows the run's processes (forked by the pool's ranks), for a Stop (and a
@@ -164,9 +166,9 @@ def test_a_run_stopped_before_its_turn_never_runs_and_one_the_pool_never_took_en
     long = RunConfig(workload="mlp", steps=100_000, eval_every=0, runs_dir=str(tmp_path))
     pool = _pool(tmp_path, long)
     try:
-        first = start(long, pool=pool.path)
+        first = start(long, Warm(pool.path))
         assert procs.wait_until(lambda: len(first.metrics_records()) > 3, 600), first.status_record()
-        waiting, last = start(long, pool=pool.path), start(long, pool=pool.path)
+        waiting, last = start(long, Warm(pool.path)), start(long, Warm(pool.path))
         assert waiting.status() == last.status() == "starting"  # handed, not taken: one run at a time
         # Taken back from the pool's queue: the run in hand and the pool go on.
         assert waiting.stop() == "stopped"
@@ -188,7 +190,7 @@ def test_a_pool_whose_process_is_killed_between_runs_leaves_nothing(tmp_path):
     """The pool's supervisor is detached (its own session) and watches the process that started
     it: killed with SIGKILL between two runs, that process takes the pool with it."""
     script = (f"import sys, time\nfrom commlab.config import RunConfig\n"
-              f"from commlab.engine.launch import worker_env\nfrom commlab.engine.pool import Pool\n"
+              f"from commlab.engine.commands import worker_env\nfrom commlab.engine.pool import Pool\n"
               f"pool = Pool({str(tmp_path / 'pool')!r}, 2, 'gloo')\n"
               f"pool.start(worker_env(RunConfig(workload='mlp')))\nprint('up', flush=True)\ntime.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
@@ -207,7 +209,8 @@ def test_a_pool_whose_process_is_killed_between_runs_leaves_nothing(tmp_path):
 @pytest.mark.timeout(900)
 def test_a_comparison_runs_its_hooks_on_one_pool_and_leaves_nothing(tmp_path, capsys):
     from commlab.cli import main
-    from commlab.engine.launch import POOLS, list_runs
+    from commlab.engine.launch import list_runs
+    from commlab.engine.launchers.warm import POOLS
 
     assert main(["compare", "--hooks", "allreduce,noop", "--workload", "mlp", "--steps", "3",
                  "--eval-every", "0", "--runs-dir", str(tmp_path), "--json"]) == 0
@@ -223,7 +226,7 @@ def test_a_comparison_runs_its_hooks_on_one_pool_and_leaves_nothing(tmp_path, ca
 
 @pytest.mark.timeout(900)
 def test_a_run_of_another_world_size_gets_ranks_of_its_own(tmp_path):
-    from commlab.engine.launch import Batch
+    from commlab.engine.launchers.warm import Batch
 
     two, three = (RunConfig(workload="mlp", steps=2, world_size=n, eval_every=0, runs_dir=str(tmp_path))
                   for n in (2, 3))

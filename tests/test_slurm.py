@@ -249,7 +249,7 @@ def _tail_of(path) -> str:
 @cluster_test
 def test_a_job_slurm_refuses_is_a_run_failed_with_slurm_s_words(slurm, tmp_path, monkeypatch, capsys):
     from commlab.api import launch, list_runs
-    from commlab.engine.slurm import SlurmJob
+    from commlab.engine.launchers.slurm import SlurmJob
 
     for k, v in _lab_env(slurm).items():
         monkeypatch.setenv(k, v)
@@ -276,10 +276,10 @@ def test_a_job_slurm_refuses_is_a_run_failed_with_slurm_s_words(slurm, tmp_path,
 ])
 def test_a_job_s_end_gives_the_run_slurm_s_reason_unless_the_run_recorded_its_own(tmp_path, state, before,
                                                                                  status, error):
-    from commlab.engine import store
-    from commlab.engine.slurm import record_end
+    from commlab.engine import run_folder, store
+    from commlab.engine.launchers.slurm import record_end
 
-    folder = store.RunFolder(tmp_path)
+    folder = run_folder.RunFolder(tmp_path)
     store.write_json(folder.file("status.json"), {"status": before, "step": 3, **(
         {"error": "stopped by the user"} if before == "stopped" else {})})
     (tmp_path / "slurm-7.out").write_text("python: No module named commlab\n")
@@ -295,7 +295,7 @@ def test_launcher_flags_are_refused_by_name_where_they_do_not_apply(monkeypatch)
     from commlab.cli import build_parser
     from commlab.commands.run import node_from_args, slurm_from_args
     from commlab.config import ConfigError
-    from commlab.engine import slurm
+    from commlab.engine.launchers import slurm
 
     parse = build_parser().parse_args
     with pytest.raises(ConfigError) as e:
@@ -321,8 +321,8 @@ def test_launcher_flags_are_refused_by_name_where_they_do_not_apply(monkeypatch)
 
 
 def test_the_job_script_runs_one_supervisor_per_node_with_paths_quoted(tmp_path):
-    from commlab.engine.slurm import SlurmJob, sbatch_argv, script
-    from commlab.engine.store import RunFolder
+    from commlab.engine.launchers.slurm import SlurmJob, sbatch_argv, script
+    from commlab.engine.run_folder import RunFolder
 
     run_dir = tmp_path / "a run; rm -rf ~"
     text = script(run_dir, RunConfig(world_size=3), SlurmJob(nodes=2, partition="cpu", ifname="eth0"), "/opt/py")

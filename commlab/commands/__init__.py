@@ -41,7 +41,7 @@ def resolve_run(given: str, runs_dir: str | None = None) -> Path:
     """A run as a person names it: its folder, or the id ``commlab runs`` prints (a folder of
     the runs folder).  ConfigError naming what was looked for otherwise."""
     from commlab.config import ConfigError, default_runs_dir
-    from commlab.engine.store import RunFolder
+    from commlab.engine.run_folder import RunFolder
 
     for path in (Path(given), Path(runs_dir or default_runs_dir()) / given):
         if RunFolder(path).exists():

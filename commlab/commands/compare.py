@@ -17,6 +17,7 @@ import sys
 
 from commlab.commands.run import add_run_options, config_from_args
 from commlab.config import ConfigError
+from commlab.engine.run_state import RunStatus
 from commlab.hook_specs import BASELINE, HOOKS
 from commlab.tune import baseline as baselines
 from commlab.tune.quality import Cluster
@@ -49,7 +50,7 @@ def _hooks(text: str, against: str = baselines.DEFAULT) -> list[str]:
 
 
 def _run_hooks(args: argparse.Namespace) -> list:
-    from commlab.engine.launch import Batch
+    from commlab.engine.launchers.warm import Batch
 
     base = config_from_args(args, axes=("hook",))
     # Every configuration is checked before the first run starts.
@@ -61,7 +62,7 @@ def _run_hooks(args: argparse.Namespace) -> list:
                   file=sys.stderr, flush=True)
             r = batch.start(cfg)
             r.wait()
-            if r.status() != "finished":
+            if r.status() != RunStatus.FINISHED:
                 print(f"  {r.id} ended {r.status()}: {r.status_record().get('error')}", file=sys.stderr)
             done.append(r)
     return done
@@ -79,7 +80,7 @@ def _text(rows: list[dict], cluster: Cluster, basis: str, against: str) -> str:
     for r in rows:
         ratio = f"{r['compression_ratio']:.1f}x" if r["compression_ratio"] else "–"
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "–"
-        quality = "diverged" if r["diverged"] else number(r["quality"])
+        quality = RunStatus.DIVERGED if r["diverged"] else number(r["quality"])
         lines.append(f"{r['label']:<{w}} {quality:>8} {human_bytes(r['bytes_per_step']):>11} "
                      f"{ratio:>7} {human_bytes(r['wire_bytes']):>11} {seconds(r['median_step_s']):>10} "
                      f"{seconds(r['predicted_step_s']):>10} {speedup:>8} {number(r['overlap_share'], 2):>7}")
@@ -116,7 +117,7 @@ def _compare(args: argparse.Namespace) -> int:
     emit(args, {"cluster": cluster.text(), "quality_basis": basis, "against": args.against,
                 "missing_baseline": compare.missing(rows, args.against), "rows": rows},
          _text(rows, cluster, basis, args.against))
-    return 0 if all(r.status() == "finished" for r in runs) else 1
+    return 0 if all(r.status() == RunStatus.FINISHED for r in runs) else 1
 
 
 def register(sub) -> None:

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Collection
 
 from commlab.config import ConfigError, RunConfig, settings
+from commlab.engine.run_state import RunStatus
 
 FLAG_TYPES = {"int": int, "float": float}  # the rest is text, parsed as a config file's is
 METAVARS = {"int": "N", "float": "X", "list[int]": "N,N,..."}
@@ -72,8 +73,9 @@ def _heldout_text(payload: dict) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from commlab.api import launch
     from commlab.commands import emit
+    from commlab.engine.launch import start
+    from commlab.engine.launchers.choice import chosen
 
     if args.resume and args.config:
         raise ConfigError({"config": "--resume continues a run with its own settings: give the "
@@ -87,11 +89,11 @@ def _run(args: argparse.Namespace) -> int:
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
     # while the run is still being started (the handle does not exist yet).
     slurm = slurm_from_args(args)
-    node = None if slurm else node_from_args(args)
+    launcher = chosen(args.resume, node_from_args(args), slurm)
     pressed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: pressed.append(True))
-    run = launch(cfg, resume=args.resume, node=node, slurm=slurm)
+    run = start(cfg, launcher)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: run.stop())
     if pressed:
@@ -102,11 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     whole = run.whole()  # the run folder; on node K of several, ``run`` is this node's records
     if not args.json:
         info = run.launch_info()
-        where = (f"{cfg.world_size} {info['backend']} rank(s)" if node is None else
-                 f"node {node.node_rank} of {node.nnodes}, {cfg.world_size} {info['backend']} rank(s) "
-                 f"here, {cfg.world_size * node.nnodes} in all")
-        if slurm:
-            where = f"{slurm.nodes} node(s) x {cfg.world_size} {info['backend']} rank(s) of Slurm job {info['slurm']['job_id']}"
+        where = launcher.describe(cfg, info)
         print(f"run {whole.id}: {cfg.label()} on {where} ({info['hook_impl']} implementation) "
               f"-> {whole.path}", file=sys.stderr)
         _follow(whole, cfg.steps, run)
@@ -121,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         if tb:
             text += "\n" + tb
     emit(args, payload, text)
-    return 0 if payload["status"] == "finished" else 1
+    return 0 if payload["status"] == RunStatus.FINISHED else 1
 
 
 def result_text(payload: dict) -> str:
@@ -177,7 +175,7 @@ def register(sub) -> None:
 
 
 def add_launcher_options(p: argparse.ArgumentParser, nodes_flag: bool = False) -> None:
-    """Where the runs start: this machine, or Slurm (``commlab.engine.slurm``); ``nodes_flag``
+    """Where the runs start: this machine, or Slurm (``commlab.engine.launchers.slurm``); ``nodes_flag``
     adds --nodes (``run`` has it among its several-nodes flags)."""
     g = p.add_argument_group("Slurm", "--launcher slurm submits each run as a batch job (sbatch); "
                              "the runs folder must be shared with the compute nodes")
@@ -195,7 +193,7 @@ def add_launcher_options(p: argparse.ArgumentParser, nodes_flag: bool = False) -
 
 def slurm_from_args(args: argparse.Namespace):
     """The Slurm job each run is submitted as, or None for this machine; ConfigError naming the flag."""
-    from commlab.engine.slurm import SlurmJob
+    from commlab.engine.launchers.slurm import SlurmJob
 
     if args.launcher != "slurm":
         # a sweep's --nodes and --ifname are Slurm's; a run's are its own several-nodes flags
@@ -212,7 +210,7 @@ def slurm_from_args(args: argparse.Namespace):
 
 
 def add_node_options(p: argparse.ArgumentParser) -> None:
-    """Where this command's run stands on several nodes (``commlab.engine.nodes``)."""
+    """Where this command's run stands on several nodes (``commlab.engine.launchers.nodes``)."""
     g = p.add_argument_group("several nodes", "run the same command on every node, each with its "
                              "--node-rank; the runs folder must be one shared folder")
     g.add_argument("--nnodes", "--nodes", type=int, metavar="N", help="nodes in the run (default: 1)")
@@ -229,8 +227,12 @@ def add_node_options(p: argparse.ArgumentParser) -> None:
 
 
 def node_from_args(args: argparse.Namespace):
-    """This node of a run on several (ConfigError naming the flag), or None on one node."""
-    from commlab.engine.nodes import Nodes
+    """This node of a run on several (ConfigError naming the flag), or None on one node, and on
+    Slurm, which places the nodes itself (``slurm_from_args`` reads --nodes then)."""
+    from commlab.engine.launchers.nodes import Nodes
+
+    if args.launcher == "slurm":
+        return None
 
     return Nodes.given(args.nnodes, args.node_rank, args.rdzv_endpoint, args.run_id, args.ifname,
                        args.local_addr, args.join_timeout)

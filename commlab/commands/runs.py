@@ -5,13 +5,13 @@ from __future__ import annotations
 def _runs(args) -> int:
     from commlab.analysis.ledger import totals
     from commlab.analysis.units import number
-    from commlab.api import list_runs
+    from commlab.api import RunStatus, list_runs
     from commlab.commands import emit
     from commlab.config import default_runs_dir
 
     runs = list_runs(args.runs_dir or default_runs_dir())
     rows = [r.summary() | {"name": r.notes()["name"], "ledger": _ledger(r, totals)} for r in runs]
-    lines = [f"{r['run_id']:<60} {r['error']}" if r["status"] == "damaged" else
+    lines = [f"{r['run_id']:<60} {r['error']}" if r["status"] == RunStatus.DAMAGED else
              f"{r['run_id']:<60} {r['status']:<9} {_hook(r)} "
              f"steps {number(r['steps'])}/{number(r['steps_planned'])} loss {number(r['final_loss'])}"
              + (f"  \"{r['name']}\"" if r["name"] else "")

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from commlab import files, model_io, workloads
 from commlab.config import ConfigError, RunConfig
-from commlab.engine import store
+from commlab.engine import run_folder, store
 from commlab.hook_specs import SPECS, HookSpec
 
 FOLDER, RECORD = "checkpoint", "checkpoint.json"
@@ -106,11 +106,11 @@ def room_needed(model: torch.nn.Module, cfg: RunConfig, world: int) -> int:
     return params * (1 + per_param) + (params * world if SPECS[cfg.hook].checkpoint.keeps else 0)
 
 
-def room_left(folder: store.RunFolder) -> int:
+def room_left(folder: run_folder.RunFolder) -> int:
     return shutil.disk_usage(folder.path).free
 
 
-def save(folder: store.RunFolder, rank: int, world: int, step: int, model: torch.nn.Module,
+def save(folder: run_folder.RunFolder, rank: int, world: int, step: int, model: torch.nn.Module,
          optimizer: torch.optim.Optimizer, state: object, spec: HookSpec) -> None:
     """Every rank calls it after ``step``, the run's last; rank 0 marks the checkpoint complete
     once every rank has written its file (a barrier: no hook is involved).  Each file says whose
@@ -176,7 +176,7 @@ def resume_errors(cfg: RunConfig, run_dir: str | os.PathLike, files: bool = True
     (``weights_only``) and must be that rank's, of the recorded step, ranks and run (files copied
     in from another run are refused by name: it would train on from that run's model), of this hook with the state
     its spec keeps, and (rank 0's) of a model of this workload's shapes (``file_errors``)."""
-    source = store.RunFolder(run_dir)
+    source = run_folder.RunFolder(run_dir)
     if not source.exists():
         return {"resume": f"{run_dir} is not a commlab run folder (no config.json)"}
     try:
@@ -302,7 +302,7 @@ def _model_errors(cfg: RunConfig, model: dict | None) -> str | None:
 def resume_config(run_dir: str | os.PathLike, **overrides) -> RunConfig:
     """The config that continues the run in ``run_dir``: its own, with ``overrides``; without
     ``steps``, it trains as many steps again.  ConfigError when it cannot continue it."""
-    source = store.RunFolder(run_dir)
+    source = run_folder.RunFolder(run_dir)
     errors = resume_errors(source.config() if source.exists() else RunConfig(), run_dir, files=False)
     if "resume" in errors:
         raise ConfigError({"resume": errors["resume"]})

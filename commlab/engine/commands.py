@@ -1,39 +1,52 @@
-"""The engine's command lines, pure (as Accelerate builds its launch command): what a run's
-supervisor runs, recorded in launch.json, what starts a pool of warm ranks, and the supervisors."""
+"""The engine's command lines and their environment, pure (as Accelerate builds its launch command):
+what a run's supervisor runs, recorded in launch.json, what starts a pool of warm ranks, and the
+supervisors.
+
+Where a run's agent meets the others and its ranks talk is a *place*: ``LOOPBACK`` on one machine
+(the default), or this node of a run on several (``commlab.engine.launchers.nodes.Nodes``), each
+giving its torchrun arguments and its environment, so that a command is built the same way for both.
+"""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 
-from commlab.engine.nodes import Nodes
+from commlab.engine import procs
+from commlab.engine.ranks import loopback_interface
 
 
-def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable,
-                  node: Nodes | None = None, fork: bool = False) -> list[str]:
+class Loopback:
+    """One machine: the c10d rendezvous at 127.0.0.1 on a free port, every store on loopback."""
+
+    nnodes = 1
+
+    def rendezvous_args(self) -> list[str]:
+        return ["--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1"]
+
+    def env(self) -> dict:
+        return {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": loopback_interface() or "lo"}
+
+
+LOOPBACK = Loopback()
+
+
+def torchrun_argv(nproc: int, program: list[str], python: str = sys.executable, place=LOOPBACK,
+                  fork: bool = False) -> list[str]:
     """torchrun (its stores kept on loopback, see ``commlab.engine.torchrun``) running
-    ``program`` on ``nproc`` ranks: one node, rendezvous at 127.0.0.1 on a free port, no restarts.
-    ``node``: this node's agent in a run on several nodes (``commlab.engine.nodes``): the c10d
-    rendezvous at node 0's endpoint, which node 0 serves, waiting ``join_timeout_s`` for the rest.
+    ``program`` on ``nproc`` ranks at ``place`` (its nodes, rendezvous and addresses), no restarts.
     ``fork``: the ranks forked from torchrun with the program's imports done
     (``commlab.devices.ranks_forkable`` says when they may be)."""
-    nnodes, endpoint, addr, joined = "1", "127.0.0.1:0", "127.0.0.1", []
-    if node is not None:
-        wait = f"{node.join_timeout_s:g}"
-        nnodes, endpoint, addr = str(node.nnodes), node.rdzv_endpoint, str(node.local_addr)
-        joined = ["--rdzv-id", node.run_id, "--rdzv-conf",
-                  f"is_host={int(node.node_rank == 0)},join_timeout={wait},read_timeout={wait}"]
-    return [python, "-m", "commlab.engine.torchrun", "--nnodes", nnodes, "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", addr, *joined,
+    return [python, "-m", "commlab.engine.torchrun", "--nnodes", str(place.nnodes), "--nproc-per-node",
+            str(nproc), "--rdzv-backend", "c10d", *place.rendezvous_args(),
             "--max-restarts", "0", "--monitor-interval", "0.2", *(["--start-method", "fork"] if fork else []),
             *program]
 
 
-def run_argv(world_size: int, run_dir: str | os.PathLike, python: str = sys.executable,
-             node: Nodes | None = None, fork: bool = False) -> list[str]:
-    """A cold run: torchrun starting ``world_size`` ranks of ``commlab.engine.worker`` (on this
-    node, of a run on several: ``node``)."""
-    return torchrun_argv(world_size, ["-m", "commlab.engine.worker", str(run_dir)], python, node, fork)
+def run_argv(world_size: int, run_dir: str | os.PathLike, python: str = sys.executable, place=LOOPBACK,
+             fork: bool = False) -> list[str]:
+    """A cold run: torchrun starting ``world_size`` ranks of ``commlab.engine.worker`` at ``place``."""
+    return torchrun_argv(world_size, ["-m", "commlab.engine.worker", str(run_dir)], python, place, fork)
 
 
 def pool_argv(world_size: int, pool_dir: str | os.PathLike, fork: bool = False) -> list[str]:
@@ -42,8 +55,25 @@ def pool_argv(world_size: int, pool_dir: str | os.PathLike, fork: bool = False) 
                          fork=fork)
 
 
-def supervisor_argv(folder: str | os.PathLike, pool: bool = False) -> list[str]:
-    """A run's supervisor (``commlab.engine.supervisor``); with ``pool``, the supervisor of a pool
-    of warm ranks, which supervises each run the pool serves."""
-    return [sys.executable, "-m", "commlab.engine.supervisor", *(["--pool"] if pool else []),
-            str(Path(folder).resolve())]
+def supervisor_argv(folder: str | os.PathLike) -> list[str]:
+    """A run's supervisor (``commlab.engine.supervisor``)."""
+    return [sys.executable, "-m", "commlab.engine.supervisor", str(Path(folder).resolve())]
+
+
+def pool_supervisor_argv(pool_dir: str | os.PathLike) -> list[str]:
+    """The supervisor of a pool of warm ranks, which supervises each run the pool serves."""
+    return [sys.executable, "-m", "commlab.engine.supervisor", "--pool", str(Path(pool_dir).resolve())]
+
+
+def worker_env(cfg, base: dict | None = None, place=LOOPBACK) -> dict:
+    """The environment of the supervisor, torchrun and the workers (``cfg``: the RunConfig)."""
+    env = procs.package_env(base)
+    # Share the cores out instead of letting each rank start a thread per core.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.world_size)))
+    # Set, not defaulted: an interface already named here (a cluster's eth0) would make Gloo listen
+    # on the network.  On several nodes the interface is the one the person named, and this node's
+    # stores listen on its address.
+    env.update(place.env())
+    env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"]
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

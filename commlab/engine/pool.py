@@ -38,7 +38,7 @@ import traceback
 from pathlib import Path
 
 from commlab.engine import procs, store
-from commlab.engine.commands import supervisor_argv
+from commlab.engine.commands import pool_supervisor_argv
 
 POLL_S = 0.02  # the ranks and the supervisor, between runs: how soon they see the next
 ENDED = "ended"
@@ -69,7 +69,7 @@ class Pool:
         store.write_json(self.path / "pool.json", record)
         # Detached like a run's supervisor (a Ctrl-C here is this process's to handle); it watches
         # ``owner`` and ends the pool, and records the run in hand as stopped, once it is gone.
-        child = procs.spawn(supervisor_argv(self.path, pool=True), log=self.path / "supervisor.log",
+        child = procs.spawn(pool_supervisor_argv(self.path), log=self.path / "supervisor.log",
                             env=env, detached=True)
         store.write_json(self.path / "pool.json", {**record, "supervisor": procs.identity(child.pid)})
         self._child = child

@@ -28,7 +28,7 @@ LAUNCHER_ENV = "COMMLAB_LAUNCHER_PID"
 # Where ``commlab.engine.torchrun`` writes torchrun's record of failed workers.
 TORCHRUN_RECORD_ENV = "COMMLAB_TORCHRUN_RECORD"
 # The address ``commlab.engine.torchrun``'s stores listen on: 127.0.0.1 unless a run on several
-# nodes names this node's (``commlab.engine.nodes``).
+# nodes names this node's (``commlab.engine.launchers.nodes``).
 STORE_ADDR_ENV = "COMMLAB_STORE_ADDR"
 # How long a process just started may show no command line (see ``owned_by``).
 EXEC_SETTLE_S = 2.0

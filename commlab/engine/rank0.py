@@ -17,7 +17,8 @@ import torch
 
 from commlab import workloads
 from commlab.analysis import timeline
-from commlab.engine import store
+from commlab.engine import status_file, store
+from commlab.engine.run_state import RunStatus
 from commlab.hooks import pitfalls
 from commlab.hooks.instrument import Link
 
@@ -148,16 +149,14 @@ class Rank0Record(NoRecord):
 
     def diverged(self, step: int, loss: float) -> None:
         why = self.watch.reason() if self.watch else None
-        store.write_json(self.folder.file("status.json"), {
-            "status": "diverged", "step": step,
-            "error": f"loss became {loss} at step {step}" + (f" after {why}" if why else "")
-                     + "; the run was stopped there"})
+        after = f" after {why}" if why else ""
+        status_file.record(self.folder.path, RunStatus.DIVERGED, step=step,
+                           error=f"loss became {loss} at step {step}{after}; the run was stopped there")
 
     def finished(self, step: int) -> None:
         lost = self.job.cfg.save_checkpoint and not self.job.save_checkpoint  # no room for it
         note = {"note": f"checkpoint {self.job.checkpoint_note}"} if lost else {}
-        store.write_json(self.folder.file("status.json"), {"status": "finished", "step": step, **note,
-                                                           "at": time.time()})
+        status_file.record(self.folder.path, RunStatus.FINISHED, step=step, **note, at=time.time())
 
     def end(self) -> None:
         """The bucket file again, with DDP's logging data as the run ended; a trace window the

@@ -27,9 +27,11 @@ from pathlib import Path
 import psutil
 
 from commlab.devices import ranks_forkable
-from commlab.engine import pool, procs, store
+from commlab.engine import launchers, pool, procs, run_folder, status_file, store
 from commlab.engine.commands import pool_argv
-from commlab.engine.nodes import Nodes, ended_elsewhere, not_joined, stop_request
+from commlab.engine.launchers.base import Launcher
+from commlab.engine.run_state import FINAL, GOING, RunStatus
+from commlab.engine.stop_request import stop_request
 
 POLL_S = 0.2
 # A run on warm ranks: the pool's next run waits until its supervisor has seen this one done.
@@ -50,39 +52,55 @@ LOG_LIMIT, LOG_KEEP = 16 * 2**20, 4 * 2**20
 
 def supervise(run_dir: Path) -> int:
     """``run_dir``: the run folder; on node K of a run on several nodes, its records there
-    (``commlab.engine.nodes``), whose launch.json names the run folder."""
-    folder = store.RunFolder(run_dir)
-    run = store.RunFolder(folder.launch_info().get("run_dir") or run_dir)
-    node = Nodes(**folder.launch_info()["nodes"]) if folder.launch_info().get("nodes") else None
+    (``commlab.engine.launchers.nodes``), whose launch.json names the run folder."""
+    folder = run_folder.RunFolder(run_dir)
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
-    said = store.read_json(folder.file("status.json"), {})
-    if said.get("status") in store.FINAL:
+    if status_file.said(folder.path).get("status") in FINAL:
         return 0  # stopped while it was starting: run nothing
+
+    def spawn() -> subprocess.Popen:
+        return procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"),
+                           env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(folder.file("torchrun.json"))},
+                           die_with_caller=True)
+
+    run = run_folder.RunFolder(folder.launch_info().get("run_dir") or run_dir)
+    _supervised(folder, spawn, stop_requested, run=run)
+    return 0
+
+
+def _supervised(folder: run_folder.RunFolder, torchrun: Callable[[], subprocess.Popen], stop_requested: list,
+                run: run_folder.RunFolder | None = None, done: Callable[[], bool] | None = None,
+                up: Callable[[], None] = lambda: None, ended_badly: Callable[[], None] = lambda: None,
+                records: run_folder.RunFolder | None = None) -> bool:
+    """One run, supervised: its torchrun (``torchrun()``: spawned for it, or a pool's), ``running``
+    once up (then ``up()``), watched until it must end, its ranks ended unless it ended well, and how
+    it ended recorded; whether it ended well.  ``done``: the run is over while torchrun goes on (a
+    pool's next run); ``ended_badly``: called before the ranks are ended."""
+    launcher = launchers.of(folder.launch_info())
     child = watch = None
     try:
-        child = procs.spawn(folder.launch_info()["command"], log=folder.file("launcher.log"),
-                            env={**os.environ, procs.TORCHRUN_RECORD_ENV: str(folder.file("torchrun.json"))},
-                            die_with_caller=True)
-        watch = Watch(folder, child, stop_requested, run, node)
-        said = store.read_json(folder.file("status.json"), {})
-        if said.get("status") in ("pending", "starting"):  # up: supervisor.json is written, the command runs
-            store.write_json(folder.file("status.json"), {**said, "status": "running"})
-        procs.wait_until(watch, interval=POLL_S)
+        child = torchrun()
+        watch = Watch(folder, child, stop_requested, launcher, run, done)
+        status_file.record(folder.path, RunStatus.RUNNING)  # up: supervisor.json is written, the command runs
+        up()
+        procs.wait_until(watch, interval=POLL_S if done is None else POOLED_POLL_S)
         ending = watch.ending
     except Exception as e:  # a run nobody watches must not go on: end it, and say why
         traceback.print_exc()
-        ending = {"status": "failed", "error": f"the supervisor failed, so it ended the run: "
-                                               f"{type(e).__name__}: {e}"}
-    if child is not None:
-        # The ranks are ended unless the command ended well: a cold run's are gone by then, and a
-        # run on warm ranks leaves its pool's for the next run.
-        ended_well = ending is None and child.returncode == 0
+        ending = {"status": RunStatus.FAILED, "error": f"the supervisor failed, so it ended the run: "
+                                                       f"{type(e).__name__}: {e}"}
+    ended_well = ending is None and (done() if done else child is not None and child.returncode == 0)
+    if not ended_well:
+        ended_badly()
+    if child is not None and not (ended_well and done):  # a pool's ranks that ended well go on
         _end_all(child, watch.workers if watch and not ended_well else {})
-    procs.end_adopted()  # what the ranks started, however it detached (``adopt_orphans``)
-    _record_end(folder, ending, child.returncode if child else None, run, node,
-                started=bool(watch and watch.workers))
-    return 0
+    # what the run's processes started, however it detached (``adopt_orphans``); a pool's torchrun
+    # and ranks go on to the next run
+    procs.end_adopted(keep=[child.pid] if child is not None else [])
+    _record_end(folder, ending, child.returncode if child else None, launcher, run,
+                started=bool(watch and watch.workers), records=records)
+    return ended_well
 
 
 def serve_pool(pool_dir: Path) -> int:
@@ -91,7 +109,7 @@ def serve_pool(pool_dir: Path) -> int:
     ranks leave), a run does not end well (the ranks are ended inside it), or the process the pool
     dies with has ended.  A run handed but never taken ends as stopped, named why."""
     record = store.read_json(pool_dir / "pool.json")
-    owner, records = record["owner"], store.RunFolder(pool_dir)
+    owner, records = record["owner"], run_folder.RunFolder(pool_dir)
     stop_requested = []
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(time.time()))
     child = procs.spawn(pool_argv(record["world_size"], pool_dir, fork=ranks_forkable()),
@@ -113,66 +131,44 @@ def serve_pool(pool_dir: Path) -> int:
         _end_all(child, {})
     child.wait(timeout=10)
     for _, run_dir in iter(lambda: pool.take(pool_dir / "runs", lambda: True), None):
-        folder = store.RunFolder(run_dir)
-        if folder.status() in store.GOING:
-            store.write_json(folder.file("status.json"), {
-                **folder.status_record(), "status": "stopped", "ended_at": time.time(),
-                "error": "its pool of warm ranks ended before the run started"})
+        folder = run_folder.RunFolder(run_dir)
+        if folder.status() in GOING:
+            status_file.record(folder.path, RunStatus.STOPPED, ended_at=time.time(),
+                               error="its pool of warm ranks ended before the run started")
     return 0
 
 
 def _serve_one(pool_dir: Path, name: str, run_dir: str, child: subprocess.Popen, stop_requested: list,
-               records: store.RunFolder) -> bool:
+               records: run_folder.RunFolder) -> bool:
     """One run on the pool's ranks, supervised; whether the ranks are ready for the next."""
-    folder = store.RunFolder(run_dir)
     done = pool_dir / "done" / name
-    watch = ending = None
-    try:
-        watch = Watch(folder, child, stop_requested, done=done.exists)
-        said = store.read_json(folder.file("status.json"), {})
-        store.write_json(folder.file("status.json"), {**said, "status": "running"})
-        store.write_json(pool_dir / "queue" / name, {"run_dir": run_dir})
-        procs.wait_until(watch, interval=POOLED_POLL_S)
-        ending = watch.ending
-    except Exception as e:
-        traceback.print_exc()
-        ending = {"status": "failed", "error": f"the supervisor failed, so it ended the run: "
-                                               f"{type(e).__name__}: {e}"}
-    ended_well = ending is None and done.exists()
-    if not ended_well:
-        (pool_dir / pool.ENDED).touch()
-        _end_all(child, watch.workers if watch else {})
-    procs.end_adopted(keep=[child.pid])  # what the run's processes started (``adopt_orphans``)
-    _record_end(folder, ending, child.returncode, records=records)
-    return ended_well
+    return _supervised(run_folder.RunFolder(run_dir), lambda: child, stop_requested, done=done.exists,
+                       up=lambda: store.write_json(pool_dir / "queue" / name, {"run_dir": run_dir}),
+                       ended_badly=(pool_dir / pool.ENDED).touch, records=records)
 
 
-def _record_end(folder: store.RunFolder, ending: dict | None, returncode: int | None,
-                run: store.RunFolder | None = None, node: Nodes | None = None, started: bool = True,
-                records: store.RunFolder | None = None) -> None:
+def _record_end(folder: run_folder.RunFolder, ending: dict | None, returncode: int | None,
+                launcher: Launcher | None = None, run: run_folder.RunFolder | None = None, started: bool = True,
+                records: run_folder.RunFolder | None = None) -> None:
     """How the run ended, into status.json: ``ending`` if one was decided, else what the workers
-    left.  Nothing to add when rank 0 recorded its own end: a Stop that came after the last step
-    (its checkpoint written) does not make a finished run a stopped one.  Node K of a run on
+    left (``status_file`` keeps rank 0's own end: a Stop that came after the last step, its
+    checkpoint written, does not make a finished run a stopped one).  Node K of a run on
     several nodes (``run`` the run folder, ``folder`` its records) whose agent ended well records
     the run's end; a node whose agent never started ranks names the nodes that never joined.
     ``records``: where torchrun's record and log are, when not ``folder`` (a pool's)."""
     run = run or folder
-    said = store.read_json(folder.file("status.json"), {})
-    if said.get("status") in ("finished", "diverged"):
-        return
     if ending is None and returncode == 0 and run.path != folder.path:
         whole = run.status_record()
-        ending = {"status": whole["status"] if whole["status"] in store.FINAL else "finished",
+        ending = {"status": whole["status"] if whole["status"] in FINAL else RunStatus.FINISHED,
                   "error": whole.get("error")}
-    if ending is None and node is not None and not started and (missing := not_joined(run.path, node)):
-        ending = {"status": "failed", "error": "; ".join(
-            f"node {k} did not join within {node.join_timeout_s:g} s" for k in missing)}
+    if ending is None and not started and launcher is not None:
+        ending = launcher.never_started(run.path)
     try:
         ending = {"step": _last_step(run), **(ending or _failure(run, returncode, records or folder))}
     except Exception as e:  # the folder cannot tell more: record what is known
-        ending = ending or {"status": "failed", "error": f"the workers exited with code "
-                                                         f"{returncode}; reading why failed: {e!r}"}
-    store.write_json(folder.file("status.json"), {**said, **ending, "ended_at": time.time()})
+        ending = ending or {"status": RunStatus.FAILED, "error": f"the workers exited with code "
+                                                                 f"{returncode}; reading why failed: {e!r}"}
+    status_file.record(folder.path, **ending, ended_at=time.time())
 
 
 class Watch:
@@ -181,11 +177,11 @@ class Watch:
     stall, a crash).  ``child``: torchrun, whose children the ranks are (on warm ranks, a pool's:
     ``done`` is given, and the run's processes are the ones they fork for it)."""
 
-    def __init__(self, folder: store.RunFolder, child: subprocess.Popen, stop_requested: list,
-                 run: store.RunFolder | None = None, node: Nodes | None = None,
+    def __init__(self, folder: run_folder.RunFolder, child: subprocess.Popen, stop_requested: list,
+                 launcher: Launcher, run: run_folder.RunFolder | None = None,
                  done: Callable[[], bool] | None = None):
         self.folder, self.child, self.stop_requested, self.done = folder, child, stop_requested, done
-        self.run, self.node = run or folder, node  # the run folder; this node of a run on several
+        self.launcher, self.run = launcher, run or folder  # how it runs; the run folder (node K's: the run's)
         torchrun = procs.identity(child.pid)
         self.me = {**procs.identity(os.getpid()), "torchrun_pid": torchrun["pid"],
                    "torchrun_create_time": torchrun["create_time"], "up_at": time.time()}
@@ -248,14 +244,14 @@ class Watch:
             self.last_size, self.last_progress = size, now
         cfg = self.cfg
         if self.stop_requested:
-            self.ending = {"status": "stopped", "error": "stopped by the user"}
+            self.ending = {"status": RunStatus.STOPPED, "error": "stopped by the user"}
         elif asked := stop_request(self.run.path):  # a Stop pressed on any node, or on a pool's run
-            self.ending = {"status": "stopped", "error": f"{asked.get('error')} (on {asked.get('host')})"}
-        elif self.node and (elsewhere := ended_elsewhere(self.run.path, self.node)):
+            self.ending = {"status": RunStatus.STOPPED, "error": f"{asked.get('error')} (on {asked.get('host')})"}
+        elif elsewhere := self.launcher.ended_elsewhere(self.run.path):
             self.ending = elsewhere  # another node's bad end
         elif (self.owner and not procs.elsewhere(self.owner)  # else the Slurm follower watches it
               and not procs.alive(self.owner["pid"], self.owner["create_time"])):
-            self.ending = {"status": "stopped", "error": (
+            self.ending = {"status": RunStatus.STOPPED, "error": (
                 f"its {self.owner['what']} ended (process {self.owner['pid']}), so the run was "
                 "stopped with it")}
         elif now - self.last_progress > (cfg.stall_timeout_s if self.last_size else
@@ -275,12 +271,12 @@ def _end_all(child: subprocess.Popen, workers: dict[int, float]) -> None:
     child.wait(timeout=10)
 
 
-def _last_step(folder: store.RunFolder) -> int | None:
+def _last_step(folder: run_folder.RunFolder) -> int | None:
     rows = folder.metrics_records()
     return rows[-1]["step"] if rows else None
 
 
-def _stalled(folder: store.RunFolder, cfg, idle_s: float) -> dict:
+def _stalled(folder: run_folder.RunFolder, cfg, idle_s: float) -> dict:
     launch = folder.launch_info()
     step = _last_step(folder)
     where = "before the first step" if step is None else f"after step {step}"
@@ -288,10 +284,10 @@ def _stalled(folder: store.RunFolder, cfg, idle_s: float) -> dict:
     msg = f"no step completed for {idle_s:.0f} s {where}; hook {hook}."
     if launch.get("warning"):
         msg += " " + launch["warning"]
-    return {"status": "stalled", "step": step, "error": msg}
+    return {"status": RunStatus.STALLED, "step": step, "error": msg}
 
 
-def _failure(folder: store.RunFolder, returncode: int | None, records: store.RunFolder | None = None) -> dict:
+def _failure(folder: run_folder.RunFolder, returncode: int | None, records: run_folder.RunFolder | None = None) -> dict:
     """Who failed first.  A rank whose error is its own (no rank gone yet when it failed) comes
     first; a rank that failed because a peer was gone names that peer; with no report at all
     (ranks killed, none of them could write one), torchrun's record of the ranks it saw end
@@ -304,10 +300,10 @@ def _failure(folder: store.RunFolder, returncode: int | None, records: store.Run
         first = (own or reports)[0]
         tail = "\n".join(first.get("traceback", "").strip().splitlines()[-12:])
         if own:
-            return {"status": "failed", "failed_rank": first.get("rank"), "traceback": tail,
+            return {"status": RunStatus.FAILED, "failed_rank": first.get("rank"), "traceback": tail,
                     "error": f"rank {first.get('rank')} failed: {first.get('error')}"}
         gone = first["ranks_gone"][0]
-        return {"status": "failed", "failed_rank": gone, "traceback": tail,
+        return {"status": RunStatus.FAILED, "failed_rank": gone, "traceback": tail,
                 "error": f"rank {gone} ended without an error report (killed, or it crashed "
                          f"outside Python); rank {first.get('rank')} then failed: {first.get('error')}"}
     # torchrun stamps a failure to the second, and ends the survivors of a failed rank with
@@ -318,10 +314,10 @@ def _failure(folder: store.RunFolder, returncode: int | None, records: store.Run
     if seen:
         first = seen[0]
         how = f"signal {first['signal']}" if first.get("exitcode", 0) < 0 else f"code {first.get('exitcode')}"
-        return {"status": "failed", "failed_rank": first.get("rank"),
+        return {"status": RunStatus.FAILED, "failed_rank": first.get("rank"),
                 "error": f"rank {first.get('rank')} ended by {how} without an error report",
                 "traceback": _tail(records.file("launcher.log"), 25)}
-    return {"status": "failed", "failed_rank": None,
+    return {"status": RunStatus.FAILED, "failed_rank": None,
             "error": f"the workers exited with code {returncode} without an error report",
             "traceback": _tail(records.file("launcher.log"), 25)}
 

@@ -32,7 +32,7 @@ from commlab import model_io, workloads
 from commlab.analysis.rule import RuleSummary, apply_rule, layouts, named_shapes
 from commlab.analysis.units import human_bytes
 from commlab.config import RunConfig
-from commlab.engine import checkpoint, procs, store
+from commlab.engine import checkpoint, procs, run_folder, store
 from commlab.engine.measurement import Measurement, Unmeasured
 from commlab.engine.rank0 import NoRecord, Rank0Record
 from commlab.engine.teardown import end_process_group
@@ -48,7 +48,7 @@ RANK_NAME = "commlab-rank"  # a rank's process name: this, then its global rank
 def train(run_dir: Path, rendezvous: dist.Store | None = None) -> None:
     """One run, start to end, in a process group of its own: torchrun's (``env://``), or on warm
     ranks the run's own ``rendezvous`` store (``commlab.engine.pool`` forks a process per run)."""
-    folder = store.RunFolder(run_dir)
+    folder = run_folder.RunFolder(run_dir)
     # Collectives time out too, as a backstop behind the supervisor, which calls the run stalled first.
     timeout = datetime.timedelta(seconds=2 * folder.config().stall_timeout_s + 30)
     joined = {} if rendezvous is None else {"store": rendezvous, "rank": int(os.environ["RANK"]),
@@ -119,7 +119,7 @@ class Job:
     """One rank's run, set up: everything the loop and rank 0's record read."""
 
     cfg: RunConfig
-    folder: store.RunFolder
+    folder: run_folder.RunFolder
     backend: str
     rank: int
     world: int
@@ -143,7 +143,7 @@ def setup(run_dir: Path) -> Job:
     """In the process group joined: the workload, DDP, the hook (measured, unless instrument is
     off), the optimizer, and a resumed run's checkpoint, then the hook registered; and whether the
     disk has room for the checkpoint."""
-    folder = store.RunFolder(run_dir)
+    folder = run_folder.RunFolder(run_dir)
     cfg, launch = folder.config(), folder.launch_info()
     backend = launch["backend"]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -179,7 +179,7 @@ def setup(run_dir: Path) -> Job:
                model_io.loss_source(first_batch, work.loss))
 
 
-def room_for_checkpoint(cfg: RunConfig, folder: store.RunFolder, model: torch.nn.Module,
+def room_for_checkpoint(cfg: RunConfig, folder: run_folder.RunFolder, model: torch.nn.Module,
                         world: int) -> tuple[bool, str]:
     """Whether the checkpoint will be saved, said before the first step: rank 0 weighs the room it
     needs against the disk's, and every rank follows (each writes its own file)."""

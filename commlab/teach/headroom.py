@@ -28,6 +28,7 @@ from typing import Any
 from commlab.analysis import metrics
 from commlab.config import ConfigError
 from commlab.engine import store
+from commlab.engine.run_state import RunStatus
 
 THRESHOLD = 0.10  # PyTorch's noop_hook documentation: "less than 10% speedup of training time"
 SAVED_LABEL = "step time saved by noop"
@@ -93,7 +94,7 @@ def measure_headroom(workload: str = "mlp", steps: int = 40, world_size: int = 2
     base = {"workload": workload, "steps": steps, "world_size": world_size, **settings}
     configs = {hook: RunConfig.from_dict({**base, "hook": hook}, "headroom settings").check()
                for hook in ("allreduce", "noop")}
-    from commlab.engine.launch import Batch
+    from commlab.engine.launchers.warm import Batch
 
     times, run_ids = {}, {}
     with Batch("headroom measurement") as batch:  # the two runs on the same warm ranks
@@ -118,7 +119,7 @@ def _run_to_end(batch, cfg, timeout_s: float):
     if status in store.GOING:
         run.stop()
         raise RuntimeError(f"the {cfg.hook} run did not finish within {timeout_s:g} s; stopped it")
-    if status != "finished":
+    if status != RunStatus.FINISHED:
         error = run.status_record().get("error") or "no error recorded"
         raise RuntimeError(f"the {cfg.hook} run ended {status}: {error} (run folder {run.path})")
     return run

@@ -74,7 +74,7 @@ from commlab.config import (
     own_settings,
     settings,
 )
-from commlab.engine import procs, store
+from commlab.engine import procs, run_folder, store
 from commlab.hook_specs import BASELINE, HOOKS
 from commlab.tune import baseline as baselines
 from commlab.tune import pareto, payoff, quality, whatif
@@ -315,8 +315,8 @@ class Sweep(store.Folder):
     MARKER = "sweep.json"
 
     def slurm(self):
-        """The Slurm job each run is submitted as (``commlab.engine.slurm.SlurmJob``), or None: on this machine."""
-        from commlab.engine.slurm import SlurmJob
+        """The Slurm job each run is submitted as (``commlab.engine.launchers.slurm.SlurmJob``), or None: on this machine."""
+        from commlab.engine.launchers.slurm import SlurmJob
 
         given = store.read_json(self.file("sweep.json"), {}).get("slurm")
         return SlurmJob(**given) if given else None
@@ -385,7 +385,7 @@ class Sweep(store.Folder):
         run_dir, status = entry.get("run_dir"), entry.get("status", "starting")
         step = len(store.read_jsonl(Path(run_dir) / "metrics.jsonl")) if run_dir else 0
         if run_dir and status == "starting":  # the sweep records only a run's launch and its end
-            status = store.RunFolder(run_dir).status()
+            status = run_folder.RunFolder(run_dir).status()
         p = Progress(index, len(labels), labels[index] if labels else "",
                      status, step, self.spec().base.steps, self.status())
         p.eta_s = eta(p.fraction, state.get("since")) if p.sweep_status == "running" else None
@@ -472,7 +472,7 @@ def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
 
 def create(spec: SweepSpec, slurm=None) -> Sweep:
     """Validate the whole grid, then write the sweep's folder; raises ConfigError first.
-    ``slurm``: its runs are Slurm jobs (``commlab.engine.slurm.SlurmJob``), one job per run."""
+    ``slurm``: its runs are Slurm jobs (``commlab.engine.launchers.slurm.SlurmJob``), one job per run."""
     configs = grid(spec)
     with one_at_a_time(spec.base.runs_dir):
         _none_running(spec.base.runs_dir)
@@ -530,7 +530,8 @@ def execute(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
     between polls beside the stop flag (a CLI's Ctrl-C, a test).  As it ends, what it found
     (``Sweep.report`` with times predicted on ``cluster``) goes to result.json.
     """
-    from commlab.engine.launch import Batch, Run
+    from commlab.engine.launch import Run
+    from commlab.engine.launchers.warm import Batch
 
     configs = sweep.configs()
     spec = sweep.spec()

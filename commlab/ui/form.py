@@ -3,8 +3,6 @@ form values become a checked RunConfig with one message per field, a preview say
 machine would run, and a launch is idempotent across browser tabs."""
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -14,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from commlab.config import GROUPS, RunConfig, Setting, applies, settings
+from commlab.engine import claims, workload_probe
 from commlab.engine import launch as engine
-from commlab.engine import workload_probe
+from commlab.engine.launchers.choice import chosen
 from commlab.hook_specs import POWERSGD_SETTINGS
 from commlab.workload_names import BUILTIN_NAMES as BUILTIN
 from commlab.workload_names import DESCRIPTIONS
@@ -189,25 +188,14 @@ def request_id(cfg: RunConfig, draft: str) -> str:
 
 def launch(cfg: RunConfig, request_id: str | None = None, slurm=None) -> tuple[engine.Run, bool]:
     """Start a run, or return the one already going with exactly these settings; ``slurm``: as a
-    Slurm job (``commlab.engine.slurm.SlurmJob``).
+    Slurm job (``commlab.engine.launchers.slurm.SlurmJob``).
 
     Returns (run, started).  Browser tabs are separate sessions that share nothing but the runs
     folder, so the check and the start happen under a lock file there: two tabs that submit the
     same settings at once get one run.
     """
-    with _runs_lock(cfg.runs_dir):
+    with claims.locked(Path(cfg.runs_dir) / claims.LAUNCH_LOCK):
         for run in engine.list_runs(cfg.runs_dir):
             if run.is_running() and run.config_dict() == cfg.to_dict():
                 return run, False
-        return engine.start(cfg, request_id, slurm=slurm), True
-
-
-@contextlib.contextmanager
-def _runs_lock(runs_dir: str):
-    Path(runs_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(runs_dir) / ".launch.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        return engine.start(cfg, chosen(slurm=slurm), request_id), True

@@ -9,16 +9,16 @@ from __future__ import annotations
 import dataclasses
 
 from commlab.analysis import lowrank
-from commlab.engine import store
+from commlab.engine import run_folder
 from commlab.ui import runs
 
 
 def choices(runs_dir: str | None = None) -> list[dict]:
     """The run picker's choices (``runs.run_choices``) that saved gradients or measured the error."""
-    return [c for c in runs.run_choices(runs_dir) if _has_data(store.RunFolder(c["path"]))]
+    return [c for c in runs.run_choices(runs_dir) if _has_data(run_folder.RunFolder(c["path"]))]
 
 
-def _has_data(run: store.RunFolder) -> bool:
+def _has_data(run: run_folder.RunFolder) -> bool:
     errors = run.file("errors.jsonl")
     return bool(run.grad_steps()) or (errors.exists() and errors.stat().st_size > 0)
 
@@ -37,7 +37,7 @@ class Inputs:
 
 
 def inputs(run_dir: str) -> Inputs:
-    run = store.RunFolder(run_dir)
+    run = run_folder.RunFolder(run_dir)
     cfg = run.config_dict()
     names, all_matrices = lowrank.layers_to_analyse(run.layers())
     return Inputs(cfg, run.grad_steps(), names, all_matrices,
@@ -51,14 +51,14 @@ def _drawn_with(cfg: dict) -> tuple[int, float]:
 def step_errors(run_dir: str, step: int, names: tuple[str, ...]) -> list[lowrank.LayerError]:
     """Each layer's saved gradient at ``step`` against rank 1..MAX_RANK: the truncated SVD and one
     power iteration from a fresh Q."""
-    run = store.RunFolder(run_dir)
+    run = run_folder.RunFolder(run_dir)
     seed, epsilon = _drawn_with(run.config_dict())
     return lowrank.step_errors(run.grads(step), names, seed, lowrank.MAX_RANK, epsilon)
 
 
 def warm_by_rank(run_dir: str, steps: tuple[int, ...], name: str) -> list[float]:
     """One layer's error at the last of ``steps`` at every rank, Q carried over the steps before."""
-    run = store.RunFolder(run_dir)
+    run = run_folder.RunFolder(run_dir)
     seed, epsilon = _drawn_with(run.config_dict())
     return lowrank.warm_errors_by_rank(lowrank.layer_over_steps(run.grads, steps, name), seed,
                                        lowrank.MAX_RANK, epsilon)
@@ -66,7 +66,7 @@ def warm_by_rank(run_dir: str, steps: tuple[int, ...], name: str) -> list[float]
 
 def warm_start(run_dir: str, steps: tuple[int, ...], name: str, rank: int) -> lowrank.WarmStart:
     """One layer over consecutive saved steps: Q carried on against a fresh Q every step."""
-    run = store.RunFolder(run_dir)
+    run = run_folder.RunFolder(run_dir)
     seed, epsilon = _drawn_with(run.config_dict())
     return lowrank.warm_start(name, lowrank.layer_over_steps(run.grads, steps, name), rank, seed,
                               epsilon)
@@ -74,11 +74,11 @@ def warm_start(run_dir: str, steps: tuple[int, ...], name: str, rank: int) -> lo
 
 def pitfalls(run_dir: str) -> list[str]:
     """The PowerSGD pitfalls the run caught, one line each (``runs.pitfall_lines``)."""
-    return runs.pitfall_lines(store.RunFolder(run_dir).pitfalls())
+    return runs.pitfall_lines(run_folder.RunFolder(run_dir).pitfalls())
 
 
 def measured(run_dir: str) -> tuple[list[dict], list[tuple[int, float]]]:
     """(rows, residual norms): the errors the run measured, one row per step and layer or bucket,
     and the norm of error feedback's memory wherever it was recorded."""
-    records = store.RunFolder(run_dir).error_records()
+    records = run_folder.RunFolder(run_dir).error_records()
     return lowrank.measured_rows(records), lowrank.ef_residual_norms(records)

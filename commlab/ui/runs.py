@@ -13,8 +13,9 @@ import numpy as np
 
 from commlab.analysis import ledger, metrics
 from commlab.config import default_runs_dir, label_of
-from commlab.engine import store
+from commlab.engine import run_folder, status_file, store
 from commlab.engine.launch import open_run, workers_alive
+from commlab.engine.run_state import FINAL, GOING
 from commlab.hook_specs import spec_of
 
 # The live charts' points per line, however long the run (W&B shows at most 1,500 a line,
@@ -115,7 +116,7 @@ class LiveView:
                 "compression_ratio": metrics.cumulative_compression_ratio(rows),
                 "steady_compression_ratio": metrics.steady_compression_ratio(rows, cfg, self._steady),
                 # the latest held-out evaluation and its step (None before the first)
-                **store.heldout(self.evals),
+                **run_folder.heldout(self.evals),
                 "heldout_step": self.evals[-1]["step"] if self.evals else None}
 
 
@@ -130,7 +131,7 @@ def ledger_view(path: str | Path) -> dict:
     """A run's communication ledger as its pages show it: the rows (``LEDGER_COLUMNS``, and the
     link's when it had one), the totals by traffic (``ledger.totals``), the step it was written
     after (None: the run has no ledger: instrument off, or no step yet) and what each traffic is."""
-    written = store.RunFolder(path).ledger()
+    written = run_folder.RunFolder(path).ledger()
     rows = written.get("rows", [])
     columns = LEDGER_COLUMNS + (LINK_COLUMNS if written.get("emulated_link") else ())
     return {"rows": [{k: r.get(k) for k in columns} for r in rows], "columns": columns,
@@ -148,16 +149,16 @@ def run_choices(runs_dir: str | None = None) -> list[dict]:
     """Runs to offer in every run picker (path, label, status): those still going first, so that a
     reloaded page re-attaches to them, then the rest; newest first within each."""
     runs = [{"path": str(r.path), "label": picker_label(r), "status": listed_status(r)}
-            for r in store.list_runs(runs_dir or default_runs_dir())]
-    return sorted(runs, key=lambda r: r["status"] not in store.GOING)  # sorted() is stable
+            for r in run_folder.list_runs(runs_dir or default_runs_dir())]
+    return sorted(runs, key=lambda r: r["status"] not in GOING)  # sorted() is stable
 
 
-def listed_status(run: store.RunFolder) -> str:
+def listed_status(run: run_folder.RunFolder) -> str:
     """Its status, or "damaged" when a file every listing reads is (``RunFolder.damage``)."""
     return run.listed_status_record()["status"]
 
 
-def picker_label(run: store.RunFolder) -> str:
+def picker_label(run: run_folder.RunFolder) -> str:
     """A run folder as the run picker, the run table and the overlays name it: the name a person
     gave it, its settings and link (``config.label_of``: a top-k run's k, QSGD's levels...) and
     the run id's random tail, which tells twins apart."""
@@ -178,7 +179,7 @@ def run_table(runs_dir: str | None = None) -> list[dict]:
     runs_dir = runs_dir or default_runs_dir()
     sweeps = sweep_of(runs_dir)
     rows = []
-    for run in store.list_runs(runs_dir):
+    for run in run_folder.list_runs(runs_dir):
         cfg = run.config_dict()
         row = {**_summary(run), "label": picker_label(run), **run.notes(),
                "sweep": sweeps.get(str(run.path.resolve()), ""),
@@ -213,7 +214,7 @@ def filter_rows(rows: list[dict], **chosen: list) -> list[dict]:
 def config_diff(a: str | Path, b: str | Path, every: bool = False) -> list[dict]:
     """Two runs' settings side by side, one row per setting (those that differ, or ``every``):
     setting, the first run's value, the second's."""
-    ca, cb = store.RunFolder(a).config_dict(), store.RunFolder(b).config_dict()
+    ca, cb = run_folder.RunFolder(a).config_dict(), run_folder.RunFolder(b).config_dict()
     return [{"setting": k, "first": _cell(ca.get(k)), "second": _cell(cb.get(k)),
              "differs": ca.get(k) != cb.get(k)}
             for k in dict.fromkeys([*ca, *cb]) if every or ca.get(k) != cb.get(k)]
@@ -228,21 +229,21 @@ def metrics_csv(path: str | Path) -> bytes:
     """A run's metrics.jsonl as CSV, one row per step, every field a column."""
     import pandas as pd
 
-    return pd.DataFrame(store.RunFolder(path).metrics_records()).to_csv(index=False).encode()
+    return pd.DataFrame(run_folder.RunFolder(path).metrics_records()).to_csv(index=False).encode()
 
 
-def _summary(run: store.RunFolder) -> dict:
+def _summary(run: run_folder.RunFolder) -> dict:
     # An ended run never changes again: its metrics are parsed once per version of its files.
     # A run still going is read on from where the last look stopped.
     path = str(run.path)
-    if store.read_json(run.file("status.json"), {}).get("status") in store.FINAL:
+    if status_file.said(run.path).get("status") in FINAL:
         _going.pop(path, None)
         return dict(_final_summary(path, _version(run)))
     with _going_lock:  # pages of several sessions run in threads of one process
         if path not in _going:
             while len(_going) >= 64:  # runs that never ended (lost) must not pile up
                 _going.pop(next(iter(_going)))
-            _going[path] = (run.metrics_tail(store.SUMMARY_FIELDS), [])
+            _going[path] = (run.metrics_tail(run_folder.SUMMARY_FIELDS), [])
         tail, records = _going[path]
         records.extend(tail.read_new())
         return run.summary(list(records), tail.skipped)
@@ -252,7 +253,7 @@ _going: dict[str, tuple[store.JsonlTail, list[dict]]] = {}  # path -> the tail r
 _going_lock = threading.Lock()
 
 
-def _version(run: store.RunFolder) -> tuple:
+def _version(run: run_folder.RunFolder) -> tuple:
     def stamp(name: str) -> tuple:
         try:
             st = run.file(name).stat()
@@ -260,12 +261,12 @@ def _version(run: store.RunFolder) -> tuple:
         except OSError:
             return ()
 
-    return tuple(stamp(n) for n in store.LISTED)
+    return tuple(stamp(n) for n in run_folder.LISTED)
 
 
 @functools.lru_cache(maxsize=512)
 def _final_summary(path: str, version: tuple) -> dict:
-    return store.RunFolder(path).summary()
+    return run_folder.RunFolder(path).summary()
 
 
 def overlay(paths: list[str]) -> dict:
@@ -273,7 +274,7 @@ def overlay(paths: list[str]) -> dict:
     (when the run was instrumented), for overlaying runs against step, wall time and bytes."""
     out = {}
     for path in paths:
-        run = store.RunFolder(path)
+        run = run_folder.RunFolder(path)
         df = _overlay_frame(str(run.path), _version(run))
         if df is not None:
             out[picker_label(run)] = df.copy()
@@ -288,7 +289,7 @@ OVERLAY_POINTS = 4000  # per run
 def _overlay_frame(path: str, version: tuple):
     import pandas as pd
 
-    df = pd.DataFrame(store.RunFolder(path).metrics_records(OVERLAY_FIELDS))
+    df = pd.DataFrame(run_folder.RunFolder(path).metrics_records(OVERLAY_FIELDS))
     if df.empty:
         return None
     if "payload_bytes" in df:
@@ -311,10 +312,10 @@ def delete_run(path: str | Path, runs_dir: str | None = None) -> None:
     if p.is_symlink() or p.resolve().parent != root:
         raise ValueError(f"{p} is not a folder directly inside the runs folder {root}; "
                          "nothing was deleted")
-    run = store.RunFolder(p.resolve())
+    run = run_folder.RunFolder(p.resolve())
     if not run.exists():
         raise ValueError(f"{p} is not a commlab run folder (no config.json); nothing was deleted")
-    if run.status() in store.GOING:
+    if run.status() in GOING:
         raise ValueError(f"run {run.id} is still running: stop it first")
     if workers_alive(store.read_json(run.file("supervisor.json"), {})):
         raise ValueError(f"run {run.id} has worker processes still alive: stop it first")

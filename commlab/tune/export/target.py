@@ -6,7 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from commlab.config import RunConfig
-from commlab.engine.slurm import sbatch_line_errors
+from commlab.engine.launchers.slurm import sbatch_line_errors
 from commlab.hooks import registry
 
 # Settings of the lab, not of the training: a config file leaves them out (the runs folder is a

@@ -23,18 +23,19 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commlab.engine import procs, store
+from commlab.config import ConfigError
+from commlab.engine import claims, procs, run_folder, status_file, store
+from commlab.engine.launchers.base import Launcher
+from commlab.engine.run_state import GOING, RunStatus
+from commlab.engine.stop_request import STOP_GRACE_S, request_stop
 
 NODES = "nodes"  # in a run folder: node K's records, K > 0
-STOP = "stop.json"
 IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 JOIN_TIMEOUT_S = 600.0  # torchrun's own default for its c10d rendezvous
-STOP_GRACE_S = 30.0  # for every node's supervisor to see a Stop and end its agent
-BAD_ENDS = ("failed", "stopped", "stalled")  # a node's end that ends the others (not finished, diverged)
+BAD_ENDS = (RunStatus.FAILED, RunStatus.STOPPED, RunStatus.STALLED)  # a node's end that ends the others (not finished, diverged)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -56,8 +57,6 @@ class Nodes:
               join_timeout_s: float | None = None, env: dict | None = None) -> Nodes | None:
         """From a person's flags: None for one node (no flag given); else the node, checked and its
         address resolved.  ConfigError naming every flag that is wrong."""
-        from commlab.config import ConfigError
-
         extra = {"node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint, "run_id": run_id, "ifname": ifname,
                  "local_addr": local_addr, "join_timeout_s": join_timeout_s}
         if (nnodes or 1) == 1:
@@ -119,6 +118,18 @@ class Nodes:
         """Where this node's supervisor keeps its records: node 0 the run folder, node K its own."""
         return records(run_dir, self.node_rank)
 
+    # A place (``commlab.engine.commands``): the c10d rendezvous at node 0's endpoint, which node 0
+    # serves, waiting ``join_timeout_s`` for the rest; the ranks on the named interface.
+    def rendezvous_args(self) -> list[str]:
+        wait = f"{self.join_timeout_s:g}"
+        return ["--rdzv-endpoint", self.rdzv_endpoint, "--local-addr", str(self.local_addr),
+                "--rdzv-id", self.run_id,
+                "--rdzv-conf", f"is_host={int(self.node_rank == 0)},join_timeout={wait},read_timeout={wait}"]
+
+    def env(self) -> dict:
+        return {"MASTER_ADDR": str(self.local_addr), "GLOO_SOCKET_IFNAME": self.ifname,
+                procs.STORE_ADDR_ENV: str(self.local_addr)}
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -137,14 +148,6 @@ def interface_address(ifname: str) -> str | None:
     return next((a.address for a in interfaces().get(ifname, ()) if a.family == socket.AF_INET), None)
 
 
-def request_stop(run_dir: Path, why: str = "stopped by the user") -> None:
-    store.write_json(Path(run_dir) / STOP, {"error": why, "host": procs.HOST, "at": time.time()})
-
-
-def stop_request(run_dir: Path) -> dict | None:
-    return store.read_json(Path(run_dir) / STOP)
-
-
 def ended_elsewhere(run_dir: Path, node: Nodes) -> dict | None:
     """The ending another node's bad end calls for (a Stop pressed on any node is the run folder's
     ``stop_request``): node 0 reads every node's record, node K the run's (node 0's); None while
@@ -153,7 +156,7 @@ def ended_elsewhere(run_dir: Path, node: Nodes) -> dict | None:
     others = ([(k, records(run_dir, k)) for k in range(1, node.nnodes)] if node.node_rank == 0
               else [(0, run_dir)])
     for k, folder in others:
-        said = store.read_json(folder / "status.json", {})
+        said = status_file.said(folder)
         if said.get("status") in BAD_ENDS:
             return {"status": said["status"], "error": f"node {k} ended the run: {said.get('error')}",
                     **({"failed_rank": said["failed_rank"]} if "failed_rank" in said else {}),
@@ -164,3 +167,80 @@ def ended_elsewhere(run_dir: Path, node: Nodes) -> dict | None:
 def not_joined(run_dir: Path, node: Nodes) -> list[int]:
     """The nodes whose supervisor never came up (no supervisor.json): they never joined."""
     return [k for k in range(node.nnodes) if not (records(Path(run_dir), k) / "supervisor.json").exists()]
+
+
+class OnNodes(Launcher):
+    """This node's part of a run on several: its records in the run folder named by the run id
+    (node 0's are the run folder itself), its agent at the shared rendezvous."""
+
+    name = "nodes"
+
+    def __init__(self, node: Nodes, owner: str | None = None, resume=None):
+        super().__init__(owner, resume)
+        self.node = self.place = node
+
+    @classmethod
+    def owns(cls, info: dict) -> bool:
+        return bool(info.get("nodes")) and not info.get("slurm")
+
+    @classmethod
+    def of_record(cls, info: dict) -> OnNodes:
+        return cls(Nodes(**info["nodes"]))
+
+    def errors(self, cfg) -> dict[str, str]:
+        if self.resume is not None:
+            return {"nnodes": "a run on several nodes starts cold, from step 0 (no resume, no warm ranks)"}
+        return {}
+
+    def whole(self, cfg) -> Path:
+        """The run's folder: named by the run id in the shared runs folder."""
+        return Path(cfg.runs_dir, self.node.run_id).resolve()
+
+    def make_folder(self, cfg) -> Path:
+        return node_dir(cfg, self.node, self.whole(cfg))
+
+    def records(self, cfg, records: Path) -> dict:
+        whole = self.whole(cfg)
+        return {**super().records(cfg, whole), "nodes": self.node.as_dict(),
+                "run_dir": str(whole) if whole != records.resolve() else None}  # node K's: the run's folder
+
+    def ask_to_stop(self, folder: run_folder.RunFolder, grace_s: float) -> None:
+        """Every node's supervisor ends its own agent on the request; a PID is local, the folder shared."""
+        whole = Path(folder.launch_info().get("run_dir") or folder.path)
+        request_stop(whole)
+        node0 = run_folder.RunFolder(whole)
+        procs.wait_until(lambda: node0.status() not in GOING and folder.status() not in GOING,
+                         grace_s + STOP_GRACE_S)
+
+    def describe(self, cfg, info: dict) -> str:
+        return (f"node {self.node.node_rank} of {self.node.nnodes}, {cfg.world_size} {info['backend']} rank(s) "
+                f"here, {cfg.world_size * self.node.nnodes} in all")
+
+    def ended_elsewhere(self, run_dir: Path) -> dict | None:
+        return ended_elsewhere(run_dir, self.node)
+
+    def never_started(self, run_dir: Path) -> dict | None:
+        missing = not_joined(run_dir, self.node)
+        return {"status": RunStatus.FAILED, "error": "; ".join(
+            f"node {k} did not join within {self.node.join_timeout_s:g} s" for k in missing)} if missing else None
+
+
+def node_dir(cfg, node: Nodes, run_dir: Path) -> Path:
+    """This node's records folder in ``run_dir``, the run folder named by the run id (made here if
+    this node is first); ConfigError when this node's records are there already (an id used
+    before), or when node 0's settings differ."""
+    path = node.records(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    # Of two commands given one id at the same moment, one is refused; a run from before the claim
+    # file has its config.json.
+    taken = not claims.take(path / claims.NODE_CLAIM) or (path / "config.json").exists()
+    if taken:
+        raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} already holds node "
+                                     f"{node.node_rank}'s records (give each run an id of its own)"})
+    theirs = store.read_json(run_dir / "config.json") if node.node_rank else None
+    if theirs and (differ := sorted(k for k, v in cfg.to_dict().items() if k != "runs_dir" and theirs.get(k) != v)):
+        raise ConfigError({"run_id": f"node 0 started {node.run_id!r} with other settings: "
+                                     f"{', '.join(differ)} differ (every node gives the same)"})
+    if node.node_rank == 0:
+        store.make_reserve(path)
+    return path

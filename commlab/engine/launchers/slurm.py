@@ -5,12 +5,12 @@
 ``submit`` writes the run folder's job script (``job.sbatch``: one ``srun`` task per node), submits
 it with ``sbatch`` (an argv list, never a shell string) and records the job id in launch.json.  Each
 task runs ``python -m commlab.engine.slurm_node RUN_DIR``: that node's supervisor, in the foreground,
-owning its torchrun agent; on several nodes a run on several nodes (``commlab.engine.nodes``) with
+owning its torchrun agent; on several nodes a run on several nodes (``commlab.engine.launchers.nodes``) with
 the c10d rendezvous on the allocation's first node, on one node an ordinary run on loopback there.
 The runs folder must be one folder that the login node and the compute nodes share, at the same
 path, and so must the Python environment (the job runs this machine's ``sys.executable``).
 
-A detached follower on the submitting machine (``python -m commlab.engine.slurm RUN_DIR``)
+A detached follower on the submitting machine (``python -m commlab.engine.launchers.slurm RUN_DIR``)
 keeps status.json in step with the job, read with ``scontrol show job`` (no accounting daemon is
 needed): ``pending`` with Slurm's reason while queued, ``starting`` once the job runs, then the
 node supervisors take over (``running``, the end); when the job leaves, a run that did not record
@@ -29,7 +29,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commlab.engine import nodes, procs, store
+from commlab.devices import ranks_forkable
+from commlab.engine import procs, run_folder, status_file, store
+from commlab.engine.commands import LOOPBACK, run_argv, worker_env
+from commlab.engine.launchers import nodes
+from commlab.engine.launchers.base import Launcher
+from commlab.engine.run_state import FINAL, GOING, RunStatus
+from commlab.engine.stop_request import STOP_GRACE_S, request_stop, stop_request
+from commlab.engine.supervisor import supervise
 
 SCRIPT = "job.sbatch"
 POLL_S = 0.5
@@ -113,13 +120,13 @@ def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable, back
     return "\n".join(lines) + "\n"
 
 
-def sbatch_argv(folder: store.RunFolder) -> list[str]:
+def sbatch_argv(folder: run_folder.RunFolder) -> list[str]:
     """sbatch's own argv: what holds a path is given here, not in an #SBATCH line."""
     return ["sbatch", "--parsable", f"--job-name=commlab-{folder.id}"[:100], f"--chdir={folder.path}",
             f"--output={folder.path}/slurm-%j.out", str(folder.file(SCRIPT))]
 
 
-def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
+def submit(folder: run_folder.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
     """Write the script, submit it, record the job id and spawn the follower; returns the job id.
     ConfigError (the launcher's) with sbatch's own words when it refuses; a job submitted but not
     followed (the follower could not start) is cancelled."""
@@ -127,11 +134,11 @@ def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
 
     folder.file(SCRIPT).write_text(script(folder.path.resolve(), cfg, job,
                                           backend=folder.launch_info().get("backend", "gloo")))
-    store.write_json(folder.file("status.json"), {"status": "pending", "step": None})
+    status_file.record(folder.path, RunStatus.PENDING, step=None)
     # The settings before sbatch: the node tasks read them as they start, perhaps at once.
     store.write_json(folder.file("launch.json"), {**folder.launch_info(), "slurm": {"job": job.as_dict()}})
     try:
-        done = subprocess.run(sbatch_argv(store.RunFolder(folder.path.resolve())), env=env,
+        done = subprocess.run(sbatch_argv(run_folder.RunFolder(folder.path.resolve())), env=env,
                               capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         raise ConfigError({"launcher": "sbatch did not answer within 120 s (the job may have been "
@@ -143,17 +150,13 @@ def submit(folder: store.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
         store.write_json(folder.file("launch.json"), {
             **folder.launch_info(), "slurm": {"job_id": job_id, "job": job.as_dict(), "submitted_at": time.time()}})
         me = str(folder.path.resolve())
-        child = procs.spawn([sys.executable, "-m", "commlab.engine.slurm", me],
+        child = procs.spawn([sys.executable, "-m", "commlab.engine.launchers.slurm", me],
                             log=folder.file("supervisor.log"), env={**env, procs.OWNER_ENV: me}, detached=True)
         store.write_json(folder.file("launch.json"), {**folder.launch_info(), "supervisor": procs.identity(child.pid)})
     except BaseException:
         cancel(job_id)
         raise
     return job_id
-
-
-def job_of(folder: store.RunFolder) -> str | None:
-    return (folder.launch_info().get("slurm") or {}).get("job_id")
 
 
 def cancel(job_id: str) -> None:
@@ -176,7 +179,7 @@ def job_state(job_id: str) -> dict | None:
 
 # ---------------------------------------------------------------------------- the follower
 def follow(run_dir: Path) -> int:
-    folder = store.RunFolder(run_dir)
+    folder = run_folder.RunFolder(run_dir)
     info = folder.launch_info()
     job_id, owner = info["slurm"]["job_id"], info.get("owner")
     cancelled_for = None
@@ -191,51 +194,50 @@ def follow(run_dir: Path) -> int:
             state = {}
         unanswered_since = None
         js = state.get("JobState", "")
-        said = store.read_json(folder.file("status.json"), {})
+        said = status_file.said(folder.path)
         slurm = {"job_id": job_id, "state": js or "GONE", "reason": state.get("Reason")}
         if js == "PENDING" and said.get("slurm") != slurm:
-            store.write_json(folder.file("status.json"), {**said, "status": "pending", "slurm": slurm})
-        elif js not in ("", "PENDING", *ENDED) and said.get("status") == "pending":
-            store.write_json(folder.file("status.json"), {**said, "status": "starting", "slurm": slurm})
+            status_file.record(folder.path, RunStatus.PENDING, slurm=slurm)
+        elif js not in ("", "PENDING", *ENDED) and said.get("status") == RunStatus.PENDING:
+            status_file.record(folder.path, RunStatus.STARTING, slurm=slurm)
         elif not js or js in ENDED:
             record_end(folder, job_id, state, cancelled_for)
             return 0
         if owner and cancelled_for is None and not procs.alive(owner["pid"], owner["create_time"]):
             cancelled_for = (f"its {owner['what']} ended (process {owner['pid']}), so the run was "
                              "stopped with it")
-            nodes.request_stop(folder.path, cancelled_for)
+            request_stop(folder.path, cancelled_for)
             cancel(job_id)
         time.sleep(POLL_S)
 
 
-def record_end(folder: store.RunFolder, job_id: str, state: dict, cancelled_for: str | None = None,
+def record_end(folder: run_folder.RunFolder, job_id: str, state: dict, cancelled_for: str | None = None,
                wait_s: float = RECORD_WAIT_S) -> None:
     """The run's end once the job has left (``state``: its last ``job_state``): what the
     supervisors recorded (given ``wait_s`` to record it), unless Slurm ended it (cancelled, time
     limit, a failure before or outside the ranks): then Slurm's reason."""
     js = state.get("JobState", "GONE")
-    procs.wait_until(lambda: store.read_json(folder.file("status.json"), {}).get("status") in store.FINAL,
-                     wait_s, 0.2)
-    said = store.read_json(folder.file("status.json"), {})
-    asked = nodes.stop_request(folder.path)
+    procs.wait_until(lambda: status_file.said(folder.path).get("status") in FINAL, wait_s, 0.2)
+    said = status_file.said(folder.path).get("status")
+    asked = stop_request(folder.path)
     slurm = {"job_id": job_id, "state": js, "reason": state.get("Reason"), "exit_code": state.get("ExitCode")}
     ending: dict = {}
     if js == "CANCELLED":
         why = cancelled_for or (asked or {}).get("error") or (
             f"Slurm cancelled job {job_id} (scancel, or the cluster's administrator)")
-        if said.get("status") not in ("finished", "diverged", "failed"):
-            ending = {"status": "stopped", "error": why}
+        if said != RunStatus.FAILED:  # a failure is not renamed by the cancel that came after it
+            ending = {"status": RunStatus.STOPPED, "error": why}
     elif js in ("TIMEOUT", "DEADLINE", "PREEMPTED"):
-        if said.get("status") not in ("finished", "diverged"):
-            ending = {"status": "stopped", "error": f"Slurm ended job {job_id}: {js} "
-                                                    f"(time limit {state.get('TimeLimit', '?')})"}
-    elif said.get("status") not in store.FINAL:
-        ending = {"status": "failed", "error": (
+        ending = {"status": RunStatus.STOPPED, "error": f"Slurm ended job {job_id}: {js} "
+                                                        f"(time limit {state.get('TimeLimit', '?')})"}
+    elif said not in FINAL:  # else the supervisors recorded the end, and Slurm's word adds no other
+        ending = {"status": RunStatus.FAILED, "error": (
             f"Slurm job {job_id} ended {js} (reason {state.get('Reason')}, exit code "
             f"{state.get('ExitCode')}) before the run recorded an end"),
             "traceback": _tail(folder.file(f"slurm-{job_id}.out"))}
-    store.write_json(folder.file("status.json"), {**said, **ending, "slurm": slurm,
-                                                  **({"ended_at": time.time()} if ending else {})})
+    # Slurm's word on the job is kept either way; an end only where the state machine allows it.
+    if not (ending and status_file.record(folder.path, **ending, slurm=slurm, ended_at=time.time())):
+        status_file.record(folder.path, slurm=slurm)
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -243,6 +245,101 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return ""
+
+
+class OnSlurm(Launcher):
+    """A run submitted as a Slurm job, followed from here; on several nodes each node's task is that
+    node's part of a run on several (``nodes.OnNodes``), which its supervisor asks."""
+
+    name = "slurm"
+
+    def __init__(self, job: SlurmJob, owner: str | None = None, resume=None, node: nodes.Nodes | None = None):
+        super().__init__(owner, resume)
+        self.job = job
+        self.nodes = nodes.OnNodes(node) if node is not None else Launcher()  # what a node's supervisor asks
+
+    @classmethod
+    def owns(cls, info: dict) -> bool:
+        return bool(job_of_record(info))
+
+    @classmethod
+    def of_record(cls, info: dict) -> OnSlurm:
+        return cls(SlurmJob(**info["slurm"]["job"]), node=nodes.Nodes(**info["nodes"]) if info.get("nodes") else None)
+
+    def start(self, folder: run_folder.RunFolder, cfg) -> None:
+        submit(folder, cfg, self.job, procs.package_env())
+
+    def start_failure(self, e: BaseException) -> str:
+        return str(e)
+
+    def ask_to_stop(self, folder: run_folder.RunFolder, grace_s: float) -> None:
+        """Every node's supervisor ends its agent on the request; then Slurm ends the job."""
+        request_stop(folder.path)
+        cancel(job_of_record(folder.launch_info()))
+        procs.wait_until(lambda: folder.status() not in GOING, grace_s + STOP_GRACE_S)
+
+    def describe(self, cfg, info: dict) -> str:
+        return (f"{self.job.nodes} node(s) x {cfg.world_size} {info['backend']} rank(s) of Slurm job "
+                f"{info['slurm']['job_id']}")
+
+    def ended_elsewhere(self, run_dir: Path) -> dict | None:
+        return self.nodes.ended_elsewhere(run_dir)
+
+    def never_started(self, run_dir: Path) -> dict | None:
+        return self.nodes.never_started(run_dir)
+
+
+def job_of_record(info: dict) -> str | None:
+    return (info.get("slurm") or {}).get("job_id")
+
+
+# ---------------------------------------------------------------------------- a node's task
+def first_address() -> str:
+    """The address of the allocation's first node, where node 0 serves the rendezvous: its NodeAddr
+    in Slurm's configuration (a node's name need not resolve; its address is how Slurm reaches it)."""
+    def scontrol(*args: str) -> str:
+        return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True).stdout
+
+    first = scontrol("show", "hostnames", os.environ["SLURM_JOB_NODELIST"]).split()[0]
+    fields = dict(w.split("=", 1) for w in scontrol("-o", "show", "node", first).split() if "=" in w)
+    return fields.get("NodeAddr") or first
+
+
+def node_main(run_dir: Path) -> int:
+    """One node's task of the job (``commlab.engine.slurm_node``): this node's records, then its
+    supervisor in the foreground, owning the node's torchrun agent, so that Slurm's signals reach it.
+    The node's place comes from Slurm (SLURM_NNODES, SLURM_NODEID, the allocation's first node's
+    address for the rendezvous); on several nodes a run on several nodes, on one an ordinary run on
+    loopback."""
+    folder = run_folder.RunFolder(run_dir)
+    cfg, info = folder.config(), folder.launch_info()
+    job = SlurmJob(**info["slurm"]["job"])
+    count, rank = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NODEID"])
+    node = None
+    if count > 1:
+        node = nodes.Nodes(count, rank, f"{first_address()}:{job.port}", folder.id, str(job.ifname),
+                           nodes.interface_address(str(job.ifname)))
+    records = node.records(folder.path) if node else folder.path
+    if node and (errors := node.errors()):  # this compute node lacks the interface, or serves elsewhere
+        Path(records).mkdir(parents=True, exist_ok=True)
+        status_file.record(records, RunStatus.FAILED, step=None, ended_at=time.time(),
+                           error=f"node {rank} ({procs.HOST}) cannot take part: " + "; ".join(
+                               f"{k}: {v}" for k, v in errors.items()))
+        return 1
+    place = node or LOOPBACK
+    mine = {"command": run_argv(cfg.world_size, folder.path, sys.executable, place, fork=ranks_forkable()),
+            "nodes": node.as_dict() if node else None}
+    if records == folder.path:
+        store.write_json(folder.file("launch.json"), {**folder.launch_info(), **mine})  # read again: submit writes it too
+    else:
+        records.mkdir(parents=True, exist_ok=True)
+        store.write_json(records / "config.json", folder.config_dict())
+        status_file.record(records, RunStatus.STARTING, step=None)
+        store.write_json(records / "launch.json", {**{k: v for k, v in info.items() if k != "supervisor"},
+                                                   **mine, "run_dir": str(folder.path)})
+    os.environ.update(worker_env(cfg, dict(os.environ), place))
+    os.environ[procs.OWNER_ENV] = str(Path(records).resolve())
+    return supervise(Path(records))
 
 
 def main(argv: list[str] | None = None) -> int:
