@@ -138,7 +138,8 @@ def cluster_inputs() -> quality.Cluster:
     return cluster
 
 
-def results(sweep: sw.Sweep) -> None:
+def judging(sweep: sw.Sweep) -> tuple[str, float]:
+    """The baseline judged against and the tolerance X, the sweep's own unless changed here."""
     planned = sweep.spec().against
     c1, c2 = st.columns([1, 3])
     against = c1.selectbox("Judge against", baselines.BASELINES, baselines.BASELINES.index(planned),
@@ -147,14 +148,10 @@ def results(sweep: sw.Sweep) -> None:
                                 + ("" if planned == baselines.BASELINE else " and fp32 allreduce") + ".")
     tolerance = c2.slider("X: a setting qualifies when its loss is within X% of the baseline's, beyond "
                           "the seed noise", 0.0, 50.0, float(sweep.spec().tolerance_pct), 0.5)
-    cluster = cluster_inputs()
-    runs = sweep.results(tolerance, cluster, against)
-    if not len(runs):
-        st.info("No run has started yet.")
-        return
-    title = baselines.title(against)
-    table = pareto.by_setting(runs)
-    rec = pareto.recommend(runs, tolerance)
+    return against, tolerance
+
+
+def recommendation(rec: pareto.Recommendation, table, title: str) -> None:
     said = f"**Recommendation** (against {title}): {lab_widgets.literal(rec.text)}"
     if rec.decided and rec.label and not table[table["label"] == rec.label]["baseline"].iloc[0]:
         st.success(said)
@@ -165,20 +162,9 @@ def results(sweep: sw.Sweep) -> None:
     if rec.here:
         st.markdown(f"**On your cluster**: {lab_widgets.literal(rec.here)}.")
     st.caption(f"Rule: {lab_widgets.literal(rec.rule)}.")
-    basis = set(runs["quality_basis"].dropna())
-    if quality.TRAINING in basis:
-        st.caption(f"Quality basis: {lab_widgets.literal(quality.BASIS_TEXT[quality.TRAINING])}.")
-    links = set(table["link"]) - {"loopback"}
-    if links:
-        st.warning(f"These runs used an **{', '.join(sorted(links))}** link: their measured times are "
-                   "the emulated network's, not this machine's.")
-    if not pareto.comparable(table).any():
-        st.info("The charts appear once a setting has a finished seed.")
-    else:
-        c1, c2 = st.columns(2)
-        c1.plotly_chart(pareto_figure(table, "bytes_per_step", rec.label, runs))
-        c2.plotly_chart(pareto_figure(table, "predicted_s", rec.label, runs, cluster.text()))
-        st.plotly_chart(curves_figure(runs, runs["target"].iloc[0]))
+
+
+def per_setting(table, runs, title: str, cluster: quality.Cluster) -> None:
     st.markdown(f"**Per setting** (target loss {_num(runs['target'].iloc[0])}: {title}'s plus X%; "
                 "*to target*: where each seed first reached it, mean over the seeds that did; "
                 f"ratio, speed-up and *pays here?* against **{title}**, on {cluster.text()})")
@@ -207,6 +193,34 @@ def results(sweep: sw.Sweep) -> None:
                      "reach_time_s": st.column_config.NumberColumn("measured s", format="%.2f"),
                      "reach_predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
                      "reach_bytes": st.column_config.NumberColumn("bytes", format="%,.0f")})
+
+
+def results(sweep: sw.Sweep) -> None:
+    against, tolerance = judging(sweep)
+    cluster = cluster_inputs()
+    runs = sweep.results(tolerance, cluster, against)
+    if not len(runs):
+        st.info("No run has started yet.")
+        return
+    title = baselines.title(against)
+    table = pareto.by_setting(runs)
+    rec = pareto.recommend(runs, tolerance)
+    recommendation(rec, table, title)
+    basis = set(runs["quality_basis"].dropna())
+    if quality.TRAINING in basis:
+        st.caption(f"Quality basis: {lab_widgets.literal(quality.BASIS_TEXT[quality.TRAINING])}.")
+    links = set(table["link"]) - {"loopback"}
+    if links:
+        st.warning(f"These runs used an **{', '.join(sorted(links))}** link: their measured times are "
+                   "the emulated network's, not this machine's.")
+    if not pareto.comparable(table).any():
+        st.info("The charts appear once a setting has a finished seed.")
+    else:
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(pareto_figure(table, "bytes_per_step", rec.label, runs))
+        c2.plotly_chart(pareto_figure(table, "predicted_s", rec.label, runs, cluster.text()))
+        st.plotly_chart(curves_figure(runs, runs["target"].iloc[0]))
+    per_setting(table, runs, title, cluster)
     if rec.verdicts:
         st.markdown(f"**Each setting against {title}**")
         st.dataframe(rec.verdicts, hide_index=True)

@@ -162,6 +162,15 @@ def _sweep(args: argparse.Namespace) -> int:
             emit(args, {"runs": labels}, "\n".join(f"{i + 1}. {lab}" for i, lab in enumerate(labels)))
             return 0
         sweep = sw.create(spec, slurm)
+    out = _execute(args, sweep, configs, cluster)
+    emit(args, out, _text(out))
+    return 0 if out["status"] == "finished" else 1
+
+
+def _execute(args: argparse.Namespace, sweep, configs: list, cluster: Cluster) -> dict:
+    """Execute (or resume) the sweep here, its progress on stderr; Ctrl-C stops it. Returns its report."""
+    from commlab.tune import sweep as sw
+
     interrupted: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: interrupted.append(signum))
@@ -172,16 +181,13 @@ def _sweep(args: argparse.Namespace) -> int:
               file=sys.stderr)
         bar = Progress(sum(c.steps for c in configs), "step", lines=0)  # piped: the runs' own lines
         on_progress = _on_progress(bar, configs)
-
     try:
         (sw.resume if args.resume else sw.execute)(sweep, on_progress, cluster=cluster,
                                                     should_stop=lambda: bool(interrupted))
     finally:
         if bar is not None:
             bar.close()
-    out = sweep.saved_report() or sweep.report(cluster)
-    emit(args, out, _text(out))
-    return 0 if out["status"] == "finished" else 1
+    return sweep.saved_report() or sweep.report(cluster)
 
 
 def _find(given: str, runs_dir: str | None, field: str = "resume"):

@@ -1,0 +1,183 @@
+"""A sweep's folder, ``<runs_dir>/sweeps/<sweep_id>/``: its plan (sweep.json), its state
+(state.json), its stop flag and result; creating one, listing them, the claim that keeps one
+running at a time."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from commlab.config import ConfigError, RunConfig, default_runs_dir
+from commlab.engine import procs, store
+from commlab.tune import quality
+from commlab.tune.sweep import table
+from commlab.tune.sweep.progress import Progress, eta
+from commlab.tune.sweep.spec import SweepSpec, grid, plan_label
+
+SWEEPS = "sweeps"
+RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.report``)
+
+
+# What sweep.json and state.json hold, as far as their readers rely on it (see store.load_json).
+PLAN = {"spec": dict, "labels?": [str]}
+STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
+         "replaced?": [{"run_dir?": str, "status?": str}],
+         "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
+         "since?": {"time": store.NUM, "fraction": store.NUM}}
+
+
+class Sweep(store.Folder):
+    """One sweep's folder: its plan, its state, its runs."""
+
+    MARKER = "sweep.json"
+
+    def slurm(self):
+        """The Slurm job each run is submitted as (``commlab.engine.slurm.SlurmJob``), or None: on this machine."""
+        from commlab.engine.slurm import SlurmJob
+
+        given = store.read_json(self.file("sweep.json"), {}).get("slurm")
+        return SlurmJob(**given) if given else None
+
+    def spec(self) -> SweepSpec:
+        """The plan; ``store.Damaged`` when sweep.json is not one."""
+        try:
+            return SweepSpec.from_dict(store.load_json(self.file("sweep.json"), PLAN)["spec"])
+        except (ConfigError, TypeError, ValueError, KeyError) as e:
+            if isinstance(e, store.Damaged):
+                raise
+            raise store.Damaged("sweep.json", f"not a sweep's plan ({str(e)[:120]})") from None
+
+    def damage(self) -> str | None:
+        """``damaged: sweep.json: <what>`` when the plan cannot be read; None when it can."""
+        try:
+            self.spec()
+        except (store.Damaged, OSError) as e:
+            return f"damaged: {e}"
+        return None
+
+    def configs(self) -> list[RunConfig]:
+        return grid(self.spec())
+
+    def state(self) -> dict:
+        return store.read_json(self.file("state.json"), {}, STATE)
+
+    def status(self) -> str:
+        """running | finished | stopped | lost (the process answerable for it died without
+        recording an end: the one that created it, then the one ``start`` spawned, then the one
+        executing it)."""
+        from commlab.engine.procs import alive
+
+        state = self.state()
+        status = state.get("status", "running")
+        if status == "running" and not alive(state.get("pid"), state.get("create_time")):
+            return "lost"
+        return status
+
+    def is_running(self) -> bool:
+        return self.status() == "running"
+
+    def stop_requested(self) -> bool:
+        return self.file("stop").exists()
+
+    def request_stop(self) -> None:
+        """Ask the sweep to stop; its process stops the current run.  With no process left, do it here."""
+        self.file("stop").touch()
+        if self.status() == "lost":
+            for run in self.runs():
+                if run.status() in store.STOPPABLE:
+                    run.stop()
+            _write_state(self, status="stopped")
+
+    def runs(self) -> list:
+        from commlab.engine.launch import Run
+
+        return [Run(e["run_dir"]) for e in self.state().get("runs", []) if e.get("run_dir")]
+
+    def progress(self) -> Progress:
+        """Where the sweep stands, read from its folder (for a page polling from another process)."""
+        state, labels = self.state(), store.read_json(self.file("sweep.json"), {}, PLAN).get("labels", [])
+        entries = state.get("runs", [])
+        index = min(state.get("index", 0), max(len(labels) - 1, 0))
+        entry = entries[index] if index < len(entries) else {}
+        run_dir, status = entry.get("run_dir"), entry.get("status", "starting")
+        step = len(store.read_jsonl(Path(run_dir) / "metrics.jsonl")) if run_dir else 0
+        if run_dir and status == "starting":  # the sweep records only a run's launch and its end
+            status = store.RunFolder(run_dir).status()
+        p = Progress(index, len(labels), labels[index] if labels else "",
+                     status, step, self.spec().base.steps, self.status())
+        p.eta_s = eta(p.fraction, state.get("since")) if p.sweep_status == "running" else None
+        return p
+
+    def results(self, tolerance_pct: float | None = None, cluster: quality.Cluster = quality.Cluster(),
+                against: str | None = None):
+        """One row per run started, in plan order (``table.results``)."""
+        return table.results(self, tolerance_pct, cluster, against)
+
+    def report(self, cluster: quality.Cluster = quality.Cluster(), against: str | None = None) -> dict:
+        """Every run, every setting over its seeds, the recommendation (``table.report``): what
+        ``commlab sweep`` prints (``--json``) and ``result.json`` holds."""
+        return table.report(self, cluster, against)
+
+    def saved_report(self) -> dict | None:
+        """``result.json`` as the sweep wrote it when it ended; None before."""
+        return store.read_json(self.file(RESULT), None)
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> str:
+        procs.wait_until(lambda: not self.is_running(), timeout, poll_s)
+        return self.status()
+
+
+def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:
+    """Every sweep under the runs folder, newest first."""
+    root = Path(runs_dir or default_runs_dir()) / SWEEPS
+    if not root.is_dir():
+        return []
+    return sorted((s for s in map(Sweep, root.iterdir()) if s.exists()),
+                  key=lambda s: s.id, reverse=True)
+
+
+def create(spec: SweepSpec, slurm=None) -> Sweep:
+    """Validate the whole grid, then write the sweep's folder; raises ConfigError first.
+    ``slurm``: its runs are Slurm jobs (``commlab.engine.slurm.SlurmJob``), one job per run."""
+    configs = grid(spec)
+    with one_at_a_time(spec.base.runs_dir):
+        _none_running(spec.base.runs_dir)
+        sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep", reserve=False))
+        # This process answers for the sweep until another executes it; sweep.json, the marker, last.
+        store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": [],
+                                                    **procs.identity(os.getpid())})
+        store.write_json(sweep.file("sweep.json"), {
+            "spec": spec.to_dict(), "labels": [plan_label(c, spec) for c in configs],
+            "slurm": slurm.as_dict() if slurm is not None else None, "created_at": time.time()})
+    return sweep
+
+
+@contextlib.contextmanager
+def one_at_a_time(runs_dir):
+    """The check that no sweep is running and the claim of the next, as one step: processes that
+    create or resume a sweep at the same instant take turns here (a lock file in the sweeps
+    folder), so that the second sees the first's claim and is refused."""
+    root = Path(runs_dir) / SWEEPS
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".claim.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _none_running(runs_dir) -> None:
+    going = [s.id for s in list_sweeps(runs_dir) if s.status() == "running"]
+    if going:
+        raise ConfigError({"sweep": f"sweep {going[0]} is still running: two sweeps at once would "
+                                    "share the cores and spoil each other's step times; stop it "
+                                    "or let it finish first"})
+
+
+def _write_state(sweep: Sweep, **changes) -> dict:
+    # Read, change, replace, under a lock: the spawning process and the executing one both write.
+    with open(sweep.file(".state.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = {**sweep.state(), **changes}
+        store.write_json(sweep.file("state.json"), state)
+    return state
