@@ -216,7 +216,7 @@ def test_a_killed_sweep_ends_its_run_and_a_resume_never_runs_a_second_beside_it(
         second = _wait(lambda: [r for r in _going(tmp_path) if r.path != first.path], 600, "resumed run")[0]
         assert [r.path for r in _going(tmp_path)] == [second.path]  # one run at a time, always
         state = sweep.state()
-        assert state["replaced"] == [{"label": "powersgd r=1 start=20", "run_dir": str(first.path),
+        assert state["replaced"] == [{"label": "powersgd r=1 start=20", "run_dir": first.path.name,
                                       "status": "stopped"}], state
         print(f"\nkill -9 of the sweep -> its run stopped in {ended_in:.1f} s")
     finally:

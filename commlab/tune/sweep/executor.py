@@ -70,7 +70,7 @@ class Executor:
         from commlab.engine.launch import Run
 
         state = self.sweep.state()
-        before = [{**e, "status": Run(e["run_dir"]).status()} if e.get("run_dir") else e
+        before = [{**e, "status": Run(self.sweep.run_path(e["run_dir"])).status()} if e.get("run_dir") else e
                   for e in state.get("runs", [])]
         done = {i: e for i, e in enumerate(before) if e.get("status") == "finished"}
         # A run of an earlier attempt that did not finish runs again; its folder stays, listed here.
@@ -86,7 +86,8 @@ class Executor:
     def _run_one(self, launch, i: int, cfg) -> None:
         self._report(i, "starting", 0)
         run = launch.start(cfg, request_id=f"{self.sweep.id}-{i}-{int(self.since['time'])}")
-        self.entries[i] = {"label": self.labels[i], "run_dir": str(run.path), "status": run.status()}
+        self.entries[i] = {"label": self.labels[i], "status": run.status(),
+                           "run_dir": os.path.relpath(run.path.resolve(), self.sweep.runs_root.resolve())}
         _write_state(self.sweep, index=i, runs=_started(self.entries))
         steps = run.metrics_tail(keep=("step",))  # read as they come: polled often
         self.steps_done = 0

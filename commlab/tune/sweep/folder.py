@@ -22,6 +22,7 @@ RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.repo
 
 # What sweep.json and state.json hold, as far as their readers rely on it (see store.load_json).
 PLAN = {"spec": dict, "labels?": [str]}
+# A run's run_dir: its folder relative to the runs folder the sweep sits in (``Sweep.run_path``).
 STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
          "replaced?": [{"run_dir?": str, "status?": str}],
          "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
@@ -40,10 +41,26 @@ class Sweep(store.Folder):
         given = store.read_json(self.file("sweep.json"), {}).get("slurm")
         return SlurmJob(**given) if given else None
 
+    @property
+    def runs_root(self) -> Path:
+        """The runs folder the sweep's folder sits in (``<runs_dir>/sweeps/<id>``), its runs beside it."""
+        return self.path.parent.parent
+
+    def run_path(self, stored: str) -> Path:
+        """A run folder as state.json names it, relative to ``runs_root``: the sweep reads the same
+        copied, moved or opened from another working folder.  Older sweeps stored it relative to
+        the working folder they were made in (or absolute): read by its name in ``runs_root``."""
+        stored_path = Path(stored)
+        candidates = ([] if stored_path.is_absolute() else [self.runs_root / stored_path]) + \
+            [self.runs_root / stored_path.name, stored_path]
+        return next((p for p in candidates if p.exists()), candidates[0])
+
     def spec(self) -> SweepSpec:
-        """The plan; ``store.Damaged`` when sweep.json is not one."""
+        """The plan, its runs in ``runs_root`` wherever the sweep was made; ``store.Damaged`` when
+        sweep.json is not one."""
         try:
-            return SweepSpec.from_dict(store.load_json(self.file("sweep.json"), PLAN)["spec"])
+            data = store.load_json(self.file("sweep.json"), PLAN)["spec"]
+            return SweepSpec.from_dict({**data, "base": {**data["base"], "runs_dir": str(self.runs_root)}})
         except (ConfigError, TypeError, ValueError, KeyError) as e:
             if isinstance(e, store.Damaged):
                 raise
@@ -93,7 +110,7 @@ class Sweep(store.Folder):
     def runs(self) -> list:
         from commlab.engine.launch import Run
 
-        return [Run(e["run_dir"]) for e in self.state().get("runs", []) if e.get("run_dir")]
+        return [Run(self.run_path(e["run_dir"])) for e in self.state().get("runs", []) if e.get("run_dir")]
 
     def progress(self) -> Progress:
         """Where the sweep stands, read from its folder (for a page polling from another process)."""
@@ -102,9 +119,9 @@ class Sweep(store.Folder):
         index = min(state.get("index", 0), max(len(labels) - 1, 0))
         entry = entries[index] if index < len(entries) else {}
         run_dir, status = entry.get("run_dir"), entry.get("status", "starting")
-        step = len(store.read_jsonl(Path(run_dir) / "metrics.jsonl")) if run_dir else 0
+        step = len(store.read_jsonl(self.run_path(run_dir) / "metrics.jsonl")) if run_dir else 0
         if run_dir and status == "starting":  # the sweep records only a run's launch and its end
-            status = store.RunFolder(run_dir).status()
+            status = store.RunFolder(self.run_path(run_dir)).status()
         p = Progress(index, len(labels), labels[index] if labels else "",
                      status, step, self.spec().base.steps, self.status())
         p.eta_s = eta(p.fraction, state.get("since")) if p.sweep_status == "running" else None

@@ -1,0 +1,92 @@
+"""A sweep folder is self-contained: made in one working folder, moved, and read from another, it
+reads the same in ``--show``, ``commlab whatif --sweep``, the runs list and the Sweep page; an older
+sweep whose state named its runs relative to the working folder it was made in reads the same too.
+
+One real sweep (allreduce and PowerSGD r=1, one seed, 4 steps) made with a relative ``--runs-dir``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commlab import cli
+from commlab.tune import sweep as sw
+from commlab.ui.runs import sweep_of
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 1200  # two runs reach their ends in 30 s idle, minutes on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def moved(tmp_path_factory):
+    """The sweep made in ``made/`` with ``--runs-dir runs``, then its runs folder moved to ``elsewhere/moved``."""
+    made, elsewhere = tmp_path_factory.mktemp("made"), tmp_path_factory.mktemp("elsewhere")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "commlab", "sweep", "--workload", "mlp", "--steps", "4",
+                          "--world-size", "2", "--matrix-approximation-rank", "1",
+                          "--start-powersgd-iter", "2", "--repeats", "1", "--runs-dir", "runs", "--json"],
+                         capture_output=True, text=True, cwd=made, env=env, timeout=RUN_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    before = json.loads(out.stdout.splitlines()[-1])
+    shutil.move(made / "runs", elsewhere / "moved")
+    return {"runs_dir": elsewhere / "moved", "before": before, "made": made}
+
+
+def _same_findings(after: dict, before: dict) -> None:
+    assert after["status"] == before["status"] == "finished"
+    assert [r["status"] for r in after["runs"]] == ["finished", "finished"]
+    assert [s["label"] for s in after["settings"]] == [s["label"] for s in before["settings"]]
+    assert [s["quality_mean"] for s in after["settings"]] == [s["quality_mean"] for s in before["settings"]]
+    assert after["recommendation"]["text"] == before["recommendation"]["text"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_a_moved_sweep_reads_the_same_from_another_folder(moved, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # neither the folder it was made in nor the one it is in now
+    runs_dir = str(moved["runs_dir"])
+    (sweep,) = sw.list_sweeps(runs_dir)
+    assert sweep.status() == "finished" and [r.status() for r in sweep.runs()] == ["finished"] * 2
+    assert all(r.path.parent.resolve() == moved["runs_dir"].resolve() for r in sweep.runs())
+    assert Path(sweep.spec().base.runs_dir).resolve() == moved["runs_dir"].resolve()  # a resume runs there
+
+    assert cli.main(["sweep", "--show", sweep.id, "--runs-dir", runs_dir, "--json"]) == 0
+    _same_findings(json.loads(capsys.readouterr().out.splitlines()[-1]), moved["before"])
+
+    assert cli.main(["whatif", "--sweep", sweep.id, "--runs-dir", runs_dir, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out.splitlines()[-1])["profiles"]) == 2
+
+    assert set(sweep_of(runs_dir)) == {str(r.path.resolve()) for r in sweep.runs()}
+
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", runs_dir)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900).run()
+    at.switch_page("pages/sweep.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = " ".join(e.value for kind in ("warning", "info", "success", "error", "caption")
+                     for e in at.get(kind))
+    assert "Status: **finished**" in shown and "lost" not in shown
+    assert moved["before"]["recommendation"]["text"] in shown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_an_older_sweep_s_working_folder_paths_read_the_same(moved, tmp_path, monkeypatch):
+    """Sweeps made before run paths were stored relative to the runs folder named them relative to
+    the working folder they were made in: ``runs/<run>``."""
+    monkeypatch.chdir(tmp_path)
+    (sweep,) = sw.list_sweeps(moved["runs_dir"])
+    state = json.loads(sweep.file("state.json").read_text())
+    old = {**state, "runs": [{**e, "run_dir": str(Path("runs") / e["run_dir"])} for e in state["runs"]]}
+    sweep.file("state.json").write_text(json.dumps(old))
+    try:
+        _same_findings(sweep.report(), moved["before"])
+    finally:
+        sweep.file("state.json").write_text(json.dumps(state))
