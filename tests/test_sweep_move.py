@@ -90,3 +90,35 @@ def test_an_older_sweep_s_working_folder_paths_read_the_same(moved, tmp_path, mo
         _same_findings(sweep.report(), moved["before"])
     finally:
         sweep.file("state.json").write_text(json.dumps(state))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_the_table_explains_itself_and_its_next_step_runs(moved, tmp_path, monkeypatch, capsys):
+    """Last: it adds seeds to the sweep.  One seed cannot decide: the table says so per setting and
+    prints the command that would, with its time; that command, run from a third folder, runs the
+    new seeds into the moved runs folder and keeps the first seed's runs."""
+    monkeypatch.chdir(tmp_path)
+    runs_dir = str(moved["runs_dir"])
+    (sweep,) = sw.list_sweeps(runs_dir)
+    first = [r.path for r in sweep.runs()]
+    assert cli.main(["sweep", "--show", sweep.id, "--runs-dir", runs_dir]) == 0
+    text = capsys.readouterr().out
+    assert "Columns: seeds = finished / planned; loss = held-out loss" in text
+    assert "within a tolerance of 5% of its loss (--tolerance-pct)" in text
+    assert "verdict: too few seeds: 1 seed cannot separate these: run 3 or more" in text
+    command = f"commlab sweep --resume {sweep.id} --runs-dir {runs_dir} --repeats 3"
+    assert f"next: run 3 seeds per setting: {command}  (4 run(s), about " in text.replace("\n  ", " ")
+    assert all(len(line) <= 100 for line in text.splitlines()
+               if not line.lstrip().startswith(("rule:", "recommendation:", "sweep ", "pays here?")))
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", *command.split(), "--json"], capture_output=True,
+                         text=True, cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = sweep.runs()
+    assert [r.status() for r in runs] == ["finished"] * 6 and [r.path for r in runs[:2]] == first
+    assert [r.config().seed for r in runs] == [0, 0, 1, 1, 2, 2]
+    assert all(r.path.parent.resolve() == moved["runs_dir"].resolve() for r in runs)
+    verdicts = json.loads(out.stdout.splitlines()[-1])["recommendation"]["verdicts"]
+    assert [v["pairs"] for v in verdicts] == [3] and verdicts[0]["verdict"] != "too few seeds"

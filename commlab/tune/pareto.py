@@ -30,6 +30,7 @@ from commlab.config import settings
 from commlab.tune import baseline as baselines
 
 MIN_SEEDS = 3  # with 2, the t-interval's factor is 12.7: no real gap can be told from noise
+MAX_SEEDS_ASKED = 12  # the most seeds the next step proposes: beyond, more steps or a tolerance decide
 CONFIDENCE = 0.95
 RULE = ("as good as {base}: the upper end of the {conf:.0%} t-interval of (its loss - {base}'s "
         "loss), paired by seed, is at most {x:g}% of {base}'s loss; of those, the fewest bytes per "
@@ -178,6 +179,7 @@ class Verdict:
     low: float | None = None  # the interval's ends
     high: float | None = None
     tolerance: float | None = None  # X% of the baseline's loss, in loss units
+    seeds_needed: int | None = None  # seeds per setting that would decide an open verdict, as far as its spread says
 
 
 def paired_interval(diffs: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
@@ -230,8 +232,22 @@ def verdicts(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
             verdict, why = UNDECIDED, ("the seed-to-seed spread is larger than the gap to the "
                                        "tolerance: run more seeds")
         out.append(Verdict(setting, verdict, f"{why} (difference {m:+.4g}, interval [{lo:+.4g}, "
-                                             f"{hi:+.4g}], tolerance {tol:.4g})", len(diffs), m, lo, hi, tol))
+                                             f"{hi:+.4g}], tolerance {tol:.4g})", len(diffs), m, lo, hi, tol,
+                           seeds_to_decide(diffs, tol, confidence) if verdict == UNDECIDED else None))
     return out
+
+
+def seeds_to_decide(diffs: list[float], tolerance: float, confidence: float = CONFIDENCE,
+                    most: int = MAX_SEEDS_ASKED) -> int | None:
+    """The fewest seeds whose interval, were the mean difference and its spread what these seeds
+    show, would leave the tolerance on one side; None when even ``most`` would not (the gap to the
+    tolerance is within the noise: a tolerance or more steps decide it, not seeds)."""
+    from scipy.special import stdtrit
+
+    m, sd = sum(diffs) / len(diffs), _std(diffs) or 0.0
+    gap = abs(tolerance - m)
+    return next((n for n in range(len(diffs) + 1, most + 1)
+                 if float(stdtrit(n - 1, (1 + confidence) / 2)) * sd / math.sqrt(n) < gap), None)
 
 
 @dataclass
@@ -246,6 +262,7 @@ class Recommendation:
     verdicts: list[dict] = field(default_factory=list)
     against: str = baselines.DEFAULT  # the baseline it was judged against
     here: str | None = None  # on the runs' cluster: its time to the target loss, whether it pays
+    seeds_needed: int | None = None  # undecided: seeds per setting that would decide the open verdicts
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -301,15 +318,22 @@ def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
         few = [v for v in open_ if v.verdict == TOO_FEW]
         head = few[0].reason if few else "the seeds cannot tell yet"
         return said(None, None, f"no decision: {head}. " + "; ".join(
-            f"{v.setting}: {v.verdict}" for v in open_), False, verdicts=kept)
+            f"{v.setting}: {v.verdict}" for v in open_), False, verdicts=kept,
+            seeds_needed=_seeds_needed(open_, min_seeds))
     if not found:
         return said(base["run_id"], base["label"], f"keep {title}: the sweep has no compressed "
                     "setting", True, base_bytes, base_loss, kept, here=_here(runs, base, base))
     return said(base["run_id"], base["label"],
                 f"keep {title}: no setting that sends fewer bytes is as good within {tolerance_pct:g}% "
                 f"of its loss {base_loss:.4g} ({'; '.join(f'{v.setting}: {v.verdict}' for v in found)}); "
-                "raise X, or try settings that compress less", True, base_bytes, base_loss, kept,
+                "raise the tolerance X (--tolerance-pct), or try settings that compress less", True, base_bytes, base_loss, kept,
                 here=_here(runs, base, base))
+
+
+def _seeds_needed(open_: list[Verdict], min_seeds: int) -> int | None:
+    """The seeds per setting that would decide the open verdicts that seeds can decide."""
+    needed = [min_seeds if v.verdict == TOO_FEW else v.seeds_needed for v in open_ if v.verdict != INCOMPLETE]
+    return max((n for n in needed if n), default=None)
 
 
 def _here(runs, chosen, base) -> str | None:

@@ -66,6 +66,7 @@ from commlab.tune.sweep.folder import (
     SWEEPS,
     Sweep,
     _write_state,
+    add_seeds,
     create,
     list_sweeps,
     one_at_a_time,
@@ -84,6 +85,7 @@ from commlab.tune.sweep.spec import (
     axis_values,
     grid,
     hook_axes,
+    more_seeds,
     parse_list,
     plan_label,
 )
@@ -92,8 +94,8 @@ from commlab.tune.sweep.table import FINAL_WINDOW, REACH_COLUMNS, ROW_COLUMNS, s
 __all__ = [
     "ADOPT_WAIT_S", "AXES", "AXIS_TYPES", "DEFAULT_HOOK", "DEFAULT_REPEATS", "DEFAULT_TOLERANCE_PCT",
     "FINAL_WINDOW", "MAX_REPEATS", "PLAN", "REACH_COLUMNS", "RESULT", "ROW_COLUMNS", "STATE",
-    "SWEEPS", "SWEPT_HOOKS", "Executor", "Progress", "Sweep", "SweepSpec", "_write_state",
-    "axis_hooks", "axis_values", "create", "eta", "execute", "grid", "hook_axes", "list_sweeps",
+    "SWEEPS", "SWEPT_HOOKS", "Executor", "add_seeds", "Progress", "Sweep", "SweepSpec", "_write_state",
+    "axis_hooks", "axis_values", "create", "eta", "execute", "grid", "hook_axes", "list_sweeps", "more_seeds",
     "one_at_a_time", "parse_list", "plan_label", "resume", "run_sweep", "start", "start_resume",
     "summarize",
 ]

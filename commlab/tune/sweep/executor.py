@@ -12,7 +12,15 @@ from collections.abc import Callable
 from commlab.config import ConfigError
 from commlab.engine import procs, store
 from commlab.tune import quality
-from commlab.tune.sweep.folder import RESULT, Sweep, _none_running, _write_state, create, one_at_a_time
+from commlab.tune.sweep.folder import (
+    RESULT,
+    Sweep,
+    _none_running,
+    _write_state,
+    add_seeds,
+    create,
+    one_at_a_time,
+)
 from commlab.tune.sweep.progress import Progress, eta
 from commlab.tune.sweep.spec import SweepSpec, plan_label
 
@@ -145,12 +153,15 @@ def _started(entries: list[dict]) -> list[dict]:
     return entries[:max((i + 1 for i, e in enumerate(entries) if e.get("run_dir")), default=0)]
 
 
-def _resumable(sweep: Sweep) -> None:
+def _resumable(sweep: Sweep, repeats: int | None = None) -> None:
+    """Refuses (ConfigError) a sweep that may not run again now; with ``repeats`` more seeds than it
+    planned, a finished one may."""
     status = sweep.status()
-    if status in ("running", "finished"):
+    if status == "running" or status == "finished" and repeats is None:
         raise ConfigError({"resume": f"sweep {sweep.id} is {status}: only a stopped or lost sweep "
-                                     f"resumes (`commlab sweep --show {sweep.id}` prints its result)"})
-    _none_running(sweep.path.parent.parent)
+                                     f"resumes, or any that ended with more seeds (--repeats N); "
+                                     f"`commlab sweep --show {sweep.id}` prints its result"})
+    _none_running(sweep.runs_root)
     going = [run.id for run in sweep.runs() if run.is_running()]
     if going:
         raise ConfigError({"resume": f"run {going[0]} of sweep {sweep.id} still runs: stop it "
@@ -169,11 +180,15 @@ def _last_attempt_ended(sweep: Sweep) -> None:
 
 def resume(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
            should_stop: Callable[[], bool] | None = None,
-           cluster: quality.Cluster = quality.Cluster()) -> str:
-    """Execute a stopped or lost sweep again here: its finished runs are kept, the rest run."""
+           cluster: quality.Cluster = quality.Cluster(), repeats: int | None = None) -> str:
+    """Execute a stopped or lost sweep again here: its finished runs are kept, the rest run.
+    ``repeats``: that many seeds per setting from now on (``add_seeds``), for a sweep whose seeds
+    could not tell, finished or not."""
     _last_attempt_ended(sweep)
-    with one_at_a_time(sweep.path.parent.parent):
-        _resumable(sweep)
+    with one_at_a_time(sweep.runs_root):
+        _resumable(sweep, repeats)
+        if repeats is not None:
+            add_seeds(sweep, repeats)
         _write_state(sweep, status="running", **procs.identity(os.getpid()))
     return execute(sweep, on_progress, should_stop, cluster=cluster)
 
@@ -181,7 +196,7 @@ def resume(sweep: Sweep, on_progress: Callable[[Progress], None] | None = None,
 def start_resume(sweep: Sweep) -> Sweep:
     """``resume`` in a detached process (the UI)."""
     _last_attempt_ended(sweep)
-    with one_at_a_time(sweep.path.parent.parent):
+    with one_at_a_time(sweep.runs_root):
         _resumable(sweep)
         _spawn(sweep)
     return sweep

@@ -14,7 +14,7 @@ from commlab.engine import procs, store
 from commlab.tune import quality
 from commlab.tune.sweep import table
 from commlab.tune.sweep.progress import Progress, eta
-from commlab.tune.sweep.spec import SweepSpec, grid, plan_label
+from commlab.tune.sweep.spec import SweepSpec, grid, more_seeds, plan_label
 
 SWEEPS = "sweeps"
 RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.report``)
@@ -26,7 +26,7 @@ PLAN = {"spec": dict, "labels?": [str]}
 STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
          "replaced?": [{"run_dir?": str, "status?": str}],
          "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
-         "since?": {"time": store.NUM, "fraction": store.NUM}}
+         "since?": {"time": store.NUM, "fraction": store.NUM}, "ended_at?": store.OPT_NUM}
 
 
 class Sweep(store.Folder):
@@ -107,6 +107,18 @@ class Sweep(store.Folder):
                     run.stop()
             _write_state(self, status="stopped")
 
+    def seconds_per_run(self) -> float | None:
+        """This sweep's pace: its last execution's time over the runs that ended in it (start-up and
+        each run's exit included); None before one ended."""
+        state = self.state()
+        since, ended_at = state.get("since"), state.get("ended_at")
+        planned = len(store.read_json(self.file("sweep.json"), {}, PLAN).get("labels", []))
+        ended = sum(e.get("status") not in (None, *store.GOING) for e in state.get("runs", []))
+        ran = ended - round(since["fraction"] * planned) if since else 0
+        if ran <= 0 or not ended_at or ended_at < since["time"]:  # none ended in it, or it is going
+            return None
+        return (ended_at - since["time"]) / ran
+
     def runs(self) -> list:
         from commlab.engine.launch import Run
 
@@ -144,6 +156,16 @@ class Sweep(store.Folder):
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> str:
         procs.wait_until(lambda: not self.is_running(), timeout, poll_s)
         return self.status()
+
+
+def add_seeds(sweep: Sweep, repeats: int) -> None:
+    """Plan ``repeats`` seeds per setting where the sweep planned fewer.  The plan goes seed by seed,
+    so the new seeds' runs come after every planned run, which keep their places (and state.json
+    its entries).  ConfigError for no more seeds than planned, or more than a sweep may have."""
+    plan, spec = store.read_json(sweep.file("sweep.json"), {}), sweep.spec()
+    configs = more_seeds(spec, repeats)
+    store.write_json(sweep.file("sweep.json"), {**plan, "spec": {**plan["spec"], "repeats": repeats},
+                                                "labels": [plan_label(c, spec) for c in configs]})
 
 
 def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:

@@ -175,6 +175,16 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     return configs
 
 
+def more_seeds(spec: SweepSpec, repeats: int) -> list[RunConfig]:
+    """The grid of ``spec`` with ``repeats`` seeds per setting (``spec.repeats`` set to it), for a
+    sweep given more seeds than it planned; ConfigError for no more."""
+    if repeats <= spec.repeats:
+        raise ConfigError({"repeats": f"the sweep already plans {spec.repeats} seed(s) per setting: "
+                                      "give more to add seeds, or leave --repeats out"})
+    spec.repeats = repeats
+    return grid(spec)
+
+
 def _not_an_axis(name: str, hook: str) -> str:
     own = ", ".join(s.name for s in hook_axes(hook)) or "none"
     why = ("no compress wrapper may wrap it" if name == "wrapper"

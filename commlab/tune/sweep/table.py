@@ -8,7 +8,7 @@ from commlab.analysis import metrics
 from commlab.config import label_of, link_of
 from commlab.tune import baseline as baselines
 from commlab.tune import pareto, payoff, quality, whatif
-from commlab.tune.sweep.spec import hook_axes
+from commlab.tune.sweep.spec import grid, hook_axes
 
 FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
 REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
@@ -95,13 +95,42 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
     tolerance = sweep.spec().tolerance_pct
     runs = results(sweep, tolerance, cluster, against)
     table = pareto.by_setting(runs)
+    rec = pareto.recommend(runs, tolerance)
     return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
-            "cluster": cluster.text(), "against": pareto.against(runs),
+            "cluster": cluster.text(), "against": pareto.against(runs), "tolerance_pct": tolerance,
             "target": runs["target"].iloc[0] if len(runs) else None,
             "runs": _records(runs.drop(columns=["curve"])), "settings": _records(table),
-            "recommendation": pareto.recommend(runs, tolerance).to_dict(),
+            "recommendation": rec.to_dict(), "next": next_step(sweep, rec),
             "pareto_bytes": table[table["pareto_bytes"]]["label"].tolist(),
             "pareto_predicted": table[table["pareto_predicted"]]["label"].tolist()}
+
+
+def next_step(sweep, rec: pareto.Recommendation) -> dict | None:
+    """What to run when the recommendation is open (None when decided, or while the sweep runs):
+    ``text`` says it; ``command`` runs the sweep's unfinished runs and the seeds its open verdicts
+    need (``Recommendation.seeds_needed``), ``runs`` it adds, ``estimate_s`` its time at this
+    sweep's pace (``Sweep.seconds_per_run``).  No command when no number of seeds would decide."""
+    from commlab.analysis.units import seconds
+
+    if rec.decided or sweep.status() == "running":
+        return None
+    spec = sweep.spec()
+    repeats = max(spec.repeats, rec.seeds_needed or 0)
+    finished = sum(r.status() == "finished" for r in sweep.runs())
+    runs = len(grid(spec)) // spec.repeats * repeats - finished
+    if runs <= 0:
+        return {"text": f"more seeds would not decide within {pareto.MAX_SEEDS_ASKED} per setting: the "
+                        "gap to the tolerance is within the seed noise; judge with another "
+                        "--tolerance-pct, or sweep again with more --steps", "command": None}
+    more = repeats > spec.repeats
+    command = (f"commlab sweep --resume {sweep.id} --runs-dir {sweep.runs_root}"
+               + (f" --repeats {repeats}" if more else ""))
+    pace = sweep.seconds_per_run()
+    estimate = pace * runs if pace else None
+    took = f", about {seconds(estimate)} at this sweep's pace" if estimate else ""
+    what = f"run {repeats} seeds per setting" if more else "finish the planned runs"
+    return {"text": f"{what}: {command}  ({runs} run(s){took})", "command": command,
+            "repeats": repeats, "runs": runs, "estimate_s": estimate}
 
 
 def _by_seed(loaded, profiles: dict, against: str) -> collections.defaultdict:
