@@ -206,6 +206,9 @@ def results(sweep: sw.Sweep) -> None:
     table = pareto.by_setting(runs)
     rec = pareto.recommend(runs, tolerance)
     recommendation(rec, table, title)
+    step = sw.next_step(sweep, rec)
+    if step:
+        st.info(f"**Next**: {lab_widgets.literal(step['text'])}")
     basis = set(runs["quality_basis"].dropna())
     if quality.TRAINING in basis:
         st.caption(f"Quality basis: {lab_widgets.literal(quality.BASIS_TEXT[quality.TRAINING])}.")

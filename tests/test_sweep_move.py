@@ -74,6 +74,7 @@ def test_a_moved_sweep_reads_the_same_from_another_folder(moved, tmp_path, monke
                      for e in at.get(kind))
     assert "Status: **finished**" in shown and "lost" not in shown
     assert moved["before"]["recommendation"]["text"] in shown
+    assert f"**Next**: run 3 seeds per setting: commlab sweep --resume {sweep.id}" in shown
 
 
 @pytest.mark.slow
