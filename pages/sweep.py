@@ -270,12 +270,13 @@ if current.is_running():
 else:
     status = current.status()
     st.caption(f"Status: **{lab_widgets.literal(status)}**")
-    if status in ("stopped", "lost"):
+    if status in ("stopped", "lost", "failed"):
         done = sum(r.status() == "finished" for r in current.runs())
         left = len(current.configs()) - done
-        st.info(f"This sweep {'was stopped' if status == 'stopped' else 'lost its process'} with "
-                f"{done} run(s) finished and {left} to go. Resume runs those {left}; the finished "
-                "ones are kept.")
+        how = {"stopped": "was stopped", "lost": "lost its process",
+               "failed": f"failed ({current.state().get('error')})"}[status]
+        st.info(f"This sweep {lab_widgets.literal(how)} with {done} run(s) finished and {left} to go. "
+                f"Resume runs those {left}; the finished ones are kept.")
         if st.button("Resume sweep", key=f"resume_{current.id}"):
             try:
                 sw.start_resume(current)

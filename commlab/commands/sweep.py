@@ -122,7 +122,8 @@ def _text(p: dict) -> str:
     w = max([7, *(len(s["label"]) for s in p["settings"])])  # labels whole: they name the values
     against = baselines.title(p.get("against", baselines.DEFAULT))  # result.json of older sweeps: fp32
     verdicts = {v["setting"]: v for v in p["recommendation"].get("verdicts", [])}
-    lines = [f"sweep {p['sweep_id']}: {p['status']} ({p['sweep_dir']})", *_legend(p, against), "",
+    lines = [f"sweep {p['sweep_id']}: {p['status']} ({p['sweep_dir']})",
+             *([f"error: {p['error']}"] if p.get("error") else []), *_legend(p, against), "",
              f"{'setting':<{w}} {'seeds':>5} {'loss':>7} {'± sd':>8} {'bytes/step':>11} {'x fewer':>7} "
              f"{'measured s':>10} {'predicted s':>11}  front"]
     for s in p["settings"]:

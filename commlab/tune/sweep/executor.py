@@ -44,10 +44,11 @@ class Executor:
         spec = sweep.spec()
         self.labels = [plan_label(c, spec) for c in self.configs]
         self.stopped = False
+        self.failed: str | None = None  # why a run could not start, which ends the sweep failed
         self.exiting: list = []  # runs past their last step whose processes are still exiting
 
     def run(self) -> str:
-        """Returns "finished" or "stopped"."""
+        """Returns "finished", "stopped", or "failed" (a run could not start: state.json's ``error``)."""
         from commlab.engine.launch import Batch
 
         done = self._begin()
@@ -65,7 +66,11 @@ class Executor:
                 if self.stopped or self._stopping():
                     self.stopped = True
                     break
-                self._run_one(launch, i, cfg)
+                try:
+                    self._run_one(launch, i, cfg)
+                except (ConfigError, OSError) as e:  # a full disk, a runs folder gone: none would start
+                    self.failed = f"run {i + 1} of {len(self.configs)} ({self.labels[i]}) could not start: {e}"
+                    break
             launch.release()  # the ranks leave while the runs' supervisors end and the report is made
             for run in self.exiting:
                 run.wait()
@@ -88,7 +93,7 @@ class Executor:
         self.since = {"time": time.time(), "fraction": len(done) / total if total else 1.0}
         self.entries = [done.get(i, {"label": self.labels[i]}) for i in range(total)]
         _write_state(self.sweep, status="running", since=self.since, runs=_started(self.entries),
-                     replaced=replaced, **procs.identity(os.getpid()))
+                     replaced=replaced, error=None, **procs.identity(os.getpid()))
         return done
 
     def _run_one(self, launch, i: int, cfg) -> None:
@@ -123,8 +128,8 @@ class Executor:
         return False
 
     def _end(self) -> str:
-        final = "stopped" if self.stopped else "finished"
-        _write_state(self.sweep, status=final, ended_at=time.time())
+        final = "failed" if self.failed else "stopped" if self.stopped else "finished"
+        _write_state(self.sweep, status=final, ended_at=time.time(), error=self.failed)
         try:
             store.write_json(self.sweep.file(RESULT), store.finite(self.sweep.report(self.cluster)))
         except Exception as e:  # the runs and the state are kept: `commlab sweep --show` asks again

@@ -26,7 +26,8 @@ PLAN = {"spec": dict, "labels?": [str]}
 STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
          "replaced?": [{"run_dir?": str, "status?": str}],
          "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
-         "since?": {"time": store.NUM, "fraction": store.NUM}, "ended_at?": store.OPT_NUM}
+         "since?": {"time": store.NUM, "fraction": store.NUM}, "ended_at?": store.OPT_NUM,
+         "error?": store.OPT_STR}
 
 
 class Sweep(store.Folder):
@@ -81,7 +82,8 @@ class Sweep(store.Folder):
         return store.read_json(self.file("state.json"), {}, STATE)
 
     def status(self) -> str:
-        """running | finished | stopped | lost (the process answerable for it died without
+        """running | finished | stopped | failed (a run could not start: state.json's ``error``) |
+        lost (the process answerable for it died without
         recording an end: the one that created it, then the one ``start`` spawned, then the one
         executing it)."""
         from commlab.engine.procs import alive
@@ -183,7 +185,8 @@ def create(spec: SweepSpec, slurm=None) -> Sweep:
     configs = grid(spec)
     with one_at_a_time(spec.base.runs_dir):
         _none_running(spec.base.runs_dir)
-        sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep", reserve=False))
+        # Its reserve keeps room for state.json and result.json when a run fills the disk.
+        sweep = Sweep(store.new_run_dir(Path(spec.base.runs_dir) / SWEEPS, "sweep"))
         # This process answers for the sweep until another executes it; sweep.json, the marker, last.
         store.write_json(sweep.file("state.json"), {"status": "running", "index": 0, "runs": [],
                                                     **procs.identity(os.getpid())})

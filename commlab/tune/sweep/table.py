@@ -97,6 +97,7 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
     table = pareto.by_setting(runs)
     rec = pareto.recommend(runs, tolerance)
     return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
+            "error": sweep.state().get("error"),
             "cluster": cluster.text(), "against": pareto.against(runs), "tolerance_pct": tolerance,
             "target": runs["target"].iloc[0] if len(runs) else None,
             "runs": _records(runs.drop(columns=["curve"])), "settings": _records(table),
