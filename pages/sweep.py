@@ -160,7 +160,8 @@ def recommendation(rec: pareto.Recommendation, table, title: str) -> None:
     else:
         st.warning(said)
     if rec.here:
-        st.markdown(f"**On your cluster**: {lab_widgets.literal(rec.here)}.")
+        said = f"**On your cluster**: {lab_widgets.literal(rec.here)}."
+        (st.warning if "SLOWER" in rec.here else st.markdown)(said)
     st.caption(f"Rule: {lab_widgets.literal(rec.rule)}.")
 
 
@@ -229,7 +230,7 @@ def results(sweep: sw.Sweep) -> None:
         st.dataframe(rec.verdicts, hide_index=True)
     with st.expander("Every run"):
         # Columns empty throughout (the axes of hooks these runs do not use) are left out.
-        st.dataframe(runs.drop(columns=["run_dir", "curve"]).dropna(axis=1, how="all"), hide_index=True)
+        st.dataframe(runs.drop(columns=["run_dir", "curve", "payoff"]).dropna(axis=1, how="all"), hide_index=True)
 
 
 def _num(x) -> str:

@@ -43,9 +43,11 @@ AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED, INCOMPLETE = (
 # The hooks' own sweep axes, as the settings table marks them (the wrapper has its own column).
 AXIS_KEYS = tuple(s.name for s in settings() if s.sweepable and s.group != "hook")
 SETTING_KEYS = ["label", "baseline", "against", "hook", "wrapper", *AXIS_KEYS, "link"]
-# What the what-if model says of a setting on the chosen cluster (``commlab.tune.payoff``), one
-# seed's: the first that has it.
-PAYOFF_KEYS = ["pays", "break_even_gbps", "speedup"]
+# What the what-if model says of a run on the chosen cluster (``commlab.tune.payoff.judged``): each
+# against its own seed's baseline run; ``by_setting`` folds them over the seeds (``SEED_PAYOFF``).
+PAYOFF_KEYS = ["pays", "break_even_gbps", "speedup", "step_s", "baseline_step_s", "payoff"]
+SEED_PAYOFF = ["pays", "break_even_gbps", "break_even_low", "break_even_high", "speedup", "speedup_low",
+               "speedup_high", "step_s", "baseline_step_s"]
 
 
 def against(runs) -> str:
@@ -88,8 +90,8 @@ def by_setting(runs):
     deviation (``quality_std``, None with one seed), means over the finished seeds of bytes per
     step, measured and predicted time, and of time to quality over the seeds that reached it
     (``reached``: how many did); ``broken``: the seeds that rule it out; ``bytes_ratio``: the
-    baseline's bytes per step over its own; ``PAYOFF_KEYS`` from its first seed that has them.
-    Fronts marked."""
+    baseline's bytes per step over its own; whether it pays on the cluster over its seeds
+    (``payoff_over_seeds``).  Fronts marked."""
     import pandas as pd
 
     base_bytes = _mean(r.get("bytes_per_step") for r in runs.to_dict(orient="records")
@@ -113,7 +115,7 @@ def by_setting(runs):
                        for r in rows if broken(r)],
             **{k: _mean(r.get(k) for r in ok) for k in ("bytes_per_step", "time_s", "predicted_s")},
             "bytes_ratio": base_bytes / nbytes if base_bytes and nbytes else None,
-            **{k: next((r[k] for r in ok if r.get(k) is not None), None) for k in PAYOFF_KEYS},
+            **payoff_over_seeds(ok),
             "reached": f"{len(reached)}/{len(ok)}",
             **{k: _mean(r.get(k) for r in reached) for k in
                ("reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes")}})
@@ -122,8 +124,33 @@ def by_setting(runs):
 
 SETTINGS_COLUMNS = [*SETTING_KEYS, "run_id", "seeds", "finished", "runs", "qualities", "quality_basis",
                     "quality_mean", "quality_std", "accuracy_mean", "broken", "bytes_per_step",
-                    "time_s", "predicted_s", "bytes_ratio", *PAYOFF_KEYS, "reached", "reach_step", "reach_time_s",
+                    "time_s", "predicted_s", "bytes_ratio", *SEED_PAYOFF, "reached", "reach_step", "reach_time_s",
                     "reach_predicted_s", "reach_bytes"]
+
+
+def payoff_over_seeds(rows: list[dict]) -> dict:
+    """``SEED_PAYOFF`` of a setting's finished seeds: whether it pays (``payoff.over_seeds``: the
+    verdict most seeds give, the median break-even and its range), the median speed-up and its
+    range, the median predicted step times."""
+    from commlab.tune import payoff
+
+    over = payoff.over_seeds([r["payoff"] for r in rows if r.get("payoff") is not None])
+    fast = sorted(float(r["speedup"]) for r in rows if _finite(r.get("speedup")))
+    # A table without the seeds' Payoffs (made by hand) keeps its first sentence.
+    said = over.sentence() if over else next((r["pays"] for r in rows if r.get("pays")), None)
+    return {"pays": said,
+            "break_even_gbps": over.break_even_gbps if over else None,
+            "break_even_low": over.low_gbps if over else None,
+            "break_even_high": over.high_gbps if over else None,
+            "speedup": _median(fast), "speedup_low": fast[0] if fast else None,
+            "speedup_high": fast[-1] if fast else None,
+            **{k: _median([float(r[k]) for r in rows if _finite(r.get(k))]) for k in ("step_s", "baseline_step_s")}}
+
+
+def _median(xs: list[float]) -> float | None:
+    import statistics
+
+    return statistics.median(xs) if xs else None
 
 
 def comparable(df):
@@ -356,4 +383,18 @@ def _here(runs, chosen, base) -> str | None:
     if chosen["label"] == base["label"]:
         return head
     pays = f"; it {chosen['pays']}" if chosen.get("pays") else ""
-    return f"{head}, {title} {to_target(base)}{pays}"
+    return f"{head}, {title} {to_target(base)}{_per_step(chosen, title)}{pays}"
+
+
+def _per_step(chosen, title: str) -> str:
+    """The chosen setting's predicted step time against the baseline's (medians over the seeds),
+    saying so when it is slower there: it was chosen on loss and bytes, not on time."""
+    from commlab.analysis.units import seconds
+
+    mine, theirs = chosen.get("step_s"), chosen.get("baseline_step_s")
+    if not (_finite(mine) and _finite(theirs)):
+        return ""
+    if mine > theirs:
+        return (f"; but per step it is predicted SLOWER there than {title}: {seconds(mine)} against "
+                f"{seconds(theirs)} (chosen on loss and bytes)")
+    return f"; per step {seconds(mine)} predicted against {title}'s {seconds(theirs)}"

@@ -100,7 +100,7 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
             "error": sweep.state().get("error"),
             "cluster": cluster.text(), "against": pareto.against(runs), "tolerance_pct": tolerance,
             "target": runs["target"].iloc[0] if len(runs) else None,
-            "runs": _records(runs.drop(columns=["curve"])), "settings": _records(table),
+            "runs": _records(runs.drop(columns=["curve", "payoff"])), "settings": _records(table),
             "recommendation": rec.to_dict(), "next": next_step(sweep, rec),
             "pareto_bytes": table[table["pareto_bytes"]]["label"].tolist(),
             "pareto_predicted": table[table["pareto_predicted"]]["label"].tolist()}
