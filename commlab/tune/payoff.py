@@ -102,6 +102,24 @@ def over_seeds(each: Sequence[Payoff]) -> Payoff | None:
                                low_gbps=evens[0] if evens else None, high_gbps=evens[-1] if evens else None)
 
 
+def by_setting(profiles: Sequence[HookProfile], world_size: int, latency_us: float,
+               against: str = baselines.DEFAULT) -> list[Payoff]:
+    """Where each setting (``HookProfile.setting``) beats the baseline ``against`` on ``world_size``
+    workers, over its seeds (``over_seeds``): each seed's profile against its own seed's baseline
+    run, else the first baseline run's; [] without one."""
+    bases = [p for p in profiles if baselines.is_baseline(p.to_dict(), against)]
+    if not bases:
+        return []
+    of_seed = {p.seed: p for p in reversed(bases)}  # the first of each seed
+    settings: dict[str, list[HookProfile]] = {}
+    for p in profiles:
+        if not baselines.is_baseline(p.to_dict(), against):
+            settings.setdefault(p.setting or p.label, []).append(p)
+    return [dataclasses.replace(over_seeds([payoff(of_seed.get(p.seed, bases[0]), p, world_size, latency_us, against)
+                                            for p in seeds]), label=name)
+            for name, seeds in settings.items()]
+
+
 def speedup(base: HookProfile, other: HookProfile, world_size: int, bandwidth_gbps: float,
             latency_us: float) -> float | None:
     """The baseline's predicted step time over ``other``'s: above 1, ``other`` is faster."""
