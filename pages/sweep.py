@@ -183,11 +183,12 @@ def per_setting(table, runs, title: str, cluster: quality.Cluster) -> None:
                      "speedup": st.column_config.NumberColumn(
                          f"speed-up vs {title}", format="%.2f",
                          help=f"{title}'s predicted step time over the setting's, on {cluster.text()} "
-                              "(its first seed)"),
+                              "(median over its seeds, each against its own seed's baseline run)"),
                      "pays": st.column_config.TextColumn(
                          "pays here?", help="by the what-if model at these workers and latency: the "
                                             "link bandwidth below which it beats the baseline in step "
-                                            "time, or never, or always (its first seed)"),
+                                            "time, or never, or always: the verdict most of its "
+                                            "seeds give, the median break-even and its range"),
                      "time_s": st.column_config.NumberColumn("measured s", format="%.2f"),
                      "predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
                      "reach_step": st.column_config.NumberColumn("to target: step", format="%.0f"),
