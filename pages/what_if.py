@@ -75,7 +75,7 @@ base = whatif.baseline_profile(profiles, against)
 st.subheader("Where compression pays off")
 if base:
     paid = [p for n in (8, 64, 1024) for p in payoff.by_setting(profiles, n, latency, against)]
-    st.dataframe(pd.DataFrame([{"setting": p.label, "workers": p.world_size, "pays here?": p.sentence(),
+    st.dataframe(pd.DataFrame([{"hook": p.label, "workers": p.world_size, "pays here?": p.sentence(),
                                 "break-even (Gb/s)": p.break_even_gbps, "seeds": p.seeds,
                                 "lowest (Gb/s)": p.low_gbps, "highest (Gb/s)": p.high_gbps}
                                for p in paid]), hide_index=True)

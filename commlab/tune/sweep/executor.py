@@ -46,6 +46,9 @@ class Executor:
         self.stopped = False
         self.failed: str | None = None  # why a run could not start, which ends the sweep failed
         self.exiting: list = []  # runs past their last step whose processes are still exiting
+        self.since: dict = {}  # when this execution began and how far the sweep was (``_begin``)
+        self.entries: list[dict] = []  # state.json's runs, by plan index
+        self.steps_done = 0  # of the current run
 
     def run(self) -> str:
         """Returns "finished", "stopped", or "failed" (a run could not start: state.json's ``error``)."""
