@@ -6,6 +6,7 @@ import streamlit as st
 
 import lab_widgets
 from commlab.config import ConfigError, RunConfig, default_runs_dir, settings
+from commlab.engine.run_state import RunStatus
 from commlab.figures.sweep import curves_figure, pareto_figure
 from commlab.tune import baseline as baselines
 from commlab.tune import pareto, quality
@@ -111,7 +112,7 @@ def refuse(errors: dict[str, str], slots: dict) -> None:
 def live(sweep: sw.Sweep) -> None:
     """The progress bar and the Stop button of a running sweep; one full rerun when it ends."""
     p = sweep.progress()
-    if p.sweep_status != "running":
+    if p.sweep_status != RunStatus.RUNNING:
         if st.session_state.pop(f"watching_{sweep.id}", False):
             st.rerun()
         return
@@ -138,7 +139,8 @@ def cluster_inputs() -> quality.Cluster:
     return cluster
 
 
-def results(sweep: sw.Sweep) -> None:
+def judging(sweep: sw.Sweep) -> tuple[str, float]:
+    """The baseline judged against and the tolerance X, the sweep's own unless changed here."""
     planned = sweep.spec().against
     c1, c2 = st.columns([1, 3])
     against = c1.selectbox("Judge against", baselines.BASELINES, baselines.BASELINES.index(planned),
@@ -147,14 +149,10 @@ def results(sweep: sw.Sweep) -> None:
                                 + ("" if planned == baselines.BASELINE else " and fp32 allreduce") + ".")
     tolerance = c2.slider("X: a setting qualifies when its loss is within X% of the baseline's, beyond "
                           "the seed noise", 0.0, 50.0, float(sweep.spec().tolerance_pct), 0.5)
-    cluster = cluster_inputs()
-    runs = sweep.results(tolerance, cluster, against)
-    if not len(runs):
-        st.info("No run has started yet.")
-        return
-    title = baselines.title(against)
-    table = pareto.by_setting(runs)
-    rec = pareto.recommend(runs, tolerance)
+    return against, tolerance
+
+
+def recommendation(rec: pareto.Recommendation, table, title: str) -> None:
     said = f"**Recommendation** (against {title}): {lab_widgets.literal(rec.text)}"
     if rec.decided and rec.label and not table[table["label"] == rec.label]["baseline"].iloc[0]:
         st.success(said)
@@ -163,22 +161,12 @@ def results(sweep: sw.Sweep) -> None:
     else:
         st.warning(said)
     if rec.here:
-        st.markdown(f"**On your cluster**: {lab_widgets.literal(rec.here)}.")
+        said = f"**On your cluster**: {lab_widgets.literal(rec.here)}."
+        (st.warning if "SLOWER" in rec.here else st.markdown)(said)
     st.caption(f"Rule: {lab_widgets.literal(rec.rule)}.")
-    basis = set(runs["quality_basis"].dropna())
-    if quality.TRAINING in basis:
-        st.caption(f"Quality basis: {lab_widgets.literal(quality.BASIS_TEXT[quality.TRAINING])}.")
-    links = set(table["link"]) - {"loopback"}
-    if links:
-        st.warning(f"These runs used an **{', '.join(sorted(links))}** link: their measured times are "
-                   "the emulated network's, not this machine's.")
-    if not pareto.comparable(table).any():
-        st.info("The charts appear once a setting has a finished seed.")
-    else:
-        c1, c2 = st.columns(2)
-        c1.plotly_chart(pareto_figure(table, "bytes_per_step", rec.label, runs))
-        c2.plotly_chart(pareto_figure(table, "predicted_s", rec.label, runs, cluster.text()))
-        st.plotly_chart(curves_figure(runs, runs["target"].iloc[0]))
+
+
+def per_setting(table, runs, title: str, cluster: quality.Cluster) -> None:
     st.markdown(f"**Per setting** (target loss {_num(runs['target'].iloc[0])}: {title}'s plus X%; "
                 "*to target*: where each seed first reached it, mean over the seeds that did; "
                 f"ratio, speed-up and *pays here?* against **{title}**, on {cluster.text()})")
@@ -196,23 +184,55 @@ def results(sweep: sw.Sweep) -> None:
                      "speedup": st.column_config.NumberColumn(
                          f"speed-up vs {title}", format="%.2f",
                          help=f"{title}'s predicted step time over the setting's, on {cluster.text()} "
-                              "(its first seed)"),
+                              "(median over its seeds, each against its own seed's baseline run)"),
                      "pays": st.column_config.TextColumn(
                          "pays here?", help="by the what-if model at these workers and latency: the "
                                             "link bandwidth below which it beats the baseline in step "
-                                            "time, or never, or always (its first seed)"),
+                                            "time, or never, or always: the verdict most of its "
+                                            "seeds give, the median break-even and its range"),
                      "time_s": st.column_config.NumberColumn("measured s", format="%.2f"),
                      "predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
                      "reach_step": st.column_config.NumberColumn("to target: step", format="%.0f"),
                      "reach_time_s": st.column_config.NumberColumn("measured s", format="%.2f"),
                      "reach_predicted_s": st.column_config.NumberColumn("predicted s", format="%.3f"),
                      "reach_bytes": st.column_config.NumberColumn("bytes", format="%,.0f")})
+
+
+def results(sweep: sw.Sweep) -> None:
+    against, tolerance = judging(sweep)
+    cluster = cluster_inputs()
+    runs = sweep.results(tolerance, cluster, against)
+    if not len(runs):
+        st.info("No run has started yet.")
+        return
+    title = baselines.title(against)
+    table = pareto.by_setting(runs)
+    rec = pareto.recommend(runs, tolerance)
+    recommendation(rec, table, title)
+    step = sw.next_step(sweep, rec)
+    if step:
+        st.info(f"**Next**: {lab_widgets.literal(step['text'])}")
+    basis = set(runs["quality_basis"].dropna())
+    if quality.TRAINING in basis:
+        st.caption(f"Quality basis: {lab_widgets.literal(quality.BASIS_TEXT[quality.TRAINING])}.")
+    links = set(table["link"]) - {"loopback"}
+    if links:
+        st.warning(f"These runs used an **{', '.join(sorted(links))}** link: their measured times are "
+                   "the emulated network's, not this machine's.")
+    if not pareto.comparable(table).any():
+        st.info("The charts appear once a setting has a finished seed.")
+    else:
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(pareto_figure(table, "bytes_per_step", rec.label, runs))
+        c2.plotly_chart(pareto_figure(table, "predicted_s", rec.label, runs, cluster.text()))
+        st.plotly_chart(curves_figure(runs, runs["target"].iloc[0]))
+    per_setting(table, runs, title, cluster)
     if rec.verdicts:
         st.markdown(f"**Each setting against {title}**")
         st.dataframe(rec.verdicts, hide_index=True)
     with st.expander("Every run"):
         # Columns empty throughout (the axes of hooks these runs do not use) are left out.
-        st.dataframe(runs.drop(columns=["run_dir", "curve"]).dropna(axis=1, how="all"), hide_index=True)
+        st.dataframe(runs.drop(columns=["run_dir", "curve", "payoff"]).dropna(axis=1, how="all"), hide_index=True)
 
 
 def _num(x) -> str:
@@ -253,12 +273,13 @@ if current.is_running():
 else:
     status = current.status()
     st.caption(f"Status: **{lab_widgets.literal(status)}**")
-    if status in ("stopped", "lost"):
-        done = sum(r.status() == "finished" for r in current.runs())
+    if status in (RunStatus.STOPPED, RunStatus.LOST, RunStatus.FAILED):
+        done = sum(r.status() == RunStatus.FINISHED for r in current.runs())
         left = len(current.configs()) - done
-        st.info(f"This sweep {'was stopped' if status == 'stopped' else 'lost its process'} with "
-                f"{done} run(s) finished and {left} to go. Resume runs those {left}; the finished "
-                "ones are kept.")
+        how = {RunStatus.STOPPED: "was stopped", RunStatus.LOST: "lost its process",
+               RunStatus.FAILED: f"failed ({current.state().get('error')})"}[status]
+        st.info(f"This sweep {lab_widgets.literal(how)} with {done} run(s) finished and {left} to go. "
+                f"Resume runs those {left}; the finished ones are kept.")
         if st.button("Resume sweep", key=f"resume_{current.id}"):
             try:
                 sw.start_resume(current)

@@ -31,7 +31,10 @@ kind = st.radio("Measure from", kinds, horizontal=True)
 if kind == "a sweep":
     chosen = st.selectbox("Sweep", sweeps, format_func=lambda s: f"{s.id} ({s.status()})").runs()
 else:
-    paths = lab_widgets.pick_runs("Runs", choices, default=[c["path"] for c in choices[:3]])
+    # By default a baseline run with the newest of its job: speed-ups and break-evens need it.
+    newest = [open_run(c["path"]) for c in choices[:50]]
+    default = [str(r.path) for r in whatif.with_a_baseline(newest)]
+    paths = lab_widgets.pick_runs("Runs", choices, default=default)
     chosen = [open_run(p) for p in paths]
 damaged = [r for r in chosen if r.damage()]
 for r in damaged:
@@ -61,7 +64,8 @@ against = c0.selectbox("Judged against", baselines.BASELINES, format_func=baseli
 latency = c1.number_input("Latency per hop α, µs", 0.0, 10_000.0, whatif.DEFAULT_LATENCY_US)
 bandwidth = c2.select_slider("Bandwidth for the workers chart, Gb/s", whatif.BANDWIDTHS_GBPS, 10)
 workers = c3.select_slider("Workers for the bandwidth chart", whatif.WORLD_SIZES, 64)
-rows = whatif.predict(profiles, whatif.WORLD_SIZES, whatif.BANDWIDTHS_GBPS, latency)
+# One curve and one answer per setting: the median over its seeds (the tables below keep each run).
+rows = whatif.over_seeds(whatif.predict(profiles, whatif.WORLD_SIZES, whatif.BANDWIDTHS_GBPS, latency))
 c1, c2 = st.columns(2)
 c1.plotly_chart(figs.workers_figure(rows, bandwidth))
 c2.plotly_chart(figs.bandwidth_figure(rows, workers))
@@ -70,12 +74,14 @@ st.plotly_chart(figs.winner_map(whatif.winners(rows, against), baselines.title(a
 base = whatif.baseline_profile(profiles, against)
 st.subheader("Where compression pays off")
 if base:
-    paid = [payoff.payoff(base, p, n, latency, against) for p in profiles if p is not base
-            for n in (8, 64, 1024)]
+    paid = [p for n in (8, 64, 1024) for p in payoff.by_setting(profiles, n, latency, against)]
     st.dataframe(pd.DataFrame([{"hook": p.label, "workers": p.world_size, "pays here?": p.sentence(),
-                                "break-even (Gb/s)": p.break_even_gbps} for p in paid]), hide_index=True)
-    st.caption(f"Against {lab_widgets.literal(base.label)} ({baselines.title(against)}), at "
-               f"{latency:g} µs per hop: where the what-if model's step-time curves cross.")
+                                "break-even (Gb/s)": p.break_even_gbps, "seeds": p.seeds,
+                                "lowest (Gb/s)": p.low_gbps, "highest (Gb/s)": p.high_gbps}
+                               for p in paid]), hide_index=True)
+    st.caption(f"Against {baselines.title(against)} (each seed against its own seed's run), at "
+               f"{latency:g} µs per hop: where the what-if model's step-time curves cross; the median "
+               "over a setting's seeds, and their range.")
 else:
     st.info(f"No {baselines.title(against)} run among these: measure one to see where each hook "
             "beats it.")

@@ -360,3 +360,48 @@ def test_the_compare_and_what_if_pages_judge_against_the_baseline_chosen(fp16_sw
     at.selectbox(key="whatif_against").set_value("bf16").run()
     _ok(at)
     assert any("No bf16 allreduce run among these" in i.value for i in at.info)
+
+
+def test_a_recommendation_predicted_slower_on_the_cluster_says_so_in_the_same_sentence():
+    runs = _runs("allreduce", {"r=2": ("powersgd", 1.01, 400.0)}, cluster="64 workers, 10 Gb/s, 5 µs",
+                 pays={"r=2": "beats fp32 allreduce in step time on links below 2.64 Gb/s (...)"})
+    runs["step_s"] = [0.197 if b else 0.298 for b in runs["baseline"]]
+    runs["baseline_step_s"] = 0.197
+    rec = pareto.recommend(runs, 5)
+    assert rec.decided and rec.label == "r=2"
+    assert ("; but per step it is predicted SLOWER there than fp32 allreduce: 298 ms against 197 ms "
+            "(chosen on loss and bytes); it beats fp32 allreduce in step time on links below 2.64 Gb/s") in rec.here
+    runs["step_s"] = [0.197 if b else 0.150 for b in runs["baseline"]]
+    faster = pareto.recommend(runs, 5).here
+    assert "SLOWER" not in faster and "per step 150 ms predicted against fp32 allreduce's 197 ms" in faster
+
+
+def test_pays_here_over_seeds_is_the_median_with_its_range_and_says_when_seeds_differ():
+    each = [payoff.Payoff("r=1", "allreduce", 64, 5.0, payoff.BELOW, g) for g in (6.47, 9.0, 4.9)]
+    over = payoff.over_seeds(each)
+    assert over.break_even_gbps == 6.47 and (over.low_gbps, over.high_gbps) == (4.9, 9.0)
+    assert over.sentence() == ("beats fp32 allreduce in step time on links below 6.47 Gb/s (64 workers, "
+                               "5 µs per hop, median of 3 seeds: 4.9 to 9 Gb/s)")
+    mixed = payoff.over_seeds(each[:2] + [payoff.Payoff("r=1", "allreduce", 64, 5.0, payoff.NEVER)])
+    assert mixed.sentence().endswith("median of 2 seeds: 6.47 to 9 Gb/s); 1 of 3 seeds say otherwise")
+    assert payoff.over_seeds(each[:1]).sentence() == each[0].sentence() and payoff.over_seeds([]) is None
+
+
+def test_the_what_if_answers_once_per_setting_each_seed_against_its_own_baseline():
+    import dataclasses
+
+    def seed(p, k, arithmetic_s):
+        return dataclasses.replace(p, label=f"{p.label} #{k + 1}" if k else p.label, setting=p.label,
+                                   seed=k, run_id=f"{p.label}-{k}", arithmetic_s=arithmetic_s)
+
+    profiles = [seed(FP32, k, 0.0) for k in range(3)] + [seed(PSGD, k, a) for k, a in enumerate((0.004, 0.005, 0.007))]
+    rows = whatif.over_seeds(whatif.predict(profiles, (64,), (1.0, 10.0), 5.0))
+    assert [(r["label"], r["seeds"]) for r in rows] == [("allreduce", 3), ("powersgd r=1", 3)] * 2
+    each = [whatif.predict([p], (64,), (1.0,), 5.0)[0]["step_s"] for p in profiles[3:]]
+    (psgd,) = [r for r in rows if r["label"] == "powersgd r=1" and r["bandwidth_gbps"] == 1.0]
+    assert psgd["step_s"] == sorted(each)[1] and (psgd["step_s_low"], psgd["step_s_high"]) == (min(each), max(each))
+    (said,) = payoff.by_setting(profiles, 64, 5.0)
+    alone = [payoff.payoff(profiles[k], profiles[3 + k], 64, 5.0) for k in range(3)]
+    assert said.label == "powersgd r=1" and said.seeds == said.agree == 3
+    assert said.break_even_gbps == sorted(p.break_even_gbps for p in alone)[1]
+    assert payoff.by_setting(profiles[3:], 64, 5.0) == []  # no baseline among them

@@ -216,7 +216,7 @@ def test_a_killed_sweep_ends_its_run_and_a_resume_never_runs_a_second_beside_it(
         second = _wait(lambda: [r for r in _going(tmp_path) if r.path != first.path], 600, "resumed run")[0]
         assert [r.path for r in _going(tmp_path)] == [second.path]  # one run at a time, always
         state = sweep.state()
-        assert state["replaced"] == [{"label": "powersgd r=1 start=20", "run_dir": str(first.path),
+        assert state["replaced"] == [{"label": "powersgd r=1 start=20", "run_dir": first.path.name,
                                       "status": "stopped"}], state
         print(f"\nkill -9 of the sweep -> its run stopped in {ended_in:.1f} s")
     finally:
@@ -314,3 +314,43 @@ def test_compare_names_a_run_with_no_status_and_garbage_metrics(allreduce_run, p
     err = capsys.readouterr().err
     assert "left out run garbage: damaged: metrics.jsonl: its first line is not a step record" in err, err
     assert rc in (0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_disk_that_fills_during_a_sweep_ends_it_failed_with_its_result():
+    """The first run of a sweep fills the disk and fails; the next cannot start (too little room):
+    the sweep ends failed saying why, exit 1, its state not left running, its result.json written
+    (the sweep folder's reserve)."""
+    got = _in_small_disk("""
+import json, os, subprocess, sys, time
+from pathlib import Path
+from commlab.engine import store
+from commlab.tune import sweep as sw
+disk = Path(os.environ["DISK"])
+proc = subprocess.Popen([sys.executable, "-m", "commlab", "sweep", "--workload", "mlp", "--steps", "1000000",
+                         "--world-size", "2", "--matrix-approximation-rank", "1", "--start-powersgd-iter", "2",
+                         "--repeats", "1", "--stall-timeout-s", "600", "--runs-dir", str(disk / "runs")],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+while not [r for r in (disk / "runs").glob("*allreduce*") if store.read_jsonl(r / "metrics.jsonl")]:
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(0.2)
+t0 = time.time()
+with open(disk / "filler", "wb") as f:  # room for a few hundred steps
+    try:
+        while os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize > 100_000:
+            f.write(b"\\0" * 16384)
+    except OSError:
+        pass
+out, err = proc.communicate(timeout=600)
+(sweep,) = sw.list_sweeps(disk / "runs")
+print(json.dumps({"rc": proc.returncode, "out": out, "err": err[-3000:], "after_s": time.time() - t0,
+                  "state": sweep.state(), "status": sweep.status(), "runs": [r.status() for r in sweep.runs()],
+                  "result": sweep.saved_report()}))
+""", "24m")
+    assert got["rc"] == 1, got
+    assert got["status"] == "failed" and got["runs"] == ["failed"], got
+    assert "could not start" in got["state"]["error"] and "MiB free" in got["state"]["error"], got["state"]
+    assert got["result"]["status"] == "failed" and got["result"]["error"] == got["state"]["error"], got["result"]
+    assert "invalid settings" not in got["err"] and got["state"]["error"] in got["out"] + got["err"], got
+    print(f"\nfull disk during a sweep -> its end recorded in {got['after_s']:.1f} s")

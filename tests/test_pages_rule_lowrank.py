@@ -264,4 +264,5 @@ def test_the_winner_map_has_log_axes_and_a_log_colour_scale():
     assert heat.z[0][1] == pytest.approx(np.log10(40.0))
     # Profiles without a plain allreduce: the fastest hook is named, no speed-up, no colour.
     bare = whatif_figs.winner_map([{**c, "speedup": None} for c in cells]).data[0]
-    assert all(t == "powersgd" for row in bare.text for t in row) and not any(map(any, bare.z))
+    assert all(t == "A" for row in bare.text for t in row) and not any(map(any, bare.z))
+    assert all(n == "powersgd" for row in bare.customdata for n in row) and "A = powersgd" in fig.layout.title.text

@@ -200,3 +200,24 @@ def test_a_sweep_runs_three_seeds_unless_told(capsys):
     runs = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"]
     # The baseline and PowerSGD's ranks 1, 2 and 4, each with seeds 0, 1 and 2, seed by seed.
     assert len(runs) == 4 * 3 and runs[0] == "allreduce seed 0" and runs[-1].endswith("seed 2")
+
+
+def test_an_open_verdict_says_how_many_seeds_would_decide_it():
+    # r=2 4% worse with a paired spread of about 0.014: its interval straddles the 5% tolerance
+    # at 4 seeds, leaves it with more at that spread.  r=1 is as open, but its gap is within the noise.
+    runs = _runs({"r=2": ([b * 1.04 + d for b, d in zip(BASE, (0.012, -0.012, 0.01, -0.008))], 100.0),
+                  "r=1": ([b * 1.05 + d for b, d in zip(BASE, (0.2, -0.2, 0.2, -0.2))], 50.0)})
+    rec = pareto.recommend(runs, 5)
+    by = {d["setting"]: pareto.Verdict(**d) for d in rec.verdicts}
+    assert by["r=2"].verdict == by["r=1"].verdict == pareto.UNDECIDED
+    n = by["r=2"].seeds_needed
+    assert n is not None and 4 < n <= pareto.MAX_SEEDS_ASKED and by["r=1"].seeds_needed is None
+    diffs = [b * 1.04 + d - b for b, d in zip(BASE, (0.012, -0.012, 0.01, -0.008))]
+    assert pareto.seeds_to_decide(diffs, by["r=2"].tolerance) == n
+    assert not rec.decided and rec.seeds_needed == n
+    assert pareto.recommend(_runs({"r=1": (BASE[:2], 10.0)}, base=BASE[:2]), 5).seeds_needed == pareto.MIN_SEEDS
+
+
+def test_keeping_the_baseline_names_the_flag_that_would_change_it():
+    runs = _runs({"r=1": ([b * 1.10 for b in BASE], 100.0)})
+    assert "--tolerance-pct" in pareto.recommend(runs, 5).text

@@ -668,3 +668,21 @@ def test_the_sweep_page_offers_the_chosen_hook_s_own_axes_and_names_a_bad_value(
     at.selectbox(key="sweep_hook").set_value("signsgd").run()  # a hook with nothing to sweep
     assert not at.exception, [e.value for e in at.exception]
     assert any("signsgd has no settings to sweep" in c.value for c in at.caption)
+
+
+def test_the_what_if_measures_a_baseline_with_the_runs_by_default(tmp_path):
+    """In runs mode the What-if page's default: the newest baseline run and the newest of its job
+    (the newest runs alone may have no baseline, and then no speed-up or break-even)."""
+    from commlab.engine import run_folder, store
+
+    def made(name, **cfg):
+        (tmp_path / name).mkdir()
+        store.write_json(tmp_path / name / "config.json", RunConfig(**{"workload": "mlp", **cfg}).to_dict())
+        return run_folder.RunFolder(tmp_path / name)
+
+    newest_first = [made("d", hook="powersgd"), made("c", hook="topk"), made("b", hook="fp16"),
+                    made("a"), made("z", hook="powersgd", world_size=4)]
+    newest_first.insert(0, made("e", hook="topk", world_size=4))  # another job: not measured with "a"
+    assert [r.id for r in whatif.with_a_baseline(newest_first)] == ["a", "d", "c"]
+    assert [r.id for r in whatif.with_a_baseline(newest_first, against="fp16")] == ["b", "d", "c"]
+    assert [r.id for r in whatif.with_a_baseline(newest_first[:3])] == ["e", "d", "c"]  # no baseline

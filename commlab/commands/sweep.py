@@ -7,6 +7,7 @@ setting with N seeds, one run after another.
     commlab sweep --hook topk --compress-ratio 0.01,0.05      (any hook, over its own axes)
     commlab sweep --against bf16 ...  (judged against bf16 allreduce: it runs after fp32's)
     commlab sweep --resume SWEEP      (a stopped or lost sweep: its id or folder)
+    commlab sweep --resume SWEEP --repeats N   (any sweep that ended, with N seeds per setting)
     commlab sweep --show SWEEP [--against fp16]   (any sweep's table and recommendation, again)
 
 ``--hook`` names the hook swept (default PowerSGD); its axes are the settings it reads that the
@@ -29,9 +30,10 @@ import sys
 from commlab.commands import Progress
 from commlab.commands.run import add_launcher_options, add_run_options, config_from_args, slurm_from_args
 from commlab.config import ConfigError, default_runs_dir
+from commlab.engine.run_state import RunStatus
 from commlab.hook_specs import BASELINE
 from commlab.tune import baseline as baselines
-from commlab.tune.quality import Cluster
+from commlab.tune.quality import BASIS_TEXT, Cluster
 from commlab.tune.sweep import (
     AXES,
     DEFAULT_REPEATS,
@@ -53,7 +55,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     lists = {s.name: axis_values(s, getattr(args, s.name)) for s in AXES
              if getattr(args, s.name) is not None}
     return SweepSpec(base=config_from_args(args, axes=AXIS_NAMES), baseline=not args.no_baseline,
-                     tolerance_pct=args.tolerance_pct, repeats=args.repeats,
+                     tolerance_pct=args.tolerance_pct,
+                     repeats=DEFAULT_REPEATS if args.repeats is None else args.repeats,
                      against=baselines.DEFAULT if args.against is None else args.against, **lists)
 
 
@@ -65,37 +68,74 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
 
 
 def _num(x, fmt: str) -> str:
-    return "" if x is None else format(x, fmt)
+    return "-" if x is None else format(x, fmt)
+
+
+WIDTH = 100  # the prose lines wrap here; a setting's row is as wide as its label needs
+
+
+def _wrapped(text: str, indent: str = "") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False)
+
+
+def _legend(p: dict, against: str) -> list[str]:
+    bases = sorted({s["quality_basis"] for s in p["settings"] if s["quality_basis"]})
+    loss = " / ".join(BASIS_TEXT.get(b, b) for b in bases) or "final loss"
+    tolerance = p.get("tolerance_pct")  # result.json of older sweeps: not recorded
+    return _wrapped(f"Each setting judged against {against}" + (
+        f", within a tolerance of {tolerance:g}% of its loss (--tolerance-pct)" if tolerance is not None
+        else "") + f"; predicted times on {p['cluster']} (--predict-world-size, "
+        f"--predict-bandwidth-gbps, --predict-latency-us).") + _wrapped(
+        f"Columns: seeds = finished / planned; loss = {loss}, mean over the seeds, ± their standard "
+        f"deviation (lower is better); bytes/step = what each rank sends per step; x fewer = "
+        f"{against}'s bytes over the setting's; measured s = training time here; predicted s = the "
+        f"same steps on that cluster; front = nothing beats it on both loss and bytes, or loss and "
+        f"predicted time.")
+
+
+def _setting_lines(s: dict, w: int, verdicts: dict, target) -> list[str]:
+    front = ", ".join(name for name, key in (("bytes", "pareto_bytes"), ("time", "pareto_predicted")) if s[key])
+    seeds = f"{s['finished']}/{s['runs']}"
+    lines = [f"{s['label']:<{w}} {seeds:>5} {_num(s['quality_mean'], '#.4g'):>7} "
+             f"{_num(s['quality_std'], '#.4g'):>8} {_num(s['bytes_per_step'], ',.0f'):>11} "
+             f"{_num(s.get('bytes_ratio'), '.1f'):>7} {_num(s['time_s'], '.3g'):>10} "
+             f"{_num(s['predicted_s'], '.3g'):>11}  {front or '-'}"]
+    pad = " " * 4
+    lines += _wrapped("losses by seed: " + ", ".join(
+        f"{seed}: {_num(q, '#.4g')}" for seed, q in zip(s["seeds"], s["qualities"]))
+        + (f"; BROKEN: {'; '.join(s['broken'])}" if s["broken"] else ""), pad)
+    if s["label"] in verdicts:
+        v = verdicts[s["label"]]
+        lines += _wrapped(f"verdict: {v['verdict']}: {v['reason']}", pad)
+    if target is not None:
+        lines += _wrapped(f"target loss {target:.4g}: reached by {s['reached']} finished seed(s)"
+                          + (f", at step {s['reach_step']:.0f} (predicted {s['reach_predicted_s']:.3g} s)"
+                             if s["reach_step"] is not None and s["reach_predicted_s"] is not None else ""), pad)
+    if s.get("pays") and not s["baseline"]:
+        lines.append(f"{pad}pays here? it {s['pays']}")  # whole: one sentence, as the page has it
+    return lines
 
 
 def _text(p: dict) -> str:
-    w = max([40, *(len(s["label"]) for s in p["settings"])])  # labels whole: they name the values
+    w = max([7, *(len(s["label"]) for s in p["settings"])])  # labels whole: they name the values
     against = baselines.title(p.get("against", baselines.DEFAULT))  # result.json of older sweeps: fp32
+    verdicts = {v["setting"]: v for v in p["recommendation"].get("verdicts", [])}
     lines = [f"sweep {p['sweep_id']}: {p['status']} ({p['sweep_dir']})",
-             f"quality: {', '.join(sorted({s['quality_basis'] for s in p['settings'] if s['quality_basis']})) or '-'}; "
-             f"predicted times on {p['cluster']}; target loss {_num(p['target'], '.4f')}; "
-             f"judged against {against} (ratio: its bytes over the setting's)",
-             f"{'setting':<{w}} {'seeds':>5} {'loss mean':>9} {'± sd':>7} {'bytes/step':>12} {'ratio':>6} "
-             f"{'time s':>7} {'pred s':>8} {'to target: step':>15} {'pred s':>8}  front",
-             ]
+             *([f"error: {p['error']}"] if p.get("error") else []), *_legend(p, against), "",
+             f"{'setting':<{w}} {'seeds':>5} {'loss':>7} {'± sd':>8} {'bytes/step':>11} {'x fewer':>7} "
+             f"{'measured s':>10} {'predicted s':>11}  front"]
     for s in p["settings"]:
-        front = ("bytes " if s["pareto_bytes"] else "") + ("time" if s["pareto_predicted"] else "")
-        seeds = f"{s['finished']}/{s['runs']}"
-        lines.append(f"{s['label']:<{w}} {seeds:>5} {_num(s['quality_mean'], '.4f'):>9} "
-                     f"{_num(s['quality_std'], '.4f'):>7} {_num(s['bytes_per_step'], ',.0f'):>12} "
-                     f"{_num(s.get('bytes_ratio'), '.1f'):>6} "
-                     f"{_num(s['time_s'], '.1f'):>7} {_num(s['predicted_s'], '.2f'):>8} "
-                     f"{_num(s['reach_step'], '.0f') + ' (' + s['reached'] + ')':>15} "
-                     f"{_num(s['reach_predicted_s'], '.2f'):>8}  {front}")
-        lines.append(f"{'':<{w}}   seeds: " + ", ".join(
-            f"{seed}: {'-' if q is None else format(q, '.4f')}" for seed, q in zip(s["seeds"], s["qualities"]))
-            + (f"  BROKEN {'; '.join(s['broken'])}" if s["broken"] else ""))
-        if s.get("pays") and not s["baseline"]:
-            lines.append(f"{'':<{w}}   pays here? it {s['pays']}")
+        lines += _setting_lines(s, w, verdicts, p["target"])
     rec = p["recommendation"]
-    lines += [f"rule: {rec['rule']}", f"recommendation: {rec['text']}"]
+    # Whole lines: a person greps them, and each reads as one sentence.
+    lines += ["", f"rule: {rec['rule']}", f"recommendation: {rec['text']}"]
     if rec.get("here"):
         lines.append(f"on the cluster: {rec['here']}")
+    if p.get("next"):
+        lines += _wrapped(f"next: {p['next']['text']}")
     return "\n".join(lines)
 
 
@@ -112,7 +152,7 @@ def _on_progress(bar, configs):
         bar.update(max(at, bar.done))
         bar.describe(f"[{p.index + 1}/{p.total}] {p.label}")
         changed = shown["key"] != (p.index, p.run_status)
-        ended = p.run_status not in ("starting", "running")
+        ended = p.run_status not in (RunStatus.STARTING, RunStatus.RUNNING)
         due = bar.piped and time.monotonic() - shown["at"] >= PIPED_EVERY_S
         if changed and (ended or bar.piped) or due:
             shown.update(key=(p.index, p.run_status), at=time.monotonic())
@@ -148,7 +188,7 @@ def _sweep(args: argparse.Namespace) -> int:
         slurm = slurm_from_args(args)
         if args.resume:
             sweep = _find(args.resume, args.runs_dir)
-            configs = sweep.configs()
+            configs = sw.more_seeds(sweep.spec(), args.repeats) if args.repeats is not None else sweep.configs()
         else:
             spec = spec_from_args(args)
             configs = sw.grid(spec)
@@ -162,6 +202,15 @@ def _sweep(args: argparse.Namespace) -> int:
             emit(args, {"runs": labels}, "\n".join(f"{i + 1}. {lab}" for i, lab in enumerate(labels)))
             return 0
         sweep = sw.create(spec, slurm)
+    out = _execute(args, sweep, configs, cluster)
+    emit(args, out, _text(out))
+    return 0 if out["status"] == RunStatus.FINISHED else 1
+
+
+def _execute(args: argparse.Namespace, sweep, configs: list, cluster: Cluster) -> dict:
+    """Execute (or resume) the sweep here, its progress on stderr; Ctrl-C stops it. Returns its report."""
+    from commlab.tune import sweep as sw
+
     interrupted: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: interrupted.append(signum))
@@ -172,16 +221,15 @@ def _sweep(args: argparse.Namespace) -> int:
               file=sys.stderr)
         bar = Progress(sum(c.steps for c in configs), "step", lines=0)  # piped: the runs' own lines
         on_progress = _on_progress(bar, configs)
-
     try:
-        (sw.resume if args.resume else sw.execute)(sweep, on_progress, cluster=cluster,
-                                                    should_stop=lambda: bool(interrupted))
+        if args.resume:
+            sw.resume(sweep, on_progress, lambda: bool(interrupted), cluster, args.repeats)
+        else:
+            sw.execute(sweep, on_progress, lambda: bool(interrupted), cluster=cluster)
     finally:
         if bar is not None:
             bar.close()
-    out = sweep.saved_report() or sweep.report(cluster)
-    emit(args, out, _text(out))
-    return 0 if out["status"] == "finished" else 1
+    return sweep.saved_report() or sweep.report(cluster)
 
 
 def _find(given: str, runs_dir: str | None, field: str = "resume"):
@@ -211,9 +259,11 @@ def register(sub) -> None:
     p.add_argument("--tolerance-pct", type=float, default=DEFAULT_TOLERANCE_PCT,
                    help="the recommendation's X: a setting qualifies when its loss is within X%% of "
                         f"allreduce's, beyond the seed noise (default: {DEFAULT_TOLERANCE_PCT:g})")
-    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
+    p.add_argument("--repeats", type=int, metavar="N",
                    help=f"seeds per setting, the baseline's included (default: {DEFAULT_REPEATS}, the "
-                        "fewest with which the recommendation can tell a difference from seed noise)")
+                        "fewest with which the recommendation can tell a difference from seed noise); "
+                        "with --resume, more seeds than the sweep planned: its runs are kept, the new "
+                        "seeds' run after them")
     p.add_argument("--predict-world-size", type=int, default=Cluster.world_size, metavar="N",
                    help=f"the cluster times are predicted for (default: {Cluster.world_size} workers)")
     p.add_argument("--predict-bandwidth-gbps", type=float, default=Cluster.bandwidth_gbps,

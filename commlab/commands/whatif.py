@@ -39,6 +39,52 @@ def _given_runs(args: argparse.Namespace) -> list:
     return [open_run(resolve_run(d, args.runs_dir)) for d in args.run_dirs]
 
 
+WIDTH = 100  # lines wrap here, each setting's continuing indented
+
+
+def _wrapped(text: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+
+
+def _short(p) -> str:
+    """A setting's break-even as a cell: "<6.47 [4.9-9]" (Gb/s; its seeds' range), "always", "never"."""
+    from commlab.tune import payoff
+
+    if p.verdict not in (payoff.BELOW, payoff.ABOVE):
+        return p.verdict + (f" ({p.agree}/{p.seeds} seeds)" if p.agree < p.seeds else "")
+    spread = f" [{p.low_gbps:.3g}-{p.high_gbps:.3g}]" if p.agree > 1 else ""
+    sign = "<" if p.verdict == payoff.BELOW else ">"
+    return f"{sign}{p.break_even_gbps:.3g}{spread}" + (f" ({p.agree}/{p.seeds} seeds)" if p.agree < p.seeds else "")
+
+
+def _text(profiles, folded, best, even: dict, latency_us: float, against: str) -> list[str]:
+    from commlab.tune import baseline as baselines
+
+    w = max(len(p.label) for p in profiles)
+    lines = ["measured, one line per run:", f"{'run':<{w}} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} "
+             f"{'calls':>6}  measured over"]
+    lines += [f"{p.label:<{w}} {p.compute_s * 1e3:>10.2f} {p.arithmetic_s * 1e3:>9.2f} "
+              f"{p.payload_bytes:>12,.0f} {p.collectives:>6g}  {p.measured_over}" for p in profiles]
+    lines += ["", *_wrapped(f"predicted step (ms), latency {latency_us:g} µs per hop, one entry per "
+                            "setting (median over its seeds); fastest marked *")]
+    for cell in best:
+        here = [r for r in folded if (r["world_size"], r["bandwidth_gbps"]) ==
+                (cell["world_size"], cell["bandwidth_gbps"])]
+        parts = "  ".join(f"{r['label']}{'*' if r['label'] == cell['best'] else ''} "
+                          f"{r['step_s'] * 1e3:.1f}" for r in here)
+        lines += _wrapped(f"N={cell['world_size']:<5} {cell['bandwidth_gbps']:>6g} Gb/s  {parts}")
+    title = baselines.title(against)
+    if not even:
+        return lines + [f"no {title} run among these: no break-even to say"]
+    lines += ["", *_wrapped(f"where each setting beats {title} in step time, by workers: on links below "
+                            "(<) or above (>) the break-even in Gb/s, median over its seeds [their range]")]
+    for name, cells in even.items():
+        lines += _wrapped(f"{name}: " + ", ".join(f"N={p.world_size} {_short(p)}" for p in cells))
+    return lines
+
+
 def _whatif(args: argparse.Namespace) -> int:
     from commlab.commands import emit
     from commlab.config import ConfigError
@@ -55,26 +101,16 @@ def _whatif(args: argparse.Namespace) -> int:
         raise ConfigError({"run_dirs": "no run has steady steps to measure (runs too short, or "
                                        "PowerSGD never started compressing)"})
     rows = whatif.predict(profiles, world_sizes, bandwidths, args.latency_us)
-    best = whatif.winners(rows, args.against)
-    base = whatif.baseline_profile(profiles, args.against)
-    even = [payoff.payoff(base, p, n, args.latency_us, args.against).to_dict()
-            for p in profiles if base and p is not base for n in world_sizes]
-    lines = [f"{'hook':<52} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} {'calls':>6}  "
-             "measured over"]
-    lines += [f"{p.label:<52} {p.compute_s * 1e3:>10.2f} {p.arithmetic_s * 1e3:>9.2f} "
-              f"{p.payload_bytes:>12,.0f} {p.collectives:>6g}  {p.measured_over}" for p in profiles]
-    lines.append(f"\npredicted step (ms), latency {args.latency_us:g} µs per hop; fastest marked *")
-    for cell in best:
-        here = [r for r in rows if (r["world_size"], r["bandwidth_gbps"]) ==
-                (cell["world_size"], cell["bandwidth_gbps"])]
-        parts = "  ".join(f"{r['label']}{'*' if r['label'] == cell['best'] else ''} "
-                          f"{r['step_s'] * 1e3:.1f}" for r in here)
-        lines.append(f"N={cell['world_size']:<5} {cell['bandwidth_gbps']:>6g} Gb/s  {parts}")
-    lines += [f"{e['label']}: {e['sentence']}" for e in even]
-    if not base:
-        lines.append(f"no {baselines.title(args.against)} run among these: no break-even to say")
-    emit(args, {"profiles": [p.to_dict() for p in profiles], "predictions": rows, "winners": best,
-                "break_even": even}, "\n".join(lines))
+    folded = whatif.over_seeds(rows)
+    best = whatif.winners(folded, args.against)
+    even: dict[str, list] = {}
+    for n in world_sizes:
+        for p in payoff.by_setting(profiles, n, args.latency_us, args.against):
+            even.setdefault(p.label, []).append(p)
+    lines = _text(profiles, folded, best, even, args.latency_us, args.against)
+    emit(args, {"profiles": [p.to_dict() for p in profiles], "predictions": rows, "settings": folded,
+                "winners": best, "break_even": [p.to_dict() for cells in even.values() for p in cells]},
+         "\n".join(lines))
     return 0
 
 

@@ -59,8 +59,8 @@ from commlab.engine.run_state import FINAL, GOING, STOPPABLE  # noqa: F401 (read
 
 RESERVE = ".reserve"  # in every run folder: RESERVE_SLOTS files of SLOT_BYTES, written as it is made
 RESERVE_SLOTS, SLOT_BYTES = 4, 64 * 1024
-# The files a full disk must not keep from being written: they record how a run ended.
-ENDS_A_RUN = re.compile(r"status\.json|supervisor\.json|rank\d+\.error\.json")
+# The files a full disk must not keep from being written: they record how a run (or a sweep) ended.
+ENDS_A_RUN = re.compile(r"status\.json|supervisor\.json|rank\d+\.error\.json|state\.json|result\.json")
 MIN_FREE_BYTES = 16 * 1024 * 1024  # below this free in the runs folder, no run starts
 
 

@@ -67,8 +67,13 @@ def winner_map(cells: list[dict], against: str = "fp32 allreduce") -> go.Figure:
     speedup = [[at[(n, b)]["speedup"] for n in ns] for b in bws]
     # No speed-up without the baseline among the profiles: the cell names the fastest, uncoloured.
     z = [[math.log10(max(v, 1.0)) if v else 0.0 for v in row] for row in speedup]
-    text = [[at[(n, b)]["best"].split(" [")[0] + (f"<br>×{v:.2f}" if v else "")
-             for n, v in zip(ns, row)] for b, row in zip(bws, speedup)]
+    # A cell holds a letter, not the setting's name: ten names side by side overlap; the key is
+    # in the subtitle and the name in the hover.
+    keys = {name: chr(ord("A") + i) for i, name in enumerate(dict.fromkeys(c["best"] for c in cells))}
+    text = [[keys[at[(n, b)]["best"]] + (f"<br>×{v:.2f}" if v else "") for n, v in zip(ns, row)]
+            for b, row in zip(bws, speedup)]
+    names = [[at[(n, b)]["best"] for n in ns] for b in bws]
+    legend = " · ".join(f"{k} = {name}" for name, k in keys.items())
     top = max([v for row in z for v in row] + [math.log10(2)])
     ticks = [t for t in (1, 1.1, 1.5, 2, 5, 10, 20, 50, 100, 1000) if math.log10(t) <= top * 1.05]
     fig = go.Figure(go.Heatmap(
@@ -76,10 +81,11 @@ def winner_map(cells: list[dict], against: str = "fp32 allreduce") -> go.Figure:
         zmin=0, zmax=top, colorbar=dict(title=f"speed-up<br>over {against}",
                                         tickvals=[math.log10(t) for t in ticks],
                                         ticktext=[f"×{t:g}" for t in ticks]),
-        hovertemplate="N=%{x}, %{y} Gb/s: %{text}<extra></extra>"))
-    fig.update_layout(title=style.title(f"Fastest hook by workers and bandwidth<br><sup>{ASSUMPTION}</sup>"),
+        customdata=names, hovertemplate="N=%{x}, %{y} Gb/s: %{customdata}<extra></extra>"))
+    fig.update_layout(title=style.title(f"Fastest hook by workers and bandwidth<br><sup>{legend}</sup>"
+                                        f"<br><sup>{ASSUMPTION}</sup>"),
                       xaxis_title="workers (N)", yaxis_title="bandwidth, Gb/s", height=480,
-                      margin=dict(t=style.top_margin(2), b=10, l=10, r=10))
+                      margin=dict(t=style.top_margin(3), b=10, l=10, r=10))
     fig.update_xaxes(type="log", tickvals=ns, ticktext=[f"{n:,}" for n in ns])
     fig.update_yaxes(type="log", tickvals=bws, ticktext=[f"{b:g}" for b in bws])
     return fig

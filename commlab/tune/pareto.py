@@ -27,9 +27,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from commlab.config import settings
+from commlab.engine.run_state import RunStatus
 from commlab.tune import baseline as baselines
 
 MIN_SEEDS = 3  # with 2, the t-interval's factor is 12.7: no real gap can be told from noise
+MAX_SEEDS_ASKED = 12  # the most seeds the next step proposes: beyond, more steps or a tolerance decide
 CONFIDENCE = 0.95
 RULE = ("as good as {base}: the upper end of the {conf:.0%} t-interval of (its loss - {base}'s "
         "loss), paired by seed, is at most {x:g}% of {base}'s loss; of those, the fewest bytes per "
@@ -42,9 +44,11 @@ AS_GOOD, WORSE, UNDECIDED, TOO_FEW, FAILED, INCOMPLETE = (
 # The hooks' own sweep axes, as the settings table marks them (the wrapper has its own column).
 AXIS_KEYS = tuple(s.name for s in settings() if s.sweepable and s.group != "hook")
 SETTING_KEYS = ["label", "baseline", "against", "hook", "wrapper", *AXIS_KEYS, "link"]
-# What the what-if model says of a setting on the chosen cluster (``commlab.tune.payoff``), one
-# seed's: the first that has it.
-PAYOFF_KEYS = ["pays", "break_even_gbps", "speedup"]
+# What the what-if model says of a run on the chosen cluster (``commlab.tune.payoff.judged``): each
+# against its own seed's baseline run; ``by_setting`` folds them over the seeds (``SEED_PAYOFF``).
+PAYOFF_KEYS = ["pays", "break_even_gbps", "speedup", "step_s", "baseline_step_s", "payoff"]
+SEED_PAYOFF = ["pays", "break_even_gbps", "break_even_low", "break_even_high", "speedup", "speedup_low",
+               "speedup_high", "step_s", "baseline_step_s"]
 
 
 def against(runs) -> str:
@@ -59,14 +63,14 @@ def _finite(x) -> bool:
 
 def usable(row) -> bool:
     """A run that counts: finished, with a finite quality."""
-    return row["status"] == "finished" and not row.get("diverged", False) and _finite(row["quality"])
+    return row["status"] == RunStatus.FINISHED and not row.get("diverged", False) and _finite(row["quality"])
 
 
 def broken(row) -> bool:
     """A run whose seed rules its setting out: it failed, diverged, or ended with a loss that is not
     a number (stopped and still-going runs are unfinished, not broken)."""
-    return row["status"] not in ("finished", "stopped", "starting", "running") or bool(
-        row.get("diverged", False)) or (row["status"] == "finished" and not _finite(row["quality"]))
+    return row["status"] not in (RunStatus.FINISHED, RunStatus.STOPPED, RunStatus.STARTING, RunStatus.RUNNING) or bool(
+        row.get("diverged", False)) or (row["status"] == RunStatus.FINISHED and not _finite(row["quality"]))
 
 
 def _mean(xs):
@@ -87,8 +91,8 @@ def by_setting(runs):
     deviation (``quality_std``, None with one seed), means over the finished seeds of bytes per
     step, measured and predicted time, and of time to quality over the seeds that reached it
     (``reached``: how many did); ``broken``: the seeds that rule it out; ``bytes_ratio``: the
-    baseline's bytes per step over its own; ``PAYOFF_KEYS`` from its first seed that has them.
-    Fronts marked."""
+    baseline's bytes per step over its own; whether it pays on the cluster over its seeds
+    (``payoff_over_seeds``).  Fronts marked."""
     import pandas as pd
 
     base_bytes = _mean(r.get("bytes_per_step") for r in runs.to_dict(orient="records")
@@ -112,7 +116,7 @@ def by_setting(runs):
                        for r in rows if broken(r)],
             **{k: _mean(r.get(k) for r in ok) for k in ("bytes_per_step", "time_s", "predicted_s")},
             "bytes_ratio": base_bytes / nbytes if base_bytes and nbytes else None,
-            **{k: next((r[k] for r in ok if r.get(k) is not None), None) for k in PAYOFF_KEYS},
+            **payoff_over_seeds(ok),
             "reached": f"{len(reached)}/{len(ok)}",
             **{k: _mean(r.get(k) for r in reached) for k in
                ("reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes")}})
@@ -121,8 +125,33 @@ def by_setting(runs):
 
 SETTINGS_COLUMNS = [*SETTING_KEYS, "run_id", "seeds", "finished", "runs", "qualities", "quality_basis",
                     "quality_mean", "quality_std", "accuracy_mean", "broken", "bytes_per_step",
-                    "time_s", "predicted_s", "bytes_ratio", *PAYOFF_KEYS, "reached", "reach_step", "reach_time_s",
+                    "time_s", "predicted_s", "bytes_ratio", *SEED_PAYOFF, "reached", "reach_step", "reach_time_s",
                     "reach_predicted_s", "reach_bytes"]
+
+
+def payoff_over_seeds(rows: list[dict]) -> dict:
+    """``SEED_PAYOFF`` of a setting's finished seeds: whether it pays (``payoff.over_seeds``: the
+    verdict most seeds give, the median break-even and its range), the median speed-up and its
+    range, the median predicted step times."""
+    from commlab.tune import payoff
+
+    over = payoff.over_seeds([r["payoff"] for r in rows if r.get("payoff") is not None])
+    fast = sorted(float(r["speedup"]) for r in rows if _finite(r.get("speedup")))
+    # A table without the seeds' Payoffs (made by hand) keeps its first sentence.
+    said = over.sentence() if over else next((r["pays"] for r in rows if r.get("pays")), None)
+    return {"pays": said,
+            "break_even_gbps": over.break_even_gbps if over else None,
+            "break_even_low": over.low_gbps if over else None,
+            "break_even_high": over.high_gbps if over else None,
+            "speedup": _median(fast), "speedup_low": fast[0] if fast else None,
+            "speedup_high": fast[-1] if fast else None,
+            **{k: _median([float(r[k]) for r in rows if _finite(r.get(k))]) for k in ("step_s", "baseline_step_s")}}
+
+
+def _median(xs: list[float]) -> float | None:
+    import statistics
+
+    return statistics.median(xs) if xs else None
 
 
 def comparable(df):
@@ -178,6 +207,7 @@ class Verdict:
     low: float | None = None  # the interval's ends
     high: float | None = None
     tolerance: float | None = None  # X% of the baseline's loss, in loss units
+    seeds_needed: int | None = None  # seeds per setting that would decide an open verdict, as far as its spread says
 
 
 def paired_interval(diffs: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
@@ -230,8 +260,22 @@ def verdicts(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
             verdict, why = UNDECIDED, ("the seed-to-seed spread is larger than the gap to the "
                                        "tolerance: run more seeds")
         out.append(Verdict(setting, verdict, f"{why} (difference {m:+.4g}, interval [{lo:+.4g}, "
-                                             f"{hi:+.4g}], tolerance {tol:.4g})", len(diffs), m, lo, hi, tol))
+                                             f"{hi:+.4g}], tolerance {tol:.4g})", len(diffs), m, lo, hi, tol,
+                           seeds_to_decide(diffs, tol, confidence) if verdict == UNDECIDED else None))
     return out
+
+
+def seeds_to_decide(diffs: list[float], tolerance: float, confidence: float = CONFIDENCE,
+                    most: int = MAX_SEEDS_ASKED) -> int | None:
+    """The fewest seeds whose interval, were the mean difference and its spread what these seeds
+    show, would leave the tolerance on one side; None when even ``most`` would not (the gap to the
+    tolerance is within the noise: a tolerance or more steps decide it, not seeds)."""
+    from scipy.special import stdtrit
+
+    m, sd = sum(diffs) / len(diffs), _std(diffs) or 0.0
+    gap = abs(tolerance - m)
+    return next((n for n in range(len(diffs) + 1, most + 1)
+                 if float(stdtrit(n - 1, (1 + confidence) / 2)) * sd / math.sqrt(n) < gap), None)
 
 
 @dataclass
@@ -246,6 +290,7 @@ class Recommendation:
     verdicts: list[dict] = field(default_factory=list)
     against: str = baselines.DEFAULT  # the baseline it was judged against
     here: str | None = None  # on the runs' cluster: its time to the target loss, whether it pays
+    seeds_needed: int | None = None  # undecided: seeds per setting that would decide the open verdicts
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -301,15 +346,22 @@ def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
         few = [v for v in open_ if v.verdict == TOO_FEW]
         head = few[0].reason if few else "the seeds cannot tell yet"
         return said(None, None, f"no decision: {head}. " + "; ".join(
-            f"{v.setting}: {v.verdict}" for v in open_), False, verdicts=kept)
+            f"{v.setting}: {v.verdict}" for v in open_), False, verdicts=kept,
+            seeds_needed=_seeds_needed(open_, min_seeds))
     if not found:
         return said(base["run_id"], base["label"], f"keep {title}: the sweep has no compressed "
                     "setting", True, base_bytes, base_loss, kept, here=_here(runs, base, base))
     return said(base["run_id"], base["label"],
                 f"keep {title}: no setting that sends fewer bytes is as good within {tolerance_pct:g}% "
                 f"of its loss {base_loss:.4g} ({'; '.join(f'{v.setting}: {v.verdict}' for v in found)}); "
-                "raise X, or try settings that compress less", True, base_bytes, base_loss, kept,
+                "raise the tolerance X (--tolerance-pct), or try settings that compress less", True, base_bytes, base_loss, kept,
                 here=_here(runs, base, base))
+
+
+def _seeds_needed(open_: list[Verdict], min_seeds: int) -> int | None:
+    """The seeds per setting that would decide the open verdicts that seeds can decide."""
+    needed = [min_seeds if v.verdict == TOO_FEW else v.seeds_needed for v in open_ if v.verdict != INCOMPLETE]
+    return max((n for n in needed if n), default=None)
 
 
 def _here(runs, chosen, base) -> str | None:
@@ -332,4 +384,18 @@ def _here(runs, chosen, base) -> str | None:
     if chosen["label"] == base["label"]:
         return head
     pays = f"; it {chosen['pays']}" if chosen.get("pays") else ""
-    return f"{head}, {title} {to_target(base)}{pays}"
+    return f"{head}, {title} {to_target(base)}{_per_step(chosen, title)}{pays}"
+
+
+def _per_step(chosen, title: str) -> str:
+    """The chosen setting's predicted step time against the baseline's (medians over the seeds),
+    saying so when it is slower there: it was chosen on loss and bytes, not on time."""
+    from commlab.analysis.units import seconds
+
+    mine, theirs = chosen.get("step_s"), chosen.get("baseline_step_s")
+    if not (_finite(mine) and _finite(theirs)):
+        return ""
+    if mine > theirs:
+        return (f"; but per step it is predicted SLOWER there than {title}: {seconds(mine)} against "
+                f"{seconds(theirs)} (chosen on loss and bytes)")
+    return f"; per step {seconds(mine)} predicted against {title}'s {seconds(theirs)}"

@@ -16,7 +16,11 @@ The Compare and Sweep pages, ``commlab compare``, ``commlab sweep`` and the What
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from commlab.tune import baseline as baselines
@@ -35,7 +39,12 @@ class Payoff:
     world_size: int
     latency_us: float
     verdict: str  # BELOW, ABOVE, ALWAYS, NEVER, or ITSELF (it is the baseline's own run)
-    break_even_gbps: float | None = None  # where the curves cross (BELOW and ABOVE)
+    break_even_gbps: float | None = None  # where the curves cross (BELOW and ABOVE); over seeds, the median
+    # Over several seeds (``over_seeds``): how many, how many give the verdict, their break-evens' range.
+    seeds: int = 1
+    agree: int = 1
+    low_gbps: float | None = None
+    high_gbps: float | None = None
 
     def sentence(self) -> str:
         """What it does, as a verb phrase ("beats fp16 allreduce in step time on links below ...")."""
@@ -43,12 +52,16 @@ class Payoff:
         where = f"{self.world_size} workers, {self.latency_us:g} µs per hop"
         if self.verdict == ITSELF:
             return f"is the baseline ({base})"
+        others = (f"; {self.seeds - self.agree} of {self.seeds} seeds say otherwise"
+                  if self.agree < self.seeds else "")
         if self.verdict == ALWAYS:
-            return f"always beats {base} in step time, at every bandwidth ({where})"
+            return f"always beats {base} in step time, at every bandwidth ({where}){others}"
         if self.verdict == NEVER:
-            return f"never beats {base} in step time at this size, at any bandwidth ({where})"
+            return f"never beats {base} in step time at this size, at any bandwidth ({where}){others}"
+        spread = (f", median of {self.agree} seeds: {self.low_gbps:.3g} to {self.high_gbps:.3g} Gb/s"
+                  if self.agree > 1 else "")
         return (f"beats {base} in step time on links {self.verdict} {self.break_even_gbps:.3g} Gb/s "
-                f"({where})")
+                f"({where}{spread}){others}")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "sentence": self.sentence()}
@@ -77,6 +90,36 @@ def payoff(base: HookProfile, other: HookProfile, world_size: int, latency_us: f
     return Payoff(**said, verdict=BELOW if slow else ABOVE, break_even_gbps=crossing)
 
 
+def over_seeds(each: Sequence[Payoff]) -> Payoff | None:
+    """One setting's answer over its seeds (each against its own seed's baseline): the verdict most
+    seeds give, the median break-even of the seeds that give it and their range; None for none."""
+    if not each:
+        return None
+    verdict, agree = collections.Counter(p.verdict for p in each).most_common(1)[0]
+    evens = sorted(p.break_even_gbps for p in each if p.verdict == verdict and p.break_even_gbps is not None)
+    return dataclasses.replace(each[0], verdict=verdict, seeds=len(each), agree=agree,
+                               break_even_gbps=statistics.median(evens) if evens else None,
+                               low_gbps=evens[0] if evens else None, high_gbps=evens[-1] if evens else None)
+
+
+def by_setting(profiles: Sequence[HookProfile], world_size: int, latency_us: float,
+               against: str = baselines.DEFAULT) -> list[Payoff]:
+    """Where each setting (``HookProfile.setting``) beats the baseline ``against`` on ``world_size``
+    workers, over its seeds (``over_seeds``): each seed's profile against its own seed's baseline
+    run, else the first baseline run's; [] without one."""
+    bases = [p for p in profiles if baselines.is_baseline(p.to_dict(), against)]
+    if not bases:
+        return []
+    of_seed = {p.seed: p for p in reversed(bases)}  # the first of each seed
+    settings: dict[str, list[HookProfile]] = {}
+    for p in profiles:
+        if not baselines.is_baseline(p.to_dict(), against):
+            settings.setdefault(p.setting or p.label, []).append(p)
+    return [dataclasses.replace(over_seeds([payoff(of_seed.get(p.seed, bases[0]), p, world_size, latency_us, against)
+                                            for p in seeds]), label=name)
+            for name, seeds in settings.items()]
+
+
 def speedup(base: HookProfile, other: HookProfile, world_size: int, bandwidth_gbps: float,
             latency_us: float) -> float | None:
     """The baseline's predicted step time over ``other``'s: above 1, ``other`` is faster."""
@@ -85,10 +128,14 @@ def speedup(base: HookProfile, other: HookProfile, world_size: int, bandwidth_gb
 
 
 def judged(base: HookProfile | None, other: HookProfile | None, cluster, against: str) -> dict:
-    """A setting's row on ``cluster`` (a ``quality.Cluster``): whether it pays (the sentence),
-    its break-even and its speed-up over the baseline; blanks without both profiles."""
+    """A setting's row on ``cluster`` (a ``quality.Cluster``): whether it pays (the sentence; the
+    ``Payoff`` itself, for ``over_seeds``), its break-even, its speed-up over the baseline and both
+    predicted step times there; blanks without both profiles."""
     if base is None or other is None:
-        return {"pays": None, "verdict": None, "break_even_gbps": None, "speedup": None}
+        return {"pays": None, "verdict": None, "break_even_gbps": None, "speedup": None, "step_s": None,
+                "baseline_step_s": None, "payoff": None}
     pays = payoff(base, other, cluster.world_size, cluster.latency_us, against)
+    at = (cluster.world_size, cluster.bandwidth_gbps, cluster.latency_us)
     return {"pays": pays.sentence(), "verdict": pays.verdict, "break_even_gbps": pays.break_even_gbps,
-            "speedup": speedup(base, other, cluster.world_size, cluster.bandwidth_gbps, cluster.latency_us)}
+            "speedup": speedup(base, other, *at), "step_s": other.step_s(*at),
+            "baseline_step_s": base.step_s(*at), "payoff": pays}

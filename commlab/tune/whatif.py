@@ -46,6 +46,7 @@ ring whose slowest link has bandwidth beta.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -82,6 +83,8 @@ class HookProfile:
     period: int = 1  # ... every ``period`` steps (counted in payload_bytes and collectives) ...
     averaging_collective: str = ring.ALLREDUCE  # ... by this collective (DiLoCo's int8: allgather)
     comm_here_s: float | None = None  # per step, on the link it ran over, as recorded (None: not)
+    setting: str = ""  # its setting's label, shared by the seeds of a setting (``label`` is unique)
+    seed: int | None = None
 
     @property
     def averages(self) -> float:
@@ -139,12 +142,42 @@ def predict(profiles: Sequence[HookProfile], world_sizes: Iterable[int] = WORLD_
         for bw in bandwidths_gbps:
             for p in profiles:
                 comm = p.comm_s(n, bw, latency_us)
-                rows.append({"label": p.label, "hook": p.hook, "wrapper": p.wrapper, "world_size": n,
+                rows.append({"label": p.label, "setting": p.setting or p.label, "hook": p.hook,
+                             "wrapper": p.wrapper, "world_size": n,
                              "bandwidth_gbps": bw, "latency_us": latency_us,
                              "compute_s": p.compute_s, "arithmetic_s": p.arithmetic_s,
                              "comm_s": comm, "overlap_share": p.overlap_share,
                              "step_s": p.step_s(n, bw, latency_us)})
     return rows
+
+
+def over_seeds(rows: Sequence[dict]) -> list[dict]:
+    """``predict``'s rows folded over the seeds of each setting: one row per setting, world size and
+    bandwidth, labelled by the setting, with the median of each time over its seeds and the step
+    time's range (``step_s_low``, ``step_s_high``; ``seeds``: how many)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["setting"], r["world_size"], r["bandwidth_gbps"]), []).append(r)
+    out = []
+    for (setting, _, _), group in groups.items():
+        steps = sorted(r["step_s"] for r in group)
+        out.append({**group[0], "label": setting, "seeds": len(group), "step_s_low": steps[0],
+                    "step_s_high": steps[-1],
+                    **{k: statistics.median(r[k] for r in group)
+                       for k in ("compute_s", "arithmetic_s", "comm_s", "overlap_share", "step_s")}})
+    return out
+
+
+def with_a_baseline(runs: Sequence, count: int = 3, against: str = baselines.DEFAULT) -> list:
+    """Up to ``count`` of ``runs`` (newest first) to measure by default: the newest run of the
+    baseline ``against`` and the newest others of its job, so that speed-ups and break-evens have
+    their reference; the first ``count`` when none is a baseline."""
+    loaded = [(r, r.config_dict()) for r in runs]
+    base = next(((r, cfg) for r, cfg in loaded if baselines.is_baseline(cfg, against)), None)
+    if base is None:
+        return list(runs)[:count]
+    same = [r for r, cfg in loaded if r is not base[0] and _same_job(cfg, base[1])]
+    return [base[0], *same[:count - 1]]
 
 
 def winners(rows: Sequence[dict], against: str = baselines.DEFAULT) -> list[dict]:
@@ -331,7 +364,9 @@ def _profiles(loaded: list[tuple[str, dict, list[dict]]], skip: int,
         if seen[label] > 1:
             label += f" #{seen[label]}"
         try:
-            out.append((run_id, cfg, profile_from_records(recs, cfg, run_id, label, skip, per_byte, compute)))
+            got = profile_from_records(recs, cfg, run_id, label, skip, per_byte, compute)
+            out.append((run_id, cfg, dataclasses.replace(got, setting=label_of(cfg, link=True),
+                                                         seed=cfg.get("seed"))))
         except ValueError:
             continue
     return out

@@ -199,9 +199,8 @@ def sweep_of(runs_dir: str) -> dict[str, str]:
 
     out = {}
     for sweep in list_sweeps(runs_dir):
-        for entry in sweep.state().get("runs", []):
-            if entry.get("run_dir"):
-                out[str(Path(entry["run_dir"]).resolve())] = sweep.id
+        for run in sweep.runs():
+            out[str(run.path.resolve())] = sweep.id
     return out
 
 

@@ -1,0 +1,199 @@
+"""A sweep's plan: the axes a hook varies, the spec (``SweepSpec``) and its grid of runs, checked
+whole before anything starts."""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+from commlab.config import ConfigError, RunConfig, Setting, label_of, own_settings, settings
+from commlab.hook_specs import BASELINE, HOOKS
+from commlab.tune import baseline as baselines
+from commlab.tune import pareto
+
+DEFAULT_REPEATS = pareto.MIN_SEEDS  # the fewest seeds the recommendation decides with
+DEFAULT_TOLERANCE_PCT = 5.0
+MAX_REPEATS = 100
+
+
+
+# The sweep axes: the settings the table marks sweepable (``sweep=``), in its order, the compress
+# wrapper last.  Which of them a hook varies is read off its spec (``hook_axes``): no list here.
+AXES = tuple(sorted((s for s in settings() if s.sweepable), key=lambda s: s.group == "hook"))
+DEFAULT_HOOK = "powersgd"  # what a sweep of plain allreduce, the baseline itself, varies instead
+SWEPT_HOOKS = tuple(h for h in HOOKS if h != BASELINE)  # the hooks a sweep may name
+
+
+@functools.cache
+def hook_axes(hook: str) -> tuple[Setting, ...]:
+    """The axes a sweep of ``hook`` varies, in the grid's order: the sweepable settings it reads
+    (``config.own_settings``); () for a name that is no hook."""
+    own = {s.name for s in own_settings(hook)}
+    return tuple(s for s in AXES if s.name in own)
+
+
+def axis_hooks(name: str) -> list[str]:
+    """The hooks a sweep varies this axis of (plain allreduce is the baseline, not swept)."""
+    return [h for h in SWEPT_HOOKS if any(s.name == name for s in hook_axes(h))]
+
+
+@dataclass(init=False)
+class SweepSpec:
+    """The grid: every combination of the values listed per axis of the hook swept, each on top of
+    ``base``.
+
+    The hook swept is base's (``hook``); plain allreduce, the baseline itself and RunConfig's
+    default, sweeps PowerSGD.  Its axes (``hook_axes``) take the table's values unless told (the
+    rank: 1, 2, 4; top-k's compress_ratio: 0.001, 0.01, 0.1), else base's value.  Values given
+    for another hook's axis are kept, and refused by the grid.  ``SweepSpec(base=RunConfig(
+    hook="topk"), compress_ratio=[0.01, 0.05])`` names the axes as RunConfig names the settings.
+    """
+
+    base: RunConfig
+    values: dict[str, list]  # axis -> the values listed, by AXES: the hook's, and any others given
+    baseline: bool  # run the baselines first, with the same job and link
+    tolerance_pct: float  # the recommendation's X
+    repeats: int  # seeds per setting: base.seed, base.seed + 1, ...
+    against: str  # the baseline judged against (``commlab.tune.baseline``); a 16-bit one runs after fp32's
+
+    def __init__(self, base: RunConfig | None = None, baseline: bool = True,
+                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT, repeats: int = DEFAULT_REPEATS,
+                 against: str = baselines.DEFAULT, **values: list):
+        unknown = sorted(set(values) - {s.name for s in AXES})
+        if unknown:
+            raise TypeError(f"not a sweep axis: {', '.join(unknown)}; the axes are: "
+                            f"{', '.join(s.name for s in AXES)}")
+        self.base = RunConfig() if base is None else base
+        own = {s.name for s in hook_axes(self.hook)}
+        self.values = {s.name: list(values.get(s.name, s.sweep)) for s in AXES
+                       if s.name in own or values.get(s.name)}
+        self.baseline, self.tolerance_pct, self.repeats = baseline, tolerance_pct, repeats
+        self.against = against
+
+    @property
+    def hook(self) -> str:
+        """The hook swept."""
+        return DEFAULT_HOOK if self.base.hook == BASELINE else self.base.hook
+
+    def axes(self) -> dict[str, list]:
+        """The hook's axes with their values, repeats dropped; an axis with no table values falls
+        back to base's."""
+        return {s.name: _unique(self.values[s.name]) or ([] if s.sweep else [getattr(self.base, s.name)])
+                for s in hook_axes(self.hook)}
+
+    def to_dict(self) -> dict:
+        return {"base": self.base.to_dict(), **self.values, "baseline": self.baseline,
+                "tolerance_pct": self.tolerance_pct, "repeats": self.repeats, "against": self.against}
+
+    def seeds(self) -> list[int]:
+        return [self.base.seed + k for k in range(self.repeats)]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SweepSpec:
+        """A stored plan; ConfigError for a baseline that is none (a plan is read back checked)."""
+        baselines.check(data.get("against", baselines.DEFAULT))
+        return cls(**{**data, "base": RunConfig.from_dict(data["base"], "sweep base settings")})
+
+
+def parse_list(text: str | None, kind: type, name: str) -> list:
+    """'1,2,4' -> [1, 2, 4]; raises ConfigError naming the field."""
+    if text is None:
+        return []
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        return [kind(t) for t in items]
+    except ValueError:
+        raise ConfigError({name: f"must be a comma-separated list of {kind.__name__} values, "
+                                 f"got {text!r}"}) from None
+
+
+AXIS_TYPES = {"int": int, "float": float, "str": str}  # the kinds a sweep axis may be
+
+
+def axis_values(axis: Setting, text: str | None) -> list:
+    """One axis' values from comma-separated text (the CLI's, the page's)."""
+    return parse_list(text, AXIS_TYPES[axis.kind], axis.name)
+
+
+def _unique(values) -> list:
+    return list(dict.fromkeys(values))
+
+
+def grid(spec: SweepSpec) -> list[RunConfig]:
+    """Every run of the sweep in order, seed by seed, the baseline first in each; raises
+    ConfigError before anything starts."""
+    errs: dict[str, str] = {}
+    hook, axes = spec.hook, spec.axes()
+    if hook not in HOOKS:
+        errs["hook"] = f"unknown hook {hook!r}; valid hooks are: {', '.join(HOOKS)}"
+    for name, values in axes.items():
+        if not values:
+            errs[name] = "give at least one value"
+    for name in spec.values.keys() - axes.keys():
+        errs[name] = _not_an_axis(name, hook)
+    for s in AXES:
+        bad = [v for v in axes.get(s.name, []) if s.choices and v not in s.choices]
+        if bad:
+            errs[s.name] = f"unknown {s.name}(s) {bad}; valid {s.name}s are: {', '.join(s.choices)}"
+    if not (math.isfinite(spec.tolerance_pct) and spec.tolerance_pct >= 0):
+        errs["tolerance_pct"] = f"must be 0 or a positive percentage, got {spec.tolerance_pct}"
+    if isinstance(spec.repeats, bool) or not isinstance(spec.repeats, int) or \
+            not 1 <= spec.repeats <= MAX_REPEATS:
+        errs["repeats"] = (f"must be a whole number of seeds from 1 to {MAX_REPEATS} (3 or more let "
+                           f"the recommendation tell a difference from seed noise), got {spec.repeats!r}")
+    # The job's own problems are named beside the grid's, all at once, each once: as the
+    # field's, not as the first setting's; a setting's, for that setting.
+    try:
+        if baselines.check(spec.against) == hook:
+            errs["against"] = (f"{hook} is the hook swept: judged against itself every setting would "
+                               f"tie; judge it against another of {', '.join(baselines.BASELINES)}")
+    except ConfigError as e:
+        errs |= e.errors
+    errs = {**spec.base.with_overrides(hook=BASELINE, wrapper="none").errors(), **errs}
+    # fp32 allreduce first in every seed: it calibrates the what-if model and prices PowerSGD's
+    # allreduce steps; a 16-bit baseline after it.
+    one_seed = [spec.base.with_overrides(hook=b, wrapper="none")
+                for b in dict.fromkeys((BASELINE, spec.against))
+                if b in baselines.BASELINES] if spec.baseline else []
+    for combination in itertools.product(*axes.values()):
+        try:
+            one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
+        except ConfigError as e:  # a value of the wrong type, given through the API
+            errs = {**e.errors, **errs}
+    for cfg in one_seed:
+        for key, msg in cfg.errors().items():
+            errs.setdefault(key, f"{label_of(cfg.to_dict(), link=True)}: {msg}")
+    if errs:
+        raise ConfigError(errs)
+    configs = [cfg.with_overrides(seed=seed) for seed in spec.seeds() for cfg in one_seed]
+    for cfg in configs[len(one_seed):]:
+        for key, msg in cfg.errors().items():
+            errs.setdefault(key, f"seed {cfg.seed}: {msg}")
+    if errs:
+        raise ConfigError(errs)
+    return configs
+
+
+def more_seeds(spec: SweepSpec, repeats: int) -> list[RunConfig]:
+    """The grid of ``spec`` with ``repeats`` seeds per setting (``spec.repeats`` set to it), for a
+    sweep given more seeds than it planned; ConfigError for no more."""
+    if repeats <= spec.repeats:
+        raise ConfigError({"repeats": f"the sweep already plans {spec.repeats} seed(s) per setting: "
+                                      "give more to add seeds, or leave --repeats out"})
+    spec.repeats = repeats
+    return grid(spec)
+
+
+def _not_an_axis(name: str, hook: str) -> str:
+    own = ", ".join(s.name for s in hook_axes(hook)) or "none"
+    why = ("no compress wrapper may wrap it" if name == "wrapper"
+           else f"{hook} does not read {name}, so every value would run alike")
+    return (f"is not an axis of {hook}: {why}; it is an axis of {', '.join(axis_hooks(name))} "
+            f"(sweep one of those as the hook); {hook}'s axes are: {own}")
+
+
+def plan_label(cfg: RunConfig, spec: SweepSpec) -> str:
+    """A run's name in the plan and the progress line: its setting, and its seed when there are several."""
+    return label_of(cfg.to_dict(), link=True, seed=spec.repeats > 1)
+

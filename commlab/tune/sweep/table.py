@@ -1,0 +1,154 @@
+"""A sweep's table: one row per run (``summarize``, ``results``), the settings over their seeds and
+the recommendation (``report``, what result.json holds).  Pure but for reading the runs' folders."""
+from __future__ import annotations
+
+import collections
+
+from commlab.analysis import metrics
+from commlab.config import label_of, link_of
+from commlab.engine.run_state import RunStatus
+from commlab.tune import baseline as baselines
+from commlab.tune import pareto, payoff, quality, whatif
+from commlab.tune.sweep.spec import grid, hook_axes
+
+FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
+REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
+ROW_COLUMNS = ["label", "seed", "run_id", "run_dir", "status", "diverged", "baseline", "against",
+               "hook", "wrapper", *pareto.AXIS_KEYS, "steps", "quality", "quality_basis", "accuracy",
+               "bits_per_char", "final_loss", "bytes_per_step", "time_s", "median_step_s",
+               "predicted_s", *pareto.PAYOFF_KEYS, "link", "curve", *REACH_COLUMNS]
+
+
+def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run_dir: str = "",
+              final_window: int = FINAL_WINDOW, evals: list[dict] | None = None,
+              predicted_step_s: list[float] | None = None, against: str = baselines.DEFAULT) -> dict:
+    """One sweep row from a run's metrics and evaluations: its headline
+    (``commlab.analysis.metrics.headline``) read over the windows a sweep compares.
+
+    quality: the final held-out loss, else the training loss's mean over the last
+    ``final_window`` steps (``quality_basis`` says which; ``commlab.tune.quality``); curve: the
+    same by step, for time to quality.  final_loss: that training-loss mean, always.
+    The hook's own axes carry its values, the others None.
+    bytes_per_step: all the bytes the hook handed over, divided by the steps, not the steady
+    median: ``start_powerSGD_iter`` (and ``start_localSGD_iter``) is an axis, and its allreduce
+    steps are part of what a setting costs.  time_s: training time to the last step, start-up excluded.  median_step_s: over the
+    steady steps, as in the run's headline.  predicted_s: the sum of ``predicted_step_s``, the
+    what-if model's step times on the chosen cluster.  baseline: whether it is a run of the
+    baseline ``against``.  The reach and payoff columns are filled by the sweep (they need every
+    seed's baseline first).
+    """
+    figures = metrics.headline(records, cfg, final_window, bytes_over_run=True)
+    c = quality.curve(evals, records, final_window)
+    own = {s.name for s in hook_axes(cfg.get("hook"))}  # the other axes' values are not this run's
+    return {
+        "label": label_of(cfg, link=True), "seed": cfg.get("seed"), "run_id": run_id, "run_dir": run_dir, "status": status,
+        "diverged": status == RunStatus.DIVERGED or quality.diverged(c, records),
+        "baseline": baselines.is_baseline(cfg, against), "against": against,
+        "hook": cfg.get("hook"), "wrapper": cfg.get("wrapper"),
+        **{k: cfg.get(k) if k in own else None for k in pareto.AXIS_KEYS}, "steps": len(records),
+        "quality": c.final, "quality_basis": c.basis, "accuracy": c.accuracy,
+        "bits_per_char": c.bits_per_char,
+        "final_loss": figures["final_loss"], "bytes_per_step": figures["bytes_per_step"],
+        "time_s": records[-1]["t"] if records else None, "median_step_s": figures["median_step_s"],
+        "predicted_s": sum(predicted_step_s) if predicted_step_s else None,
+        "link": link_of(cfg) or "loopback", "curve": c,
+        **dict.fromkeys([*pareto.PAYOFF_KEYS, *REACH_COLUMNS]),
+    }
+
+def results(sweep, tolerance_pct: float | None = None, cluster: quality.Cluster = quality.Cluster(),
+            against: str | None = None):
+    """One row per run started, in plan order (a pandas DataFrame, ``ROW_COLUMNS``): its
+    quality, bytes, measured time, the time the what-if model predicts on ``cluster``, and
+    where it first reached the target (the baseline's mean final quality plus
+    ``tolerance_pct``, default the spec's); judged against the baseline ``against`` (default
+    the spec's; ConfigError for a name that is none): whether it pays on ``cluster``
+    (``commlab.tune.payoff``, against the baseline's run of its seed) and its predicted speed-up
+    there.  ``commlab.tune.pareto.by_setting`` folds the seeds."""
+    against = baselines.check(sweep.spec().against if against is None else against)
+    runs = sweep.runs()
+    loaded = [(r, r.config_dict(), r.metrics_records(), r.evals()) for r in runs]
+    profiles = {p.run_id: p for p in whatif.profiles_from_runs(runs)}
+    plain, based = _by_seed(loaded, profiles, baselines.BASELINE), _by_seed(loaded, profiles, against)
+    rows, extra = [], []
+    for r, cfg, recs, evals in loaded:
+        seed = cfg.get("seed")
+        per_step = quality.predicted_step_s(recs, cfg, profiles.get(r.id), plain[seed], cluster)
+        rows.append({**summarize(recs, cfg, r.status(), r.id, str(r.path), evals=evals,
+                                 predicted_step_s=per_step, against=against),
+                     **payoff.judged(based[seed], profiles.get(r.id), cluster, against)})
+        extra.append((recs, per_step))
+    table = _frame(rows)
+    table["against"] = against
+    goal = pareto.target(table, sweep.spec().tolerance_pct if tolerance_pct is None else tolerance_pct)
+    for i, (recs, per_step) in enumerate(extra):
+        got = quality.reach(table.at[i, "curve"], recs, per_step, goal) if goal is not None \
+            else quality.Reached()
+        for key in ("step", "time_s", "predicted_s", "bytes"):
+            table.at[i, f"reach_{key}"] = getattr(got, key)
+    table["target"] = goal
+    table["cluster"] = cluster.text()
+    return table
+
+
+def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | None = None) -> dict:
+    """Every run, every setting over its seeds, the recommendation: what ``commlab sweep``
+    prints (``--json``) and ``result.json`` holds; judged against ``against`` (default the spec's)."""
+    tolerance = sweep.spec().tolerance_pct
+    runs = results(sweep, tolerance, cluster, against)
+    table = pareto.by_setting(runs)
+    rec = pareto.recommend(runs, tolerance)
+    return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
+            "error": sweep.state().get("error"),
+            "cluster": cluster.text(), "against": pareto.against(runs), "tolerance_pct": tolerance,
+            "target": runs["target"].iloc[0] if len(runs) else None,
+            "runs": _records(runs.drop(columns=["curve", "payoff"])), "settings": _records(table),
+            "recommendation": rec.to_dict(), "next": next_step(sweep, rec),
+            "pareto_bytes": table[table["pareto_bytes"]]["label"].tolist(),
+            "pareto_predicted": table[table["pareto_predicted"]]["label"].tolist()}
+
+
+def next_step(sweep, rec: pareto.Recommendation) -> dict | None:
+    """What to run when the recommendation is open (None when decided, or while the sweep runs):
+    ``text`` says it; ``command`` runs the sweep's unfinished runs and the seeds its open verdicts
+    need (``Recommendation.seeds_needed``), ``runs`` it adds, ``estimate_s`` its time at this
+    sweep's pace (``Sweep.seconds_per_run``).  No command when no number of seeds would decide."""
+    from commlab.analysis.units import seconds
+
+    if rec.decided or sweep.status() == RunStatus.RUNNING:
+        return None
+    spec = sweep.spec()
+    repeats = max(spec.repeats, rec.seeds_needed or 0)
+    finished = sum(r.status() == RunStatus.FINISHED for r in sweep.runs())
+    runs = len(grid(spec)) // spec.repeats * repeats - finished
+    if runs <= 0:
+        return {"text": f"more seeds would not decide within {pareto.MAX_SEEDS_ASKED} per setting: the "
+                        "gap to the tolerance is within the seed noise; judge with another "
+                        "--tolerance-pct, or sweep again with more --steps", "command": None}
+    more = repeats > spec.repeats
+    command = (f"commlab sweep --resume {sweep.id} --runs-dir {sweep.runs_root}"
+               + (f" --repeats {repeats}" if more else ""))
+    pace = sweep.seconds_per_run()
+    estimate = pace * runs if pace else None
+    took = f", about {seconds(estimate)} at this sweep's pace" if estimate else ""
+    what = f"run {repeats} seeds per setting" if more else "finish the planned runs"
+    return {"text": f"{what}: {command}  ({runs} run(s){took})", "command": command,
+            "repeats": repeats, "runs": runs, "estimate_s": estimate}
+
+
+def _by_seed(loaded, profiles: dict, against: str) -> collections.defaultdict:
+    """The profile of the baseline ``against``'s run of each seed; a seed without one gets the
+    first seed's that has one (None when no seed has)."""
+    found = {cfg.get("seed"): profiles.get(r.id) for r, cfg, _, _ in loaded
+             if baselines.is_baseline(cfg, against)}
+    fallback = next((p for p in found.values() if p), None)
+    return collections.defaultdict(lambda: fallback, {k: v for k, v in found.items() if v})
+
+
+def _records(df) -> list[dict]:
+    return df.astype(object).where(df.notna(), None).to_dict(orient="records")
+
+
+def _frame(rows: list[dict]):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=ROW_COLUMNS).astype({c: object for c in REACH_COLUMNS})
