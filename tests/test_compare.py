@@ -137,7 +137,7 @@ def test_the_page_table_reads_setting_bytes_ratio_pays_first_and_12_runs_get_12_
     assert list(frame.columns[:4]) == ["label", "bytes_per_step", "compression_ratio", "pays"]
     assert "heldout_bits_per_char" not in frame.columns  # the mlp has no bits per character
     pays = payoff.payoff(profiles[0], profiles[1], 8, 5.0)
-    assert frame["pays"][0] == "baseline"
+    assert frame["pays"][0] == "is the baseline (fp32 allreduce)"
     assert frame["pays"][1] == (f"{pays.verdict} {pays.break_even_gbps:.3g} Gb/s"
                                 if pays.break_even_gbps else pays.verdict)
     twelve = [{**rows[1], "label": f"setting {i}"} for i in range(12)]

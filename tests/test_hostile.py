@@ -137,7 +137,7 @@ SPECIAL = {
 def test_the_listing_names_fifos_and_devices_and_lists_the_rest(tmp_path):
     """`commlab runs` (what the Runs page lists) over a folder whose runs hold a FIFO or a symlink
     to /dev/zero where a file belongs: each named as damaged, the good run listed, at once."""
-    from test_damaged import GOOD, make_good_run
+    from tests.test_damaged import GOOD, make_good_run
 
     make_good_run(tmp_path)
     for i, (name, harm, _) in enumerate(SPECIAL.values()):
@@ -187,7 +187,8 @@ def test_a_resume_refuses_a_checkpoint_file_that_is_a_fifo_or_a_device(checkpoin
 @pytest.mark.timeout(300)  # a page that waits on a FIFO fails here instead of hanging the suite
 def test_the_runs_and_watch_pages_name_fifos_and_devices(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
-    from test_damaged import GOOD, make_good_run
+
+    from tests.test_damaged import GOOD, make_good_run
 
     make_good_run(tmp_path)
     for i, (name, harm, _) in enumerate(SPECIAL.values()):
@@ -254,7 +255,7 @@ def test_a_settings_file_with_a_400_digit_number_is_refused_by_name(tmp_path, ca
 def test_a_400_digit_integer_in_metrics_is_a_damaged_line(tmp_path):
     """Valid JSON, beyond what a float or NumPy's int64 holds: a later line is skipped and
     counted, a first line makes the run damaged, by name; the figures never see it."""
-    from test_damaged import STEPS, make_good_run
+    from tests.test_damaged import STEPS, make_good_run
 
     huge = 10**400
     later = make_good_run(tmp_path, "20240101-000000-later-0000")
@@ -295,12 +296,11 @@ def test_the_ledger_names_its_bandwidths_in_gigabytes_and_reads_old_files(tmp_pa
     """The ledger's algbw and busbw are GB/s (as nccl-tests prints them) while every other *_gbps
     of the lab is gigabits: their names, the page's column labels and `commlab runs --json` say
     gigabytes; a ledger.json written before, with the old names, still reads."""
-    from test_damaged import GOOD, make_good_run
-
     import lab_widgets
     from commlab import cli
     from commlab.analysis import ledger
     from commlab.ui import runs
+    from tests.test_damaged import GOOD, make_good_run
 
     book = ledger.Ledger()
     book.completed(book.issued(ledger.HOOK, "all_reduce", 2, 4000, 4000), 0.001)

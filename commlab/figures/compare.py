@@ -30,6 +30,8 @@ def short_pays(row: dict) -> str | None:
     verdict = row.get("verdict")
     if verdict in (payoff.BELOW, payoff.ABOVE):
         return f"{verdict} {row['break_even_gbps']:.3g} Gb/s"
+    if verdict == payoff.ITSELF:  # which baseline it is: the sentence is short already
+        return row["pays"]
     return verdict
 
 
