@@ -1,0 +1,198 @@
+"""Sharded training (``sharding`` fsdp and hsdp): the settings refused before anything starts, the
+rule that picks the units ``fully_shard`` goes on, and real Gloo ranks on which an fp32 FSDP2 run
+ends where the DDP run does and HSDP with a plain all-reduce where FSDP does."""
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from commlab import workloads
+from commlab.config import RunConfig, label_of
+from commlab.config_fields import REPLICA_HOOKS
+from commlab.engine.ranks import run_ranks
+from commlab.hook_specs import HOOKS
+from commlab.workload_names import BUILTIN_NAMES
+
+STEPS = 20
+SEED = 3
+BATCH = 16
+# float32 summation order: DDP sums a bucket on each rank and divides, FSDP's reduce-scatter averages
+# a shard, HSDP reduce-scatters then all-reduces.  Measured over 20 AdamW steps on 4 ranks: the
+# losses differ by at most 2.4e-7 (DDP/FSDP and FSDP/HSDP), the parameters by 5.2e-6 (DDP/FSDP:
+# Adam divides a near-zero gradient's rounding by its own size) and 1.0e-7 (FSDP/HSDP); these
+# bounds leave a factor of about 4.
+LOSS_TOL = 1e-6
+PARAM_TOL = 2e-5
+
+
+# --------------------------------------------------------------------------- refused by name
+def test_a_world_size_the_replicas_do_not_divide_is_refused_by_name():
+    errors = RunConfig(sharding="hsdp", world_size=6, replicas=4).errors(gpu_count=0)
+    assert "6 ranks cannot form 4 replicas" in errors["replicas"] and "1, 2, 3, 6" in errors["replicas"]
+    assert RunConfig(sharding="hsdp", world_size=6, replicas=3).errors(gpu_count=0) == {}
+    assert RunConfig(sharding="ddp", world_size=6, replicas=4).errors(gpu_count=0) == {}  # read by hsdp only
+
+
+@pytest.mark.parametrize("hook", [h for h in HOOKS if h not in REPLICA_HOOKS])
+def test_a_hook_without_a_sharded_form_is_refused_naming_those_that_have_one(hook):
+    message = RunConfig(sharding="hsdp", world_size=4, hook=hook).errors(gpu_count=0)["hook"]
+    assert f"{hook} has no sharded form" in message and ", ".join(REPLICA_HOOKS) in message
+
+
+def test_fsdp_alone_has_no_replicas_for_a_hook_to_compress():
+    message = RunConfig(sharding="fsdp", hook="fp16").errors(gpu_count=0)["hook"]
+    assert "fsdp has no all-reduce between replicas" in message and "hsdp" in message
+
+
+def test_what_only_ddps_hook_carries_out_is_refused_on_a_sharded_run():
+    errors = RunConfig(sharding="fsdp", wrapper="fp16", error_every=5, emulate_bandwidth_gbps=1.0,
+                       trace_steps=[3]).errors(gpu_count=0)
+    assert set(errors) == {"wrapper", "error_every", "emulate_bandwidth_gbps", "trace_steps"}
+    assert all("fsdp run" in m for m in errors.values())
+
+
+def test_a_sharded_runs_label_says_how_it_was_sharded():
+    assert label_of(RunConfig(sharding="hsdp", world_size=4).to_dict()) == "hsdp×2 allreduce"
+    assert label_of(RunConfig(sharding="fsdp").to_dict()) == "fsdp allreduce"
+    assert label_of(RunConfig().to_dict()) == "allreduce"
+
+
+# --------------------------------------------------------------------------- the units
+def test_the_units_are_the_direct_children_that_hold_parameters():
+    assert [n for n, _ in workloads.shard_units(workloads.mlp_model())] == ["0", "2", "4"]
+    # a ModuleList is never called: its blocks are the units
+    assert [n for n, _ in workloads.shard_units(workloads.CharLM())] == [
+        "tok", "pos", "blocks.0", "blocks.1", "ln_f", "head"]
+    for name in BUILTIN_NAMES:  # the probe lets the built-ins through unchecked
+        assert workloads.shard_units(workloads.MODELS[name]()), name
+
+
+class _Declared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+    def fsdp_units(self):
+        return list(self.body)
+
+
+def test_a_model_that_declares_its_units_overrides_the_rule():
+    assert [n for n, _ in workloads.shard_units(_Declared())] == ["body.0", "body.1"]
+
+
+def bare_linear():  # a workload whose only parameters are the root's own
+    g = torch.Generator().manual_seed(0)
+    return nn.Linear(4, 2), lambda: iter([(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,)))] * 9)
+
+
+def test_a_workload_with_no_layer_to_shard_is_refused_by_name():
+    assert workloads.shard_units(nn.Linear(4, 2)) == []
+    message = workloads.check(f"{__name__}:bare_linear", sharded=True)
+    assert "has no layer to shard" in message and "fsdp_units()" in message
+    assert workloads.check(f"{__name__}:bare_linear", sharded=False) is None
+
+
+# --------------------------------------------------------------------------- on real ranks
+def _train(rank: int, world: int, cfg: RunConfig) -> dict:
+    """``STEPS`` steps of the mlp workload as the worker trains it (sharded by
+    ``commlab.engine.sharding``, or wrapped in DDP): the mean loss of each step, the full
+    parameters at the end, and the bytes this rank held."""
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+
+    torch.manual_seed(cfg.seed)
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    model = work.model
+    trained = model if cfg.sharding != "ddp" else DDP(model)
+    if cfg.sharding != "ddp":
+        sharding.shard(model, cfg, world, torch.device("cpu"))
+    optimizer = make_optimizer(cfg, trained.parameters())
+    batches, losses = work.batches(), []
+    for _ in range(cfg.steps):
+        loss = work.loss_of(trained, next(batches))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    # as numpy arrays: a tensor sent through the harness's pipe would be shared memory
+    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().numpy().copy()
+            for n, p in model.named_parameters()}
+    return {"losses": losses, "params": full, "memory": sharding.memory_held(model, optimizer)}
+
+
+def _three_ways(rank: int, world: int, report) -> None:
+    base = {"workload": "mlp", "world_size": world, "steps": STEPS, "seed": SEED, "batch_size": BATCH}
+    for name, extra in {"ddp": {}, "fsdp": {"sharding": "fsdp"},
+                        "hsdp": {"sharding": "hsdp", "replicas": 2}}.items():
+        report((name, rank, _train(rank, world, RunConfig(**base, **extra))))
+
+
+@pytest.fixture(scope="module")
+def three_ways():
+    by = {}
+    for name, rank, result in run_ranks(_three_ways, 4, timeout_s=600, collective_timeout_s=120):
+        by.setdefault(name, {})[rank] = result
+    return by
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(float(abs(a[n] - b[n]).max()) for n in a)
+
+
+@pytest.mark.slow
+def test_fp32_fsdp2_ends_at_the_ddp_runs_loss(three_ways):
+    ddp, fsdp = three_ways["ddp"][0], three_ways["fsdp"][0]
+    gaps = [abs(a - b) for a, b in zip(ddp["losses"], fsdp["losses"])]
+    assert len(gaps) == STEPS and max(gaps) < LOSS_TOL, gaps
+    assert _max_diff(ddp["params"], fsdp["params"]) < PARAM_TOL
+    assert ddp["losses"][-1] < ddp["losses"][0]  # it trained
+
+
+@pytest.mark.slow
+def test_hsdp_with_a_plain_all_reduce_equals_fsdp(three_ways):
+    fsdp, hsdp = three_ways["fsdp"][0], three_ways["hsdp"][0]
+    assert max(abs(a - b) for a, b in zip(fsdp["losses"], hsdp["losses"])) < LOSS_TOL
+    assert _max_diff(fsdp["params"], hsdp["params"]) < PARAM_TOL
+
+
+@pytest.mark.slow
+def test_sharding_divides_what_each_rank_holds(three_ways):
+    total = {k: sum(r["memory"][k] for r in three_ways["ddp"].values()) for k in ("parameters", "gradients")}
+    ddp = three_ways["ddp"][0]["memory"]
+    n_bytes = sum(p.numel() * 4 for p in workloads.mlp_model().parameters())
+    assert ddp["parameters"] == ddp["gradients"] == n_bytes and total["parameters"] == 4 * n_bytes
+    # AdamW keeps two moments and a step count per parameter
+    assert ddp["optimizer_state"] == 2 * n_bytes + 4 * len(list(workloads.mlp_model().parameters()))
+    # FSDP's 4 shards and HSDP's 2 hold the whole model between them once (padding aside: the last
+    # rank's shard of a 10-row layer is short), HSDP twice
+    for name, copies in (("fsdp", 1), ("hsdp", 2)):
+        held = [r["memory"]["parameters"] for r in three_ways[name].values()]
+        assert sum(held) == copies * n_bytes and max(held) <= copies * n_bytes / 4 + 3 * 257 * 4, held
+
+
+@pytest.mark.slow
+def test_a_launched_fsdp_run_records_its_loss_evaluations_and_memory(tmp_path):
+    from commlab import cli
+
+    code = cli.main(["run", "--workload", "mlp", "--sharding", "hsdp", "--world-size", "4", "--steps", "6",
+                     "--eval-every", "3", "--runs-dir", str(tmp_path)])
+    assert code == 0
+    (run,) = tmp_path.iterdir()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["sharding"] == "hsdp" and meta["sharded"] == {
+        "mesh": {"replicate": 2, "shard": 2}, "units": ["0", "2", "4"]}
+    assert len(meta["memory_per_rank"]) == 4 and meta["checkpoint"].startswith("not saved")
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(6)) and [e["step"] for e in evals] == [2, 5]
+    assert all(m["step_s"] > 0 for m in metrics) and 0 <= evals[-1]["accuracy"] <= 1
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
