@@ -20,7 +20,7 @@ SHARDINGS = ("ddp", "fsdp", "hsdp")
 REDUCE_DTYPES = ("fp32", "bf16")  # MixedPrecisionPolicy's reduce_dtype, as the lab spells it
 # The hooks with a sharded form: what HSDP's all-reduce between replicas may be (on each rank's
 # shard); the others send what only DDP's buckets give them.
-REPLICA_HOOKS = ("allreduce",)
+REPLICA_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
 # The sections of the settings table, in the Launch form's order: group -> its heading.
 GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
           "workload": "Workload", "instrument": "Instrumentation and an emulated link",

@@ -1,8 +1,11 @@
 """Sharded training (``sharding`` fsdp and hsdp): the settings refused before anything starts, the
 rule that picks the units ``fully_shard`` goes on, and real Gloo ranks on which an fp32 FSDP2 run
 ends where the DDP run does and HSDP with a plain all-reduce where FSDP does."""
+import dataclasses
 import json
+import math
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -112,7 +115,7 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict:
     model = work.model
     trained = model if cfg.sharding != "ddp" else DDP(model)
     if cfg.sharding != "ddp":
-        sharding.shard(model, cfg, world, torch.device("cpu"))
+        sharding.shard(model, cfg, world, torch.device("cpu"), "gloo")
     optimizer = make_optimizer(cfg, trained.parameters())
     batches, losses = work.batches(), []
     for _ in range(cfg.steps):
@@ -180,19 +183,150 @@ def test_sharding_divides_what_each_rank_holds(three_ways):
 
 
 @pytest.mark.slow
-def test_a_launched_fsdp_run_records_its_loss_evaluations_and_memory(tmp_path):
+def test_a_launched_hsdp_powersgd_run_records_its_loss_evaluations_memory_and_bytes(tmp_path):
     from commlab import cli
 
     code = cli.main(["run", "--workload", "mlp", "--sharding", "hsdp", "--world-size", "4", "--steps", "6",
+                     "--hook", "powersgd", "--start-powersgd-iter", "2", "--emulate-bandwidth-gbps", "1",
                      "--eval-every", "3", "--runs-dir", str(tmp_path)])
     assert code == 0
     (run,) = tmp_path.iterdir()
     meta = json.loads((run / "meta.json").read_text())
     assert meta["sharding"] == "hsdp" and meta["sharded"] == {
-        "mesh": {"replicate": 2, "shard": 2}, "units": ["0", "2", "4"]}
+        "mesh": {"replicate": 2, "shard": 2}, "units": ["0", "2", "4"], "between_replicas": "lab"}
     assert len(meta["memory_per_rank"]) == 4 and meta["checkpoint"].startswith("not saved")
+    assert meta["hook_name"] == "powerSGD_hook" and meta["instrumented"] is False
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(6)) and [e["step"] for e in evals] == [2, 5]
     assert all(m["step_s"] > 0 for m in metrics) and 0 <= evals[-1]["accuracy"] <= 1
+    # half the model's fp32 gradients per rank between 2 replicas (counted as the all-reduce of
+    # 4 ranks that sends as much: 2(2-1)/2 over 2(4-1)/4), plain before PowerSGD starts
+    half = sum(p.numel() for p in workloads.mlp_model().parameters()) * 4 // 2
+    plain = metrics[0]["plain_bytes"]
+    assert abs(plain - half / 1.5) <= 3 and [m["plain_bytes"] for m in metrics] == [plain] * 6  # 3 calls, each rounded
+    assert [m["payload_bytes"] == plain for m in metrics] == [True, True, False, False, False, False]
+    assert all(0 < m["payload_bytes"] < half / 10 for m in metrics[2:]) and all(m["link_s"] > 0 for m in metrics)
+    assert [m["powersgd_iter"] for m in metrics] == [1, 2, 3, 4, 5, 6]
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    assert (run / "ledger.json").exists()
+
+
+# --------------------------------------------------------------------------- between replicas
+PSGD = {"matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "random_seed": 7}
+PSGD_STEPS = 8
+# float32 PowerSGD against float64 on the same inputs: measured 1.2e-7 at most (4 ranks, 2 x 2,
+# 8 steps, 3 units of 2 shards of a weight and a bias each, shards of 5 x 256 to 128 x 256; the
+# gradients reach 0.1); a bound with a factor of about 4.
+PSGD_TOL = 5e-7
+
+
+def _recording(hook, log: list):
+    """``hook``, its every call logged: the unit, whether last, the shards' shapes, in and out."""
+    def recorded(state, bucket):
+        before = bucket.buffer().detach().clone()
+        out = hook(state, bucket).wait()
+        log.append({"index": bucket.index(), "last": bucket.is_last(), "in": before.numpy(),
+                    "shapes": [tuple(g.shape) for g in bucket.gradients()], "out": out.detach().clone().numpy()})
+        done = torch.futures.Future()
+        done.set_result(out)
+        return done
+    return recorded
+
+
+def _hsdp_powersgd(rank: int, world: int, report) -> None:
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+
+    cfg = RunConfig(workload="mlp", world_size=world, sharding="hsdp", replicas=2, hook="powersgd",
+                    steps=PSGD_STEPS, seed=SEED, batch_size=BATCH, **PSGD)
+    torch.manual_seed(cfg.seed)
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    sharded = sharding.shard(work.model, cfg, world, torch.device("cpu"), "gloo")
+    log: list = []
+    choice = sharded.replica.choice
+    sharded.replica.choice = dataclasses.replace(choice, hook=_recording(choice.hook, log))
+    optimizer = make_optimizer(cfg, work.model.parameters())
+    batches = work.batches()
+    for _ in range(cfg.steps):
+        loss = work.loss_of(work.model, next(batches))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    replicas = sorted(dist.get_process_group_ranks(sharded.mesh["replicate"].get_group()))
+    report((rank, replicas, log, choice.name, choice.state.iter))
+
+
+def _orth(a: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt on the columns (PyTorch's PowerSGD for a rank of 2 or less)."""
+    a = a.clone()
+    for i in range(a.shape[1]):
+        a[:, i] /= a[:, i].norm()
+        a[:, i + 1:] -= a[:, i:i + 1] * (a[:, i:i + 1] * a[:, i + 1:]).sum(0, keepdim=True)
+    return a
+
+
+def _powersgd_reference(logs: list[list[dict]], rank: int, start: int, seed: int) -> list[torch.Tensor]:
+    """PowerSGD as documented, in float64, replayed call by call on one replica group's shards
+    (``logs``: each member's calls): error feedback and warm start per unit, the compression
+    rule per shard, plain averaging before ``start``; what every member gets back, per call."""
+    rng = np.random.RandomState(seed)
+    step, errors, qs, outs = 0, {}, {}, []
+    for calls in zip(*logs):
+        index, shapes = calls[0]["index"], calls[0]["shapes"]
+        inputs = [torch.from_numpy(c["in"]).double() for c in calls]
+        if step < start:
+            outs.append(sum(inputs) / len(inputs))
+        else:
+            ms = [x + errors.get(index, [0] * len(inputs))[k] for k, x in enumerate(inputs)]
+            out = sum(ms) / len(ms)  # the uncompressed shards' average; compressed ones overwritten
+            offsets = np.cumsum([0] + [math.prod(s) for s in shapes])
+            matrices = []  # (offset, n, m) of each compressed shard, grouped by shape as the hook draws
+            for o, shape in zip(offsets, shapes):
+                n, m = shape[0], math.prod(shape[1:])
+                r = min(n, m, rank)
+                if (n + m) * r * 2.0 < n * m:
+                    matrices.append((int(o), n, m))
+            first_of_shape = {}
+            for _, n, m in matrices:
+                first_of_shape.setdefault((n, m), len(first_of_shape))
+            matrices.sort(key=lambda t: first_of_shape[t[1:]])
+            if index not in qs:
+                g = torch.Generator().manual_seed(int(rng.randint(1_000_000_000)))
+                qs[index] = [torch.randn(m, min(n, m, rank), generator=g).double() for _, n, m in matrices]
+            new_qs = []
+            for (o, n, m), q in zip(matrices, qs[index]):
+                views = [x[o:o + n * m].view(n, m) for x in ms]
+                p = _orth(sum(v @ _orth(q) for v in views))
+                q = sum(v.t() @ p for v in views) / len(views)
+                out[o:o + n * m] = (p @ q.t()).flatten()
+                new_qs.append(q)
+            qs[index] = new_qs
+            errors[index] = [x - out for x in ms]
+            outs.append(out)
+        step += calls[0]["last"]
+    return outs
+
+
+@pytest.mark.slow
+def test_hsdp_powersgd_between_replicas_equals_a_float64_reference_on_the_shards():
+    reports = {rank: rest for rank, *rest in run_ranks(_hsdp_powersgd, 4, timeout_s=600, collective_timeout_s=120)}
+    groups = {tuple(replicas) for replicas, *_ in reports.values()}
+    assert groups == {(0, 2), (1, 3)}  # the replicas of a shard: a 2 x 2 mesh, replicate first
+    worst, compressed_calls = 0.0, 0
+    for group in groups:
+        logs = [reports[r][1] for r in group]
+        assert len(logs[0]) == 3 * PSGD_STEPS and all(reports[r][3] == PSGD_STEPS for r in group)
+        assert [c["index"] for c in logs[0][:3]] == [2, 1, 0]  # backward's order: the last layer first
+        reference = _powersgd_reference(logs, PSGD["matrix_approximation_rank"], PSGD["start_powerSGD_iter"],
+                                        PSGD["random_seed"])
+        for k, expected in enumerate(reference):
+            for log in logs:
+                got = torch.from_numpy(log[k]["out"]).double()
+                worst = max(worst, (got - expected).abs().max().item())
+            compressed_calls += k >= 3 * PSGD["start_powerSGD_iter"]
+    assert compressed_calls == 2 * 3 * (PSGD_STEPS - PSGD["start_powerSGD_iter"])
+    assert worst < PSGD_TOL, worst
+    # not a plain average: PowerSGD changed what the replicas got
+    last = reports[0][1][-1]
+    assert np.abs(last["out"] - (last["in"] + reports[2][1][-1]["in"]) / 2).max() > 1e-4

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from commlab.analysis import ring
 from commlab.analysis.ring import wire_bytes
 from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
 
@@ -118,6 +119,48 @@ class Measurement(Unmeasured):
                       "layers": rec.layer_errors, "ef_residual_norm": error_feedback_norm(state)}
         layout = sorted(rec.layouts, key=lambda b: b["index"]) if rec.layouts else None
         return Measured(row, layout, errors, rec.grads, rec.layer_errors if self.measuring else [])
+
+    def close(self) -> None:
+        self.counter.uninstall()
+
+
+class ShardedMeasurement(Unmeasured):
+    """A sharded run's: every ``dist.all_reduce`` counted (``CollectiveCounter``), over the emulated
+    link the settings name.  HSDP's all-reduce between replicas, FSDP's own or the lab's
+    (``commlab.hooks.replica``), is the hook's traffic; FSDP's reduce-scatters and all-gathers are
+    not counted here.  No hook is wrapped: FSDP calls no DDP hook."""
+
+    def __init__(self, cfg, world: int, replica):
+        self.world, self.replica, self.replicas = world, replica, cfg.replicas
+        self.counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us),
+                                         world).install()
+        super().__init__(None)
+        self.sent_total = self.plain_total = 0
+
+    def not_the_hooks(self):
+        """Collectives issued here are the lab's own, not the hook's traffic."""
+        return self.counter.category(OTHER)
+
+    def ledger(self) -> list[dict]:
+        return self.counter.ledger_rows()
+
+    def take(self, step: int, state) -> Measured:
+        nbytes, calls, timing = self.counter.take()
+        sent = nbytes["hook"]
+        # FSDP's own all-reduce is plain, and not timed: it is not a hook
+        plain, hook_s = sent, None
+        if self.replica:
+            handed, hook_s = self.replica.take()
+            # counted as the counter counts each all-reduce on the replica group: by the world's ruler
+            plain = sum(round(ring.sent_bytes(ring.ALLREDUCE, b, self.replicas) / ring.factor(self.world))
+                        for b in handed)
+        self.sent_total += sent
+        self.plain_total += plain
+        return Measured({"payload_bytes": sent, "wire_bytes": wire_bytes(sent, self.world),
+                         "plain_bytes": plain, "collectives": calls["hook"], "hook_s": hook_s,
+                         "compression_ratio": self.plain_total / self.sent_total if self.sent_total else None,
+                         **timing, "measure_bytes": nbytes["measure"],
+                         "powersgd_iter": getattr(state, "iter", None)})
 
     def close(self) -> None:
         self.counter.uninstall()

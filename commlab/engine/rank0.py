@@ -89,13 +89,16 @@ class Rank0Record(NoRecord):
             "checkpoint": job.checkpoint_note, "phases": job.phases, "started_at": time.time()}
         store.write_json(folder.file("meta.json"), self.meta)
         store.write_json(folder.file("layers.json"), [
-            {**d.as_dict(), "applies": job.choice.spec.layerwise} for d in job.rule.layers])
+            # a sharded run's hook compresses shards, not these whole layers
+            {**d.as_dict(), "applies": job.choice.spec.layerwise and not job.sharded} for d in job.rule.layers])
         self.metrics = store.JsonlWriter(folder.file("metrics.jsonl"))
         self.errors = store.JsonlWriter(folder.file("errors.jsonl"))
         self.pitfalls = None  # made with the first pitfall: most runs have none
-        # PowerSGD's memories watched for its pitfalls (rank 0's own: no collective).
+        # PowerSGD's memories watched for its pitfalls (rank 0's own: no collective); not in a
+        # sharded run, whose memories no DDP bucket layout names.
         spec = job.choice.spec
-        self.watch = pitfalls.Watch(job.choice.state, layerwise=spec.layerwise) if spec.pitfalls else None
+        self.watch = (pitfalls.Watch(job.choice.state, layerwise=spec.layerwise)
+                      if spec.pitfalls and not job.sharded else None)
         # A held-out set drawn once, before the clock starts.
         self.held_out = workloads.held_out(job.work) if cfg.eval_every > 0 else None
         self.evals = store.JsonlWriter(folder.file("evals.jsonl")) if self.held_out else None

@@ -33,7 +33,7 @@ from commlab.analysis.rule import RuleSummary, apply_rule, layouts, named_shapes
 from commlab.analysis.units import human_bytes
 from commlab.config import RunConfig
 from commlab.engine import checkpoint, procs, sharding, store
-from commlab.engine.measurement import Measurement, Unmeasured
+from commlab.engine.measurement import Measurement, ShardedMeasurement, Unmeasured
 from commlab.engine.rank0 import NoRecord, Rank0Record, ShardedPeer
 from commlab.engine.teardown import end_process_group
 from commlab.hooks import comm_thread, registry
@@ -171,13 +171,15 @@ def setup(run_dir: Path) -> Job:
     model = work.model.to(device)
     shapes = named_shapes(model)
     rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate, layouts(model))
-    sharded = sharding.shard(model, cfg, world, device) if cfg.sharding != "ddp" else None
+    sharded = sharding.shard(model, cfg, world, device, backend) if cfg.sharding != "ddp" else None
     trained = model if sharded else DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                                         bucket_cap_mb=cfg.bucket_cap_mb)
-    choice = registry.choose(cfg, backend)
+    choice = sharded.choice if sharded else registry.choose(cfg, backend)
     first = saved["step"] + 1 if saved else 0  # a resumed run goes on with the first one's steps
     measure = Unmeasured(choice.hook)
-    if cfg.instrument and not sharded:  # the instrumentation wraps DDP's hook
+    if cfg.instrument and sharded:
+        measure = ShardedMeasurement(cfg, world, sharded.replica)
+    elif cfg.instrument:
         names = {p.data_ptr(): n for n, p in model.named_parameters()}
         compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()
         measure = Measurement(cfg, choice, names, compressed, world, first, device, rank)
