@@ -76,12 +76,6 @@ SHARDING_RULES: tuple[Rule, ...] = (
          lambda c: (f"a compress wrapper casts DDP's gradient buckets, and a {c.sharding} run has none: "
                     "use wrapper none (reduce_dtype bf16 reduces the gradients in bf16)")),
     *map(_not_sharded, ("error_every", "save_grads_at")),
-    *(Rule(name, ("sharding", name), lambda c, name=name: c.sharding == "fsdp" and bool(getattr(c, name)),
-           lambda c, name=name: (f"is not carried out on a fsdp run (got {shown(getattr(c, name))}): the "
-                                 "emulated link charges the all-reduce between replicas, which FSDP alone "
-                                 "has none of (its reduce-scatters and all-gathers are not charged); use "
-                                 "sharding hsdp"))
-      for name in ("emulate_bandwidth_gbps", "emulate_latency_us")),
     Rule("trace_steps", ("sharding", "trace_steps"),
          lambda c: c.sharding != "ddp" and c.trace_steps != list(DEFAULT_TRACE_STEPS) and bool(c.trace_steps),
          lambda c: (f"is not carried out on a {c.sharding} run (got {shown(c.trace_steps)}): the "

@@ -51,9 +51,9 @@ def test_fsdp_alone_has_no_replicas_for_a_hook_to_compress():
 
 
 def test_what_only_ddps_hook_carries_out_is_refused_on_a_sharded_run():
-    errors = RunConfig(sharding="fsdp", wrapper="fp16", error_every=5, emulate_bandwidth_gbps=1.0,
+    errors = RunConfig(sharding="fsdp", wrapper="fp16", error_every=5, save_grads_at=[1],
                        trace_steps=[3]).errors(gpu_count=0)
-    assert set(errors) == {"wrapper", "error_every", "emulate_bandwidth_gbps", "trace_steps"}
+    assert set(errors) == {"wrapper", "error_every", "save_grads_at", "trace_steps"}
     assert all("fsdp run" in m for m in errors.values())
 
 
@@ -330,3 +330,43 @@ def test_hsdp_powersgd_between_replicas_equals_a_float64_reference_on_the_shards
     # not a plain average: PowerSGD changed what the replicas got
     last = reports[0][1][-1]
     assert np.abs(last["out"] - (last["in"] + reports[2][1][-1]["in"]) / 2).max() > 1e-4
+
+
+# --------------------------------------------------------------------------- the ledger
+def _one_step_ledger(rank: int, world: int, report, reshard: bool) -> None:
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+    from commlab.hooks.instrument import CollectiveCounter
+
+    cfg = RunConfig(workload="mlp", world_size=world, sharding="fsdp", reshard_after_forward=reshard,
+                    batch_size=BATCH)
+    torch.manual_seed(cfg.seed)
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    sharding.shard(work.model, cfg, world, torch.device("cpu"), "gloo")
+    counter = CollectiveCounter(None, world).install()
+    try:
+        optimizer = make_optimizer(cfg, work.model.parameters())
+        loss = work.loss_of(work.model, next(work.batches()))
+        loss.backward()
+        optimizer.step()
+        report((rank, reshard, counter.take()[:2], counter.ledger_rows()))
+    finally:
+        counter.uninstall()
+
+
+@pytest.mark.slow
+def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer():
+    reports = run_ranks(_one_step_ledger, 4, (True,), timeout_s=600) + run_ranks(
+        _one_step_ledger, 4, (False,), timeout_s=600)
+    by = {reshard: (taken, rows) for rank, reshard, taken, rows in reports if rank == 0}
+    # each layer's flat parameters padded to 4 shards: 3 x 257, 256 x 65, 256 x 257 floats
+    layer_bytes = [3 * 4 * 257 * 4, 256 * 65 * 4, 256 * 257 * 4]
+    for reshard, gathers in ((True, 2), (False, 1)):  # resharded after forward: gathered again in backward
+        (nbytes, calls), rows = by[reshard]
+        got = sorted((r["traffic"], r["collective"], r["ranks"], r["size_bytes"], r["count"]) for r in rows)
+        assert got == sorted([("sharding", "all_gather", 4, b, gathers) for b in layer_bytes]
+                             + [("sharding", "reduce_scatter", 4, b, 1) for b in layer_bytes])
+        assert calls["sharding"] == 3 * (gathers + 1) and nbytes["hook"] == 0
+        # by the allreduce ruler: a gather and a scatter of S each put S/2 of a 4-rank allreduce's
+        # wire bytes, so a step without resharding counts as the allreduce of the whole model
+        assert nbytes["sharding"] == sum(b // 2 * (gathers + 1) for b in layer_bytes)

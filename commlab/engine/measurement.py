@@ -16,7 +16,14 @@ import torch.distributed as dist
 
 from commlab.analysis import ring
 from commlab.analysis.ring import wire_bytes
-from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
+from commlab.hooks.instrument import (
+    OTHER,
+    SHARDING,
+    CollectiveCounter,
+    HookInstrument,
+    Link,
+    error_feedback_norm,
+)
 
 
 @dataclass
@@ -125,10 +132,11 @@ class Measurement(Unmeasured):
 
 
 class ShardedMeasurement(Unmeasured):
-    """A sharded run's: every ``dist.all_reduce`` counted (``CollectiveCounter``), over the emulated
-    link the settings name.  HSDP's all-reduce between replicas, FSDP's own or the lab's
-    (``commlab.hooks.replica``), is the hook's traffic; FSDP's reduce-scatters and all-gathers are
-    not counted here.  No hook is wrapped: FSDP calls no DDP hook."""
+    """A sharded run's: every collective counted (``CollectiveCounter``), over the emulated link the
+    settings name.  HSDP's all-reduce between replicas, FSDP's own or the lab's
+    (``commlab.hooks.replica``), is the hook's traffic (``payload_bytes``); FSDP's all-gathers and
+    reduce-scatters are the sharding's (``sharding_bytes``), by the same ruler.  No hook is
+    wrapped: FSDP calls no DDP hook."""
 
     def __init__(self, cfg, world: int, replica):
         self.world, self.replica, self.replicas = world, replica, cfg.replicas
@@ -159,6 +167,7 @@ class ShardedMeasurement(Unmeasured):
         return Measured({"payload_bytes": sent, "wire_bytes": wire_bytes(sent, self.world),
                          "plain_bytes": plain, "collectives": calls["hook"], "hook_s": hook_s,
                          "compression_ratio": self.plain_total / self.sent_total if self.sent_total else None,
+                         "sharding_bytes": nbytes[SHARDING], "sharding_collectives": calls[SHARDING],
                          **timing, "measure_bytes": nbytes["measure"],
                          "powersgd_iter": getattr(state, "iter", None)})
 
