@@ -194,7 +194,7 @@ def test_a_launched_hsdp_powersgd_run_records_its_loss_evaluations_memory_and_by
     meta = json.loads((run / "meta.json").read_text())
     assert meta["sharding"] == "hsdp" and meta["sharded"] == {
         "mesh": {"replicate": 2, "shard": 2}, "units": ["0", "2", "4"], "between_replicas": "lab"}
-    assert len(meta["memory_per_rank"]) == 4 and meta["checkpoint"].startswith("not saved")
+    assert len(meta["memory_per_rank"]) == 4 and meta["checkpoint"].startswith("saved")
     assert meta["hook_name"] == "powerSGD_hook" and meta["instrumented"] is False
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
@@ -370,3 +370,28 @@ def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer():
         # by the allreduce ruler: a gather and a scatter of S each put S/2 of a 4-rank allreduce's
         # wire bytes, so a step without resharding counts as the allreduce of the whole model
         assert nbytes["sharding"] == sum(b // 2 * (gathers + 1) for b in layer_bytes)
+
+
+# --------------------------------------------------------------------------- checkpoint and resume
+@pytest.mark.slow
+def test_a_resumed_sharded_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path):
+    """HSDP with PowerSGD between replicas: the model and optimizer through DCP, PowerSGD's
+    error feedback and warm start per shard in the rank files."""
+    from commlab import api
+    from commlab.engine import checkpoint
+
+    base = {"workload": "mlp", "sharding": "hsdp", "world_size": 4, "hook": "powersgd", "start_powerSGD_iter": 2,
+            "eval_every": 0, "batch_size": BATCH, "seed": SEED, "runs_dir": str(tmp_path)}
+    whole, half = (api.launch(RunConfig(**base, steps=steps)) for steps in (8, 4))
+    for run in (whole, half):
+        assert run.wait(600) == "finished", run.status_record()
+    assert checkpoint.sharded_dir(half.path).is_dir() and half.checkpoint_step() == 3
+    # the sharding is the checkpoint's: it cannot change on resume
+    with pytest.raises(Exception, match="must stay"):
+        checkpoint.resume_config(half.path, steps=8, sharding="fsdp")
+    rest = api.resume(half.path, steps=8)
+    assert rest.wait(600) == "finished", rest.status_record()
+    losses = [r["loss"] for run in (half, rest) for r in run.metrics_records()]
+    assert [r["step"] for r in rest.metrics_records()] == [4, 5, 6, 7]
+    assert losses == [r["loss"] for r in whole.metrics_records()]
+    assert rest.metrics_records()[0]["powersgd_iter"] == 5  # PowerSGD went on from its state

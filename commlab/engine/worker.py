@@ -83,7 +83,7 @@ def run(run_dir: Path) -> None:
         else:
             if job.save_checkpoint:
                 checkpoint.save(job.folder, job.rank, job.world, cfg.steps - 1, job.model,
-                                job.optimizer, job.choice.state, job.choice.spec)
+                                job.optimizer, job.choice.state, job.choice.spec, sharded=bool(job.sharded))
             record.finished(cfg.steps - 1)
         record.end()
     finally:
@@ -184,7 +184,8 @@ def setup(run_dir: Path) -> Job:
         compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()
         measure = Measurement(cfg, choice, names, compressed, world, first, device, rank)
     optimizer = make_optimizer(cfg, trained.parameters())
-    batches = resume(saved, trained, optimizer, choice, work, device) if saved else iter(work.batches())
+    batches = (resume(saved, trained, optimizer, choice, work, device, launch["resumed_from"] if sharded else None)
+               if saved else iter(work.batches()))
     first_batch = next(batches)  # which loss trains is said in meta.json, from the batches' kind
     batches = itertools.chain([first_batch], batches)
     if not sharded:
@@ -205,9 +206,6 @@ def room_for_checkpoint(cfg: RunConfig, folder: store.RunFolder, model: torch.nn
         need, free = checkpoint.room_needed(model, cfg, world), checkpoint.room_left(folder)
         if not cfg.save_checkpoint:
             decided[0] = (False, "off (save_checkpoint)")
-        elif cfg.sharding != "ddp":
-            decided[0] = (False, f"not saved: a {cfg.sharding} run's checkpoint (sharded state, "
-                                 "torch.distributed.checkpoint) is not built yet")
         elif need > free:
             decided[0] = (False, f"not saved: it needs about {human_bytes(need)}, and the disk had "
                                  f"{human_bytes(free)} free before the first step")
@@ -217,15 +215,20 @@ def room_for_checkpoint(cfg: RunConfig, folder: store.RunFolder, model: torch.nn
     return decided[0]
 
 
-def resume(saved: dict, ddp: DDP, optimizer: torch.optim.Optimizer, choice: registry.HookChoice,
-           work: workloads.Workload, device: torch.device):
+def resume(saved: dict, trained: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           choice: registry.HookChoice, work: workloads.Workload, device: torch.device,
+           sharded_from: str | None = None):
     """Everything a checkpoint holds put back, and the batches from its next step on.  Before the
     hook is registered: DDP must first rebuild its buckets with its own allreduce, so that the
-    hook's restored memories meet the layout they were made in (``commlab.engine.checkpoint``)."""
-    ddp.module.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
+    hook's restored memories meet the layout they were made in (``commlab.engine.checkpoint``).
+    ``sharded_from``: the run folder whose DCP files hold a sharded run's model and optimizer."""
+    if sharded_from:
+        checkpoint.load_sharded(sharded_from, trained, optimizer)
+    else:
+        trained.module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
     checkpoint.restore_hook_state(choice.state, saved["hook"], device)
-    batches = checkpoint.continue_batches(ddp, work, saved["step"] + 1, device)
+    batches = checkpoint.continue_batches(trained, work, saved["step"] + 1, device, rebuild=not sharded_from)
     torch.set_rng_state(saved["rng"])  # after the rebuild pass, whose forward may draw (dropout)
     return batches
 
