@@ -452,8 +452,9 @@ def applies(s: Setting, hook: str) -> bool:
 
 def is_plain_allreduce(cfg: dict) -> bool:
     """Whether a stored config is DDP's own behaviour: the run that calibrates the what-if model, and
-    the default baseline (``commlab.tune.baseline`` has the 16-bit ones)."""
-    return cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
+    the default baseline (``commlab.tune.baseline`` has the 16-bit ones); a sharded run is not."""
+    return (cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
+            and cfg.get("sharding", "ddp") == "ddp")
 
 
 def own_settings(hook: str) -> tuple[Setting, ...]:

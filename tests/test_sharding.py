@@ -202,11 +202,18 @@ def test_a_launched_hsdp_powersgd_run_records_its_loss_evaluations_memory_and_by
     assert all(m["step_s"] > 0 for m in metrics) and 0 <= evals[-1]["accuracy"] <= 1
     # half the model's fp32 gradients per rank between 2 replicas (counted as the all-reduce of
     # 4 ranks that sends as much: 2(2-1)/2 over 2(4-1)/4), plain before PowerSGD starts
-    half = sum(p.numel() for p in workloads.mlp_model().parameters()) * 4 // 2
-    plain = metrics[0]["plain_bytes"]
-    assert abs(plain - half / 1.5) <= 3 and [m["plain_bytes"] for m in metrics] == [plain] * 6  # 3 calls, each rounded
-    assert [m["payload_bytes"] == plain for m in metrics] == [True, True, False, False, False, False]
-    assert all(0 < m["payload_bytes"] < half / 10 for m in metrics[2:]) and all(m["link_s"] > 0 for m in metrics)
+    model = sum(p.numel() for p in workloads.mlp_model().parameters()) * 4
+    plain = metrics[0]["replica_plain_bytes"]
+    assert abs(plain - model / 2 / 1.5) <= 3 and [m["replica_plain_bytes"] for m in metrics] == [plain] * 6
+    assert [m["replica_bytes"] == plain for m in metrics] == [True, True, False, False, False, False]
+    assert all(0 < m["replica_bytes"] < plain / 10 for m in metrics[2:]) and all(m["link_s"] > 0 for m in metrics)
+    # FSDP's all-gathers (twice: resharded after forward) and reduce-scatters of 3 units on the
+    # shard group (the step after an evaluation gathers once more: measured, one unit), in all
+    # what the run put on the wire, against DDP's plain allreduce of the whole model
+    assert [m["sharding_collectives"] for m in metrics if m["step"] != 3] == [9] * 5
+    assert metrics[3]["sharding_collectives"] in (9, 10) and all(m["sharding_bytes"] > 0 for m in metrics)
+    assert all(m["payload_bytes"] == m["replica_bytes"] + m["sharding_bytes"] for m in metrics)
+    assert all(m["plain_bytes"] == model for m in metrics)
     assert [m["powersgd_iter"] for m in metrics] == [1, 2, 3, 4, 5, 6]
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
     assert (run / "ledger.json").exists()
@@ -395,3 +402,57 @@ def test_a_resumed_sharded_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path)
     assert [r["step"] for r in rest.metrics_records()] == [4, 5, 6, 7]
     assert losses == [r["loss"] for r in whole.metrics_records()]
     assert rest.metrics_records()[0]["powersgd_iter"] == 5  # PowerSGD went on from its state
+
+
+# --------------------------------------------------------------------------- the what-if
+# One FSDP step of the mlp on 4 ranks as measured above: 3 units of 342,064 padded bytes in all,
+# gathered twice and scattered once, counted by the 4-rank allreduce ruler as 513,096 bytes.
+PADDED = 12336 + 66560 + 263168
+
+
+def _records(**row) -> list[dict]:
+    base = {"step_s": 0.05, "hook_s": None, "collective_s": 0, "link_s": 0.0, "replica_bytes": 0,
+            "replica_collectives": 0, "sharding_bytes": 513096, "sharding_collectives": 9}
+    merged = {**base, **row}
+    merged.setdefault("payload_bytes", merged["replica_bytes"] + merged["sharding_bytes"])
+    merged.setdefault("collectives", merged["replica_collectives"] + merged["sharding_collectives"])
+    return [{"step": s, "loss": 1.0, **merged} for s in range(20)]
+
+
+def test_a_sharded_profile_reads_the_model_and_its_units_back_from_the_count():
+    from commlab.analysis import ring
+    from commlab.tune.sharded_whatif import sharded_profile
+
+    cfg = RunConfig(workload="mlp", world_size=4, sharding="fsdp", emulate_bandwidth_gbps=1.0).to_dict()
+    p = sharded_profile(_records(), cfg)
+    assert (p.model_bytes, p.units, p.gathers, p.shard_size) == (PADDED, 3, 2, 0)
+    # on the run's own ranks, the model puts on the wire what the count says, and prices it as the
+    # emulated link charged it (the same formula)
+    assert p.wire_bytes(4) == pytest.approx(513096 * ring.factor(4))
+    assert p.comm_s(4, 1.0, 0.0) == pytest.approx(513096 * ring.factor(4) * 8 / 1e9)
+    # FSDP shards over every rank: what each sends tends to 3 L, its latencies grow with N
+    assert p.wire_bytes(1024) == pytest.approx(3 * PADDED * 1023 / 1024)
+    assert p.comm_s(8, 0.0, 10.0) == pytest.approx(9 * 7 * 10e-6)
+    unsharded = sharded_profile(_records(sharding_bytes=342064, sharding_collectives=6),
+                                {**cfg, "reshard_after_forward": False})
+    assert (unsharded.model_bytes, unsharded.gathers) == (PADDED, 1)
+
+
+def test_hsdp_keeps_its_shard_group_and_adds_replicas_at_scale():
+    from commlab.analysis import ring
+    from commlab.tune.sharded_whatif import sharded_profile
+
+    cfg = RunConfig(workload="mlp", world_size=4, sharding="hsdp", replicas=2).to_dict()
+    # 2 shards of a replica: a gather or a scatter of L puts L/2 on a rank's wire; the replicas
+    # all-reduce half the model, 3 calls a step
+    p = sharded_profile(_records(sharding_bytes=round(3 * PADDED / 2 / 1.5), replica_bytes=round(PADDED / 2 / 1.5),
+                                 replica_collectives=3), cfg)
+    assert p.shard_size == 2 and p.model_bytes == pytest.approx(PADDED, abs=2)
+    assert p.replica_bytes == pytest.approx(PADDED / 2, abs=2)
+    # at 64 ranks: 32 replicas of 2 shards; the shards' traffic stays, the replicas' ring grows
+    sharded_part = p.sharding_only().wire_bytes(64)
+    assert sharded_part == pytest.approx(p.sharding_only().wire_bytes(4))
+    assert p.wire_bytes(64) - sharded_part == pytest.approx(ring.wire_bytes(PADDED / 2, 32), rel=1e-5)
+    # a DDP run of the job is the baseline; a sharded allreduce run is not
+    from commlab.tune import baseline
+    assert not baseline.is_baseline(cfg, "allreduce") and baseline.is_baseline({"hook": "allreduce"}, "allreduce")

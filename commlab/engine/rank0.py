@@ -69,7 +69,8 @@ class ShardedPeer(NoRecord):
     def evaluate(self, step: int) -> None:
         if self.held_out and eval_due(self.job.cfg, step):
             work = self.job.work
-            workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
+            with self.job.measure.not_the_hooks():  # its all-gathers are not a step's
+                workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
 
 
 class Rank0Record(NoRecord):
@@ -168,7 +169,8 @@ class Rank0Record(NoRecord):
             return
         t_eval = time.perf_counter()
         work = self.job.work
-        result = workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
+        with self.job.measure.not_the_hooks():  # a sharded run's all-gathers are not a step's
+            result = workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
         eval_s = time.perf_counter() - t_eval
         self.eval_total += eval_s
         self.evals.write({"step": step, **result, "eval_s": eval_s})

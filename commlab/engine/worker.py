@@ -178,7 +178,9 @@ def setup(run_dir: Path) -> Job:
     first = saved["step"] + 1 if saved else 0  # a resumed run goes on with the first one's steps
     measure = Unmeasured(choice.hook)
     if cfg.instrument and sharded:
-        measure = ShardedMeasurement(cfg, world, sharded.replica)
+        # DDP's plain allreduce of the whole model, the ruler a sharded run's bytes are read against
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a DTensor's whole
+        measure = ShardedMeasurement(cfg, world, sharded.replica, model_bytes)
     elif cfg.instrument:
         names = {p.data_ptr(): n for n, p in model.named_parameters()}
         compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()

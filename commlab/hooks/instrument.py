@@ -134,7 +134,9 @@ class CollectiveCounter:
 
         def counted(call, kind, tensor, group, /, *args, traffic=None, **kwargs):  # a caller passes group= too
             issued_at = time.perf_counter()  # the ledger's latency runs from here
-            cat = traffic or getattr(counter._local, "category", HOOK)
+            cat = getattr(counter._local, "category", HOOK)
+            if traffic and cat == HOOK:  # FSDP's own, unless issued where the lab's are (an evaluation)
+                cat = traffic
             nbytes, entry, deadline, held, span = counter._issue(cat, kind, tensor, group)
             event = counter._traced(cat, nbytes)
             clock = counter.clock if event is not None else None

@@ -82,6 +82,7 @@ class HookProfile:
     period: int = 1  # ... every ``period`` steps (counted in payload_bytes and collectives) ...
     averaging_collective: str = ring.ALLREDUCE  # ... by this collective (DiLoCo's int8: allgather)
     comm_here_s: float | None = None  # per step, on the link it ran over, as recorded (None: not)
+    sharding: str = "ddp"  # a sharded run's profile is commlab.tune.sharded_whatif's
 
     @property
     def averages(self) -> float:
@@ -139,7 +140,8 @@ def predict(profiles: Sequence[HookProfile], world_sizes: Iterable[int] = WORLD_
         for bw in bandwidths_gbps:
             for p in profiles:
                 comm = p.comm_s(n, bw, latency_us)
-                rows.append({"label": p.label, "hook": p.hook, "wrapper": p.wrapper, "world_size": n,
+                rows.append({"label": p.label, "hook": p.hook, "wrapper": p.wrapper, "sharding": p.sharding,
+                             "world_size": n,
                              "bandwidth_gbps": bw, "latency_us": latency_us,
                              "compute_s": p.compute_s, "arithmetic_s": p.arithmetic_s,
                              "comm_s": comm, "overlap_share": p.overlap_share,
@@ -181,6 +183,10 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     faster).  Without either, loopback counts as arithmetic, which overstates it.
     ``compute_s`` overrides the run's own (to share one baseline's across hooks).
     """
+    if cfg.get("sharding", "ddp") != "ddp":  # FSDP's collectives beside the hook's
+        from commlab.tune.sharded_whatif import sharded_profile
+
+        return sharded_profile(records, cfg, run_id, label, skip, loopback_s_per_byte, compute_s)
     if records and "payload_bytes" not in records[0]:
         raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
     collective, group_size, period = traffic(cfg)
@@ -391,4 +397,6 @@ def checks(runs: Iterable, skip: int = metrics.WARMUP_STEPS) -> list[dict]:
 
 
 def _job_key(cfg: dict) -> tuple:
-    return tuple(cfg.get(k) for k in ("workload", "world_size", "batch_size", "optimizer", "bucket_cap_mb"))
+    # a sharded run's compute holds FSDP's own work: it is no job of a DDP run's
+    return tuple(cfg.get(k, "ddp" if k == "sharding" else None)
+                 for k in ("workload", "world_size", "batch_size", "optimizer", "bucket_cap_mb", "sharding"))
