@@ -421,11 +421,13 @@ def _records(**row) -> list[dict]:
 
 def test_a_sharded_profile_reads_the_model_and_its_units_back_from_the_count():
     from commlab.analysis import ring
-    from commlab.tune.sharded_whatif import sharded_profile
+    from commlab.tune.whatif import profile_from_records
 
     cfg = RunConfig(workload="mlp", world_size=4, sharding="fsdp", emulate_bandwidth_gbps=1.0).to_dict()
-    p = sharded_profile(_records(), cfg)
-    assert (p.model_bytes, p.units, p.gathers, p.shard_size) == (PADDED, 3, 2, 0)
+    p = profile_from_records(_records(), cfg)
+    moved = p.sharded
+    assert (moved.model_bytes, moved.units, moved.gathers, moved.shard_size) == (PADDED, 3, 2, 0)
+    assert p.payload_bytes == 513096 and p.collectives == 9
     # on the run's own ranks, the model puts on the wire what the count says, and prices it as the
     # emulated link charged it (the same formula)
     assert p.wire_bytes(4) == pytest.approx(513096 * ring.factor(4))
@@ -433,20 +435,20 @@ def test_a_sharded_profile_reads_the_model_and_its_units_back_from_the_count():
     # FSDP shards over every rank: what each sends tends to 3 L, its latencies grow with N
     assert p.wire_bytes(1024) == pytest.approx(3 * PADDED * 1023 / 1024)
     assert p.comm_s(8, 0.0, 10.0) == pytest.approx(9 * 7 * 10e-6)
-    unsharded = sharded_profile(_records(sharding_bytes=342064, sharding_collectives=6),
-                                {**cfg, "reshard_after_forward": False})
+    unsharded = profile_from_records(_records(sharding_bytes=342064, sharding_collectives=6),
+                                     {**cfg, "reshard_after_forward": False}).sharded
     assert (unsharded.model_bytes, unsharded.gathers) == (PADDED, 1)
 
 
 def test_hsdp_keeps_its_shard_group_and_adds_replicas_at_scale():
     from commlab.analysis import ring
-    from commlab.tune.sharded_whatif import sharded_profile
+    from commlab.tune.whatif import profile_from_records
 
     cfg = RunConfig(workload="mlp", world_size=4, sharding="hsdp", replicas=2).to_dict()
     # 2 shards of a replica: a gather or a scatter of L puts L/2 on a rank's wire; the replicas
     # all-reduce half the model, 3 calls a step
-    p = sharded_profile(_records(sharding_bytes=round(3 * PADDED / 2 / 1.5), replica_bytes=round(PADDED / 2 / 1.5),
-                                 replica_collectives=3), cfg)
+    p = profile_from_records(_records(sharding_bytes=round(3 * PADDED / 2 / 1.5),
+                                      replica_bytes=round(PADDED / 2 / 1.5), replica_collectives=3), cfg).sharded
     assert p.shard_size == 2 and p.model_bytes == pytest.approx(PADDED, abs=2)
     assert p.replica_bytes == pytest.approx(PADDED / 2, abs=2)
     # at 64 ranks: 32 replicas of 2 shards; the shards' traffic stays, the replicas' ring grows

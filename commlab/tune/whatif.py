@@ -53,6 +53,7 @@ from commlab.analysis import metrics, ring, timeline
 from commlab.config import is_plain_allreduce, label_of, link_of
 from commlab.hook_specs import ALLGATHER, OUTER_PRECISIONS, spec_of
 from commlab.tune import baseline as baselines
+from commlab.tune import sharded_whatif
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
@@ -82,7 +83,8 @@ class HookProfile:
     period: int = 1  # ... every ``period`` steps (counted in payload_bytes and collectives) ...
     averaging_collective: str = ring.ALLREDUCE  # ... by this collective (DiLoCo's int8: allgather)
     comm_here_s: float | None = None  # per step, on the link it ran over, as recorded (None: not)
-    sharding: str = "ddp"  # a sharded run's profile is commlab.tune.sharded_whatif's
+    sharding: str = "ddp"
+    sharded: sharded_whatif.ShardedTraffic | None = None  # a sharded run's collectives, priced there
 
     @property
     def averages(self) -> float:
@@ -103,6 +105,8 @@ class HookProfile:
                                   self.group_size or self.world_size)
 
     def comm_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
+        if self.sharded:
+            return self.sharded.comm_s(world_size, bandwidth_gbps, latency_us)
         group = min(self.group_size, world_size) if self.group_size else world_size
         own = ring.collective_s(self.collective, self.message_bytes(), group, bandwidth_gbps,
                                 latency_us, max(0.0, self.collectives - self.averages))
@@ -120,6 +124,8 @@ class HookProfile:
 
     def wire_bytes(self, world_size: int) -> float:
         """Bytes each rank sends per step on ``world_size`` ranks."""
+        if self.sharded:
+            return self.sharded.wire_bytes(world_size)
         group = min(self.group_size, world_size) if self.group_size else world_size
         return ring.sent_bytes(self.collective, self.message_bytes(), group) + self.averaging_wire_bytes(world_size)
 
@@ -184,9 +190,7 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     ``compute_s`` overrides the run's own (to share one baseline's across hooks).
     """
     if cfg.get("sharding", "ddp") != "ddp":  # FSDP's collectives beside the hook's
-        from commlab.tune.sharded_whatif import sharded_profile
-
-        return sharded_profile(records, cfg, run_id, label, skip, loopback_s_per_byte, compute_s)
+        return _sharded_profile(records, cfg, run_id, label, skip, loopback_s_per_byte, compute_s)
     if records and "payload_bytes" not in records[0]:
         raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
     collective, group_size, period = traffic(cfg)
@@ -228,6 +232,24 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
         profile, compute_s=max(0.0, own_compute) if compute_s is None else compute_s,
         arithmetic_s=max(0.0, metrics.per_step(steady, cfg, "hook_s") - on_this_link(averaging=False)),
         comm_here_s=on_this_link(False) + on_this_link(True) if recorded else None)
+
+
+def _sharded_profile(records: Sequence[dict], cfg: dict, run_id: str, label: str | None, skip: int,
+                     loopback_s_per_byte: float | None, compute_s: float | None) -> HookProfile:
+    """A sharded run's profile (``commlab.tune.sharded_whatif``): its bytes and collectives per step
+    are FSDP's and the hook's between replicas, as the run counted them."""
+    steady = steady_rows(records, cfg, skip)
+    if not steady:
+        raise ValueError(f"run {run_id} has no steady steps: it recorded {len(records)} step(s)")
+    moved = sharded_whatif.traffic(steady, cfg)
+    own_compute, arithmetic, here = sharded_whatif.times(steady, cfg, moved, loopback_s_per_byte)
+    return HookProfile(
+        label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
+        compute_s=own_compute if compute_s is None else compute_s, arithmetic_s=arithmetic,
+        payload_bytes=metrics.per_step(steady, cfg, "payload_bytes"),
+        collectives=metrics.per_step(steady, cfg, "collectives"), world_size=cfg.get("world_size", 2),
+        run_id=run_id, measured_over=link_of(cfg) or "loopback", steady_steps=len(steady),
+        comm_here_s=here, sharding=cfg["sharding"], sharded=moved)
 
 
 def traffic(cfg: dict) -> tuple[str, int, int]:
