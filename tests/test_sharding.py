@@ -1,7 +1,6 @@
 """Sharded training (``sharding`` fsdp and hsdp): the settings refused before anything starts, the
 rule that picks the units ``fully_shard`` goes on, and real Gloo ranks on which an fp32 FSDP2 run
 ends where the DDP run does and HSDP with a plain all-reduce where FSDP does."""
-import dataclasses
 import json
 import math
 
@@ -251,8 +250,8 @@ def _hsdp_powersgd(rank: int, world: int, report) -> None:
     work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
     sharded = sharding.shard(work.model, cfg, world, torch.device("cpu"), "gloo")
     log: list = []
-    choice = sharded.replica.choice
-    sharded.replica.choice = dataclasses.replace(choice, hook=_recording(choice.hook, log))
+    choice = sharded.choice
+    sharded.replica.hook = _recording(choice.hook, log)
     optimizer = make_optimizer(cfg, work.model.parameters())
     batches = work.batches()
     for _ in range(cfg.steps):

@@ -75,7 +75,8 @@ def shard(model: torch.nn.Module, cfg: RunConfig, world: int, device: torch.devi
     # FSDP reads the hook's result as soon as it returns: the variants that wait in the hook.
     choice = registry.choose(dataclasses.replace(cfg, overlap=False), backend,
                              process_group=mesh["replicate"].get_group())
-    replica = ReplicaAllReduce(choice, [unit for _, unit in units] + [model], mesh["shard"].size())
+    replica = ReplicaAllReduce(choice.hook, choice.state, [unit for _, unit in units] + [model],
+                               mesh["shard"].size())
     return Sharded(mesh, [name for name, _ in units], choice, replica)
 
 

@@ -91,18 +91,25 @@ def regions(module: nn.Module, shards: int) -> list[Region]:
 
 
 class ReplicaAllReduce:
-    """The all-reduce between replicas of one run: ``choice``'s hook (``registry.HookChoice``, on
-    the replica group) on each unit's shards, as FSDP calls the units' hooks in backward."""
+    """The all-reduce between replicas: ``hook(state, bucket)``, a DDP hook whose state names the
+    replica group (one that waits in its body: PyTorch's fp16 hook, commlab's
+    ``blocking_powerSGD_hook``), on each unit's shards, as FSDP calls the units' hooks in backward.
+    Set on ``modules`` (every module ``fully_shard`` was called on; those holding no parameters of
+    their own are passed over), each sharded over ``shards`` ranks::
 
-    def __init__(self, choice, units: list[nn.Module], shards: int):
-        self.choice = choice
-        self.layouts = [regions(u, shards) for u in units]
+        ReplicaAllReduce(blocking_powerSGD_hook, PowerSGDState(mesh["replicate"].get_group(), ...),
+                         [*units, model], mesh["shard"].size())
+    """
+
+    def __init__(self, hook, state, modules: list[nn.Module], shards: int):
+        self.hook, self.state = hook, state
+        self.layouts = [regions(u, shards) for u in modules]
         self.held = [i for i, layout in enumerate(self.layouts) if layout]  # units with a param group
         self.calls = 0  # this step's so far
         self.handed: list[int] = []  # since ``take``: each call's bytes, what a plain all-reduce would carry
         self.hook_s = 0.0  # since ``take``: time in the hook, collectives and waiting included
         for i in self.held:
-            units[i].set_all_reduce_hook(lambda output, i=i: self(i, output))
+            modules[i].set_all_reduce_hook(lambda output, i=i: self(i, output))
 
     def take(self) -> tuple[list[int], float]:
         """Each call's bytes and the seconds in the hook since the last ``take`` (a step's)."""
@@ -123,7 +130,7 @@ class ReplicaAllReduce:
             self.calls = 0
         bucket = ShardBucket(index, torch.cat(shards), [r.shape for r in layout], last)
         self.handed.append(bucket.buffer().numel() * bucket.buffer().element_size())
-        averaged = self.choice.hook(self.choice.state, bucket).wait()
+        averaged = self.hook(self.state, bucket).wait()
         offset = 0
         for shard in shards:
             shard.copy_(averaged[offset:offset + shard.numel()])
