@@ -457,3 +457,63 @@ def test_hsdp_keeps_its_shard_group_and_adds_replicas_at_scale():
     # a DDP run of the job is the baseline; a sharded allreduce run is not
     from commlab.tune import baseline
     assert not baseline.is_baseline(cfg, "allreduce") and baseline.is_baseline({"hook": "allreduce"}, "allreduce")
+
+
+# --------------------------------------------------------------------------- the export
+def _exported(rank: int, world: int, report, cfg: RunConfig, text: str) -> None:
+    """The fsdp export pasted as it is after the model is built, trained as the lab trains, beside
+    the lab's own sharding of the same model: the same losses, bit for bit."""
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+
+    losses = {}
+    for how in ("exported", "lab"):
+        torch.manual_seed(cfg.seed)
+        work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+        model = work.model
+        if how == "exported":
+            pasted = {"model": model}
+            exec(compile(text, "fsdp_sharding.py", "exec"), pasted)
+        else:
+            sharding.shard(model, cfg, world, torch.device("cpu"), "gloo")
+        optimizer = make_optimizer(cfg, model.parameters())
+        batches, losses[how] = work.batches(), []
+        for _ in range(cfg.steps):
+            loss = work.loss_of(model, next(batches))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses[how].append(loss.item())
+    report((rank, losses, getattr(pasted.get("state"), "iter", None)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [{"sharding": "hsdp", "hook": "powersgd", "start_powerSGD_iter": 2},
+                                      {"sharding": "fsdp", "reduce_dtype": "bf16", "reshard_after_forward": False}])
+def test_the_fsdp_export_runs_as_pasted_on_4_gloo_ranks_as_the_lab_ran(settings):
+    from commlab.tune import export
+
+    cfg = RunConfig(workload="mlp", world_size=4, steps=5, batch_size=BATCH, seed=SEED, **settings)
+    text = export.render(cfg, "fsdp", export.Target(backend="gloo")).text
+    for rank, losses, iters in run_ranks(_exported, 4, (cfg, text), timeout_s=600):
+        assert losses["exported"] == losses["lab"], rank
+        assert iters == (5 if cfg.hook == "powersgd" else None)
+
+
+def test_a_sharded_run_exports_as_fsdp_code_not_as_ddp_code():
+    from commlab.tune import export
+
+    cfg = RunConfig(sharding="hsdp", world_size=4, hook="powersgd")
+    assert export.formats_for(cfg) == ("json", "toml", "fsdp", "torchrun", "slurm")
+    text = export.render(cfg, "fsdp", export.Target(backend="gloo")).text
+    assert "mesh_dim_names=('replicate', 'shard')" in text and "fully_shard(model, **options)" in text
+    assert "commlab_hooks.ReplicaAllReduce(commlab_powersgd.blocking_powerSGD_hook, state" in text
+    assert 'process_group=mesh["replicate"].get_group()' in text
+    with pytest.raises(export.ExportRefused, match="exports as json, toml, fsdp"):
+        export.render(cfg, "ddp")
+    with pytest.raises(export.ExportRefused, match="a ddp run exports as"):
+        export.render(RunConfig(), "fsdp")
+    with pytest.raises(export.ExportRefused, match="replicas=2 does not divide the target's 3 ranks"):
+        export.render(cfg, "torchrun", export.Target(nproc_per_node=3))
+    native = export.render(RunConfig(sharding="hsdp", world_size=4), "fsdp").text  # FSDP's own all-reduce
+    assert "ReplicaAllReduce" not in native and "options = dict(mesh=mesh," in native
