@@ -454,9 +454,9 @@ def test_hsdp_keeps_its_shard_group_and_adds_replicas_at_scale():
     sharded_part = p.sharding_only().wire_bytes(64)
     assert sharded_part == pytest.approx(p.sharding_only().wire_bytes(4))
     assert p.wire_bytes(64) - sharded_part == pytest.approx(ring.wire_bytes(PADDED / 2, 32), rel=1e-5)
-    # a DDP run of the job is the baseline; a sharded allreduce run is not
-    from commlab.tune import baseline
-    assert not baseline.is_baseline(cfg, "allreduce") and baseline.is_baseline({"hook": "allreduce"}, "allreduce")
+    # a sharded allreduce run calibrates no loopback (its all-reduce is no DDP hook's): a DDP run does
+    from commlab.config import is_plain_allreduce
+    assert not is_plain_allreduce(cfg) and is_plain_allreduce({"hook": "allreduce"})
 
 
 # --------------------------------------------------------------------------- the export

@@ -41,6 +41,5 @@ def check(name: Any, field: str = "against") -> str:
 def is_baseline(cfg: Mapping[str, Any], name: str) -> bool:
     """Whether a stored config (or a what-if row) runs baseline ``name``: its hook unwrapped, or,
     for a 16-bit one, plain allreduce in PyTorch's compress wrapper of that precision (the same
-    bytes on the wire); DDP's only, not a sharded run's."""
-    return (cfg.get("hook"), cfg.get("wrapper", "none")) in ((name, "none"), (BASELINE, name)) \
-        and cfg.get("sharding", "ddp") == "ddp"
+    bytes on the wire)."""
+    return (cfg.get("hook"), cfg.get("wrapper", "none")) in ((name, "none"), (BASELINE, name))
