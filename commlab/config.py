@@ -32,7 +32,9 @@ from commlab.config_fields import (
     MAX_STEPS,
     MAX_TRACED_STEPS,
     OPTIMIZERS,
+    REDUCE_DTYPES,
     RESOLVED_BACKENDS,
+    SHARDINGS,
     SHOWN_CHARS,
     Bounds,
     ConfigError,
@@ -47,7 +49,7 @@ from commlab.hook_specs import BASELINE, HOOKS, OUTER_PRECISIONS, SPECS, WRAPPER
 # The public names: the table's and what reads it back, and those of the modules it was split into,
 # importable from here as they were before the split.
 __all__ = ["BACKENDS", "GROUPS", "HOOK_GROUPS", "HOOKS", "IMPLS", "MAX_STEPS", "MAX_TRACED_STEPS", "OPTIMIZERS",
-           "RESOLVED_BACKENDS", "RULES", "SHOWN_CHARS", "WRAPPERS", "Bounds", "ConfigError", "RunConfig", "Setting",
+           "REDUCE_DTYPES", "RESOLVED_BACKENDS", "RULES", "SHARDINGS", "SHOWN_CHARS", "WRAPPERS", "Bounds", "ConfigError", "RunConfig", "Setting",
            "applies", "default_runs_dir", "is_plain_allreduce", "label_of", "link_label", "link_of",
            "own_settings", "runs_dir_error", "setting", "settings", "shown"]
 
@@ -199,6 +201,24 @@ class RunConfig:
         "DDP turns the cap into a byte count; past 64 GiB it is more than any model here, and "
         "past the model's size it makes one bucket"), lo_open=True), export=True, label="bucket cap (MiB)", help=(
         "DDP's bucket_cap_mb: it starts a new bucket once one reaches this many MiB."))
+    # -- sharding (commlab.engine.sharding): FSDP2's fully_shard in place of DDP
+    sharding: str = setting("ddp", choices=SHARDINGS, group="sharding", help=(
+        "ddp: every rank holds the whole model and DDP all-reduces the gradients through the hook. "
+        "fsdp: FSDP2's fully_shard per layer of the workload (every direct child module that holds "
+        "parameters, or the model's own fsdp_units()), then on the root: each rank holds a shard, "
+        "all-gathers a layer's parameters to use it and reduce-scatters its gradients. hsdp: shards "
+        "within each of `replicas` groups, replicated across them, with an all-reduce between replicas."))
+    replicas: int = setting(2, group="sharding", bounds=Bounds(1, 64, (
+        "replica groups; it must divide the number of ranks")), label="replicas (HSDP)", help=(
+        "HSDP's R: the ranks form an R x (ranks / R) mesh (init_device_mesh dims 'replicate', "
+        "'shard'); each replica shards the model over its ranks/R ranks. Read only by hsdp."))
+    reduce_dtype: str = setting("fp32", choices=REDUCE_DTYPES, group="sharding", help=(
+        "MixedPrecisionPolicy's reduce_dtype: what FSDP reduce-scatters (and HSDP all-reduces) the "
+        "gradients in; bf16 halves the bytes. Read only by fsdp and hsdp."))
+    reshard_after_forward: bool = setting(True, group="sharding", help=(
+        "fully_shard's reshard_after_forward: free each layer's gathered parameters after forward and "
+        "all-gather them again in backward (less memory, one more all-gather per layer); off, they "
+        "stay gathered until backward. Read only by fsdp and hsdp."))
     workload: str = setting("charlm", group="workload", help=(
         "A built-in model and data, or your own module:function returning (model, batches); the "
         "module is imported from the folder the lab started in."))
@@ -432,8 +452,9 @@ def applies(s: Setting, hook: str) -> bool:
 
 def is_plain_allreduce(cfg: dict) -> bool:
     """Whether a stored config is DDP's own behaviour: the run that calibrates the what-if model, and
-    the default baseline (``commlab.tune.baseline`` has the 16-bit ones)."""
-    return cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
+    the default baseline (``commlab.tune.baseline`` has the 16-bit ones); a sharded run is not."""
+    return (cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
+            and cfg.get("sharding", "ddp") == "ddp")
 
 
 def own_settings(hook: str) -> tuple[Setting, ...]:
@@ -445,12 +466,15 @@ def own_settings(hook: str) -> tuple[Setting, ...]:
 
 
 def label_of(cfg: dict, link: bool = False, seed: bool = False) -> str:
-    """A run's settings in a few words, from its config as stored (any version of it): its hook,
-    wrapped, the values of its hook's own settings (``own_settings``; the spec's short names),
+    """A run's settings in a few words, from its config as stored (any version of it): its sharding
+    when not DDP (``hsdp×2``: its replicas), its hook, wrapped, the values of its hook's own settings (``own_settings``; the spec's short names),
     its emulated link (``link``) and its seed (``seed``): what tells apart the runs of a sweep,
     the rows of a comparison or the profiles of a what-if.  The one place a run's label is made."""
     hook, wrapper = cfg.get("hook", "?"), cfg.get("wrapper", "none")
     name = hook if wrapper == "none" else f"{wrapper}_wrapper({hook})"
+    sharding = cfg.get("sharding", "ddp")
+    if sharding != "ddp":  # a DDP run's label is as it was before sharding existed
+        name = f"{sharding}{'×' + str(cfg.get('replicas')) if sharding == 'hsdp' else ''} {name}"
     spec = SPECS.get(hook)
     for s in own_settings(hook):
         if s.group == "hook" or s.name not in cfg:

@@ -10,8 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from commlab import rules
-from commlab.config_fields import DEFAULT_TRACE_STEPS, MAX_STEPS, MAX_TRACED_STEPS, choice_error, shown
-from commlab.hook_specs import SPECS
+from commlab.config_fields import (
+    DEFAULT_TRACE_STEPS,
+    MAX_STEPS,
+    MAX_TRACED_STEPS,
+    REPLICA_HOOKS,
+    choice_error,
+    shown,
+)
+from commlab.hook_specs import BASELINE, SPECS
 from commlab.rules import Rule
 
 
@@ -38,6 +45,43 @@ def _needs_instrument(name: str) -> Rule:
     return Rule(name, ("instrument", name), lambda c: not c.instrument and bool(getattr(c, name)),
                 lambda c: f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})")
 
+
+def _not_sharded(name: str) -> Rule:
+    # Carried out by the instrumentation's wrapper around DDP's hook, which a sharded run has none of.
+    return Rule(name, ("sharding", name), lambda c: c.sharding != "ddp" and bool(getattr(c, name)),
+                lambda c: (f"is not carried out on a {c.sharding} run (got {shown(getattr(c, name))}): the "
+                           "instrumentation measures DDP's hook, and FSDP calls none; use sharding ddp"))
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+# The rules of a sharded run (``sharding`` fsdp or hsdp): what FSDP2 can be asked, refused before
+# anything starts.
+SHARDING_RULES: tuple[Rule, ...] = (
+    Rule("replicas", ("sharding", "world_size", "replicas"),
+         lambda c: c.sharding == "hsdp" and c.world_size % c.replicas != 0,
+         lambda c: (f"{c.world_size} ranks cannot form {c.replicas} replicas of equal size: HSDP runs "
+                    f"replicas x (ranks / replicas) shards; with {c.world_size} ranks use one of "
+                    f"{_divisors(c.world_size)}")),
+    Rule("hook", ("sharding", "hook"), lambda c: c.sharding == "fsdp" and c.hook != BASELINE,
+         lambda c: (f"fsdp has no all-reduce between replicas for {c.hook} to compress (FSDP's own "
+                    "reduce-scatter averages the gradients); use sharding hsdp, or hook allreduce")),
+    Rule("hook", ("sharding", "hook"), lambda c: c.sharding == "hsdp" and c.hook not in REPLICA_HOOKS,
+         lambda c: (f"{c.hook} has no sharded form: it sends what DDP's gradient buckets give it; "
+                    f"between HSDP's replicas (on each rank's shard) the lab runs "
+                    f"{', '.join(REPLICA_HOOKS)}")),
+    Rule("wrapper", ("sharding", "wrapper"), lambda c: c.sharding != "ddp" and c.wrapper != "none",
+         lambda c: (f"a compress wrapper casts DDP's gradient buckets, and a {c.sharding} run has none: "
+                    "use wrapper none (reduce_dtype bf16 reduces the gradients in bf16)")),
+    *map(_not_sharded, ("error_every", "save_grads_at")),
+    Rule("trace_steps", ("sharding", "trace_steps"),
+         lambda c: c.sharding != "ddp" and c.trace_steps != list(DEFAULT_TRACE_STEPS) and bool(c.trace_steps),
+         lambda c: (f"is not carried out on a {c.sharding} run (got {shown(c.trace_steps)}): the "
+                    "timeline is recorded by the instrumentation of DDP's hook; torch_profiler "
+                    "profiles the default step")),
+)
 
 # The rules between settings, in the order their messages are given; a hook's own (its spec's
 # ``rules``) go after the first two.
@@ -71,6 +115,7 @@ RULES: tuple[Rule, ...] = (
          lambda c: f"{shown(c.workload)} {_workload_error(c.workload)}"),
     Rule("runs_dir", ("runs_dir",), lambda c: runs_dir_error(c.runs_dir) is not None,
          lambda c: runs_dir_error(c.runs_dir)),
+    *SHARDING_RULES,
 )
 
 

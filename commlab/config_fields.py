@@ -14,11 +14,18 @@ IMPLS = ("auto", "stock", "commlab")
 RESOLVED_BACKENDS = ("gloo", "nccl")  # what "auto" resolves to on a machine
 BACKENDS = ("auto", *RESOLVED_BACKENDS)
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# How the model is spread over the ranks: DDP replicates it, FSDP2 shards it over every rank, HSDP
+# shards it within each of ``replicas`` groups and replicates it across them.
+SHARDINGS = ("ddp", "fsdp", "hsdp")
+REDUCE_DTYPES = ("fp32", "bf16")  # MixedPrecisionPolicy's reduce_dtype, as the lab spells it
+# The hooks with a sharded form: what HSDP's all-reduce between replicas may be (on each rank's
+# shard); the others send what only DDP's buckets give them.
+REPLICA_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
 # The sections of the settings table, in the Launch form's order: group -> its heading.
 GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
           "workload": "Workload", "instrument": "Instrumentation and an emulated link",
           "localsgd": "Post-local SGD settings", "compressors": "Quantization and sparsification settings",
-          "diloco": "DiLoCo settings"}
+          "diloco": "DiLoCo settings", "sharding": "Sharding (FSDP2, HSDP)"}
 
 
 def default_runs_dir() -> str:

@@ -16,6 +16,11 @@ draws it once (at most ``MAX_EVAL_BATCHES`` batches) and evaluates the model on 
 workload without it trains as before, with no held-out evaluation.  A resumed run draws and
 discards the batches the first run trained on (``batches`` must give the same stream again).
 
+Sharded runs (``sharding`` fsdp or hsdp) call FSDP2's ``fully_shard`` on each of the model's
+units (``shard_units``: every direct child module that holds parameters, the items of a
+``ModuleList`` or ``ModuleDict`` one by one), then on the model.  A model may name its own units:
+a method ``fsdp_units()`` returning the modules to shard one by one (a transformer's blocks).
+
 A loss of its own (optional), for a model whose loss is neither of the lab's: return a dict by
 name, ``{"model": ..., "batches": ..., "eval_batches": ..., "loss": ...}`` (only the first two
 required), where ``loss(outputs, batch)`` returns the scalar tensor backward starts from.
@@ -76,6 +81,25 @@ class Workload:
     def loss_of(self, model, batch) -> torch.Tensor:
         """The training loss of ``model`` (the DDP wrapper in a run) on one batch."""
         return model_io.forward_loss(model, batch, self.loss)[0]
+
+
+def shard_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules a sharded run shards one by one (``fully_shard`` on each, then on the root), by
+    name: the model's own ``fsdp_units()`` when it declares one (its override of the rule), else
+    every direct child module that holds parameters, a ``ModuleList``'s or ``ModuleDict``'s items
+    one by one (a container is never called, so FSDP would never gather it).  Empty: the model has
+    no layer to shard."""
+    names = {id(m): n for n, m in model.named_modules()}
+    declared = getattr(model, "fsdp_units", None)
+    if callable(declared):
+        return [(names.get(id(m), "?"), m) for m in declared()]
+
+    def units(name: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            return [u for n, child in module.named_children() for u in units(f"{name}.{n}", child)]
+        return [(name, module)] if any(True for _ in module.parameters()) else []
+
+    return [u for n, child in model.named_children() for u in units(n, child)]
 
 
 def held_out(work: Workload) -> list | None:
@@ -391,11 +415,11 @@ DRAW_FOR_S = 10.0
 
 
 def check(spec: str, *, rank: int = 0, world_size: int = 1, batch_size: int | None = None,
-          seed: int = 0, steps: int = 1) -> str | None:
+          seed: int = 0, steps: int = 1, sharded: bool = False) -> str | None:
     """Why this workload cannot train, or None: it is loaded as rank ``rank`` is, and must have
     parameters, batches the model takes and a loss can be made of (``model_io.loss_error``), and
-    at least ``steps`` of them (counted for ``DRAW_FOR_S`` seconds at most).  Runs the user's
-    code: call it in a process of its own."""
+    at least ``steps`` of them (counted for ``DRAW_FOR_S`` seconds at most); ``sharded``: a layer
+    to shard (``shard_units``).  Runs the user's code: call it in a process of its own."""
     try:
         w = load(spec, rank, world_size, batch_size, seed)
     except ValueError as e:
@@ -403,6 +427,10 @@ def check(spec: str, *, rank: int = 0, world_size: int = 1, batch_size: int | No
     if not any(p.requires_grad for p in w.model.parameters()):
         return (f"workload {spec!r}: the model has no parameter that requires a gradient: DDP "
                 "has nothing to average")
+    if sharded and not shard_units(w.model):
+        return (f"workload {spec!r}: the model has no layer to shard: no direct child module holds "
+                "parameters (its parameters are all its own); wrap them in a layer, or declare "
+                "fsdp_units() returning the modules to shard one by one")
     error, batches = _first_batch_error(spec, w, w.batches, "batches()", "a batch")
     return error or _held_out_error(spec, w) or _too_few(spec, batches, steps)
 

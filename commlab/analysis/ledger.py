@@ -11,8 +11,8 @@ Each call is filed under the traffic it belongs to (``TRAFFIC``): the hook's (wh
 (``measure_bytes``), and the lab's own (the worker's mean loss over the ranks, one scalar allreduce
 a step, outside the hook).  Only the hook's is the algorithm's traffic; the other two are listed
 apart so that nothing the instrument counts goes unaccounted.  It holds the calls of
-``dist.all_reduce`` and ``dist.all_gather``, the two collectives the instrument wraps and the only
-ones the lab's hooks issue; the lab's object collectives (the checkpoint decision's broadcast, the
+``dist.all_reduce`` and ``dist.all_gather``, the two collectives the lab's hooks issue, and of
+``dist.all_gather_single`` and ``dist.reduce_scatter_single``, FSDP2's (a sharded run's); the lab's object collectives (the checkpoint decision's broadcast, the
 traced steps' gathers) and DDP's own allreduce before a hook is registered (a resumed run's first
 pass) are not in it.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from commlab.analysis import ring
 
-HOOK, MEASURE, OTHER = "hook", "measure", "other"
+HOOK, MEASURE, OTHER, SHARDING = "hook", "measure", "other", "sharding"
 # A row's bandwidths are gigabytes a second (GB/s), as nccl-tests prints them, while every *_gbps
 # of the lab (a link, a cluster) is gigabits: their names say so.  ledger.json files written before
 # named them algbw_gbps and busbw_gbps; ``upgraded`` reads those with today's names.
@@ -46,6 +46,9 @@ TRAFFIC = {
              "metrics.jsonl's measure_bytes)",
     OTHER: "the lab's own: the worker's mean loss over the ranks, one scalar allreduce a step, "
            "issued outside the hook",
+    SHARDING: "a sharded run's FSDP collectives: each layer's parameters all-gathered (in forward, "
+              "and again in backward when resharded after forward) and its gradients reduce-scattered "
+              "(metrics.jsonl's sharding_bytes)",
 }
 
 

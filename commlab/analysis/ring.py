@@ -45,24 +45,29 @@ def allreduce_s(payload_bytes: float, world_size: int, bandwidth_gbps: float,
 # An allgather from N ranks of s bytes each, in a ring: N-1 steps, each rank passes on one s-byte
 # piece per step, so it sends (N-1) s and takes N-1 latencies, half an allreduce's.  The byte
 # counter (``commlab.hooks.instrument``) counts every collective as the allreduce payload on all
-# N ranks that puts the same bytes on each rank's wire; ``message_bytes`` undoes that.
-ALLREDUCE, ALLGATHER = "all_reduce", "all_gather"
+# N ranks that puts the same bytes on each rank's wire; ``message_bytes`` undoes that.  A
+# reduce-scatter of S bytes (FSDP's of a layer's gradients) is an allreduce's first half: N-1
+# steps, each rank sends (N-1)/N S.
+ALLREDUCE, ALLGATHER, REDUCESCATTER = "all_reduce", "all_gather", "reduce_scatter"
 
 
 def latency_steps(collective: str, group_size: int) -> int:
     """Ring steps of one ``collective`` on ``group_size`` ranks: 2(g-1) for an allreduce, g-1 for
-    an allgather."""
-    if collective == ALLGATHER:
+    an allgather or a reduce-scatter."""
+    if collective in (ALLGATHER, REDUCESCATTER):
         return group_size - 1 if group_size > 1 else 0
     if collective == ALLREDUCE:
         return steps(group_size)
-    raise ValueError(f"unknown collective {collective!r}; known: {ALLREDUCE}, {ALLGATHER}")
+    raise ValueError(f"unknown collective {collective!r}; known: {ALLREDUCE}, {ALLGATHER}, {REDUCESCATTER}")
 
 
 def sent_bytes(collective: str, message_bytes: float, group_size: int) -> float:
-    """Bytes each rank sends: allreduce of S: 2(g-1)/g S; allgather of s from each: (g-1) s."""
+    """Bytes each rank sends: allreduce of S: 2(g-1)/g S; allgather of s from each: (g-1) s;
+    reduce-scatter of S: (g-1)/g S."""
     if collective == ALLGATHER:
         return max(group_size - 1, 0) * message_bytes
+    if collective == REDUCESCATTER:
+        return wire_bytes(message_bytes, group_size) / 2
     latency_steps(collective, group_size)  # names an unknown collective
     return wire_bytes(message_bytes, group_size)
 

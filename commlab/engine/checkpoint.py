@@ -25,6 +25,14 @@ Resuming gives the trajectory of an uninterrupted run, bit for bit, because the 
    and the first resumed step sees the layout the memories were made in.  This holds for
    commlab's PowerSGD and PyTorch's alike (PyTorch's ``PowerSGDState`` pickles without its
    process group, but a training script that loads it into a fresh DDP meets the first problem).
+
+A sharded run (``sharding`` fsdp or hsdp) saves its model and optimizer through
+``torch.distributed.checkpoint``, the ecosystem's format for sharded state, into ``checkpoint/dcp``
+(each rank writes its own shards; ``get_state_dict`` names them as the unsharded model would), and
+the rest (rank, step, hook state, RNG) in its rank files as above.  Its resume loads them back
+into the freshly sharded model and optimizer (``set_state_dict``) and needs no rebuild pass (FSDP
+has no buckets), so it runs none: the pass would call the hook between replicas and change its
+state.
 """
 from __future__ import annotations
 
@@ -40,6 +48,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from commlab import files, model_io, workloads
 from commlab.config import ConfigError, RunConfig
@@ -47,6 +57,7 @@ from commlab.engine import run_folder, store
 from commlab.hook_specs import SPECS, HookSpec
 
 FOLDER, RECORD = "checkpoint", "checkpoint.json"
+SHARDED = "dcp"  # under FOLDER: a sharded run's model and optimizer, torch.distributed.checkpoint's
 # The settings a resumed run may change: they decide how long it goes and what is measured or
 # recorded, not the values it computes.  Every other setting must stay as the checkpoint's run had it.
 FREE = ("steps", "eval_every", "save_checkpoint", "instrument", "error_every", "save_grads_at",
@@ -110,18 +121,31 @@ def room_left(folder: run_folder.RunFolder) -> int:
     return shutil.disk_usage(folder.path).free
 
 
+def sharded_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / FOLDER / SHARDED
+
+
+def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A sharded model's and optimizer's state as DCP saves and loads it (each rank its shards)."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
 def save(folder: run_folder.RunFolder, rank: int, world: int, step: int, model: torch.nn.Module,
-         optimizer: torch.optim.Optimizer, state: object, spec: HookSpec) -> None:
+         optimizer: torch.optim.Optimizer, state: object, spec: HookSpec, sharded: bool = False) -> None:
     """Every rank calls it after ``step``, the run's last; rank 0 marks the checkpoint complete
     once every rank has written its file (a barrier: no hook is involved).  Each file says whose
     it is (its rank, the ranks and the run that saved it, the step, the hook), so that a resume
-    can check it before anything starts.
+    can check it before anything starts.  ``sharded``: the model and optimizer through DCP, every
+    rank's shards (a collective).
     A full disk is named (the file, no space left) and leaves no partial file."""
     path = rank_file(folder.path, rank)
     path.parent.mkdir(exist_ok=True)
     saved = {"rank": rank, "world_size": world, "run": folder.id, "step": step, "hook_name": spec.name,
-             "hook": hook_state(state, spec), "rng": torch.get_rng_state()}
-    if rank == 0:
+             "hook": hook_state(state, spec), "rng": torch.get_rng_state(), "sharded": sharded}
+    if sharded:
+        dcp.save(_sharded_state(model, optimizer), checkpoint_id=sharded_dir(folder.path))
+    elif rank == 0:
         saved |= {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -140,24 +164,35 @@ def save(folder: run_folder.RunFolder, rank: int, world: int, step: int, model: 
 
 # ---------------------------------------------------------------------------- resuming (workers)
 def load(run_dir: str | os.PathLike, rank: int) -> dict:
-    """This rank's checkpoint, with rank 0's model and optimizer."""
+    """This rank's checkpoint, with rank 0's model and optimizer (a sharded run's are in DCP's
+    files: ``load_sharded``)."""
     saved = torch.load(rank_file(run_dir, rank), map_location="cpu", weights_only=True)
-    if rank != 0:
+    if rank != 0 and not saved.get("sharded"):
         first = torch.load(rank_file(run_dir, 0), map_location="cpu", weights_only=True)
         saved |= {"model": first["model"], "optimizer": first["optimizer"]}
     return saved
 
 
-def continue_batches(ddp: torch.nn.Module, work: workloads.Workload, done: int, device: torch.device):
+def load_sharded(run_dir: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A sharded run's model and optimizer put back from DCP's files (every rank its shards)."""
+    state = _sharded_state(model, optimizer)
+    dcp.load(state, checkpoint_id=sharded_dir(run_dir))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def continue_batches(ddp: torch.nn.Module, work: workloads.Workload, done: int, device: torch.device,
+                     rebuild: bool = True):
     """The workload's batches from step ``done`` on, after DDP has rebuilt its buckets (see the
-    module's docstring, 1 and 3): call it before registering the hook."""
+    module's docstring, 1 and 3): call it before registering the hook.  ``rebuild`` False: no
+    pass (a sharded run's)."""
     it = iter(work.batches())
     for _ in range(done):
         next(it)
     batch = next(it)
-    work.loss_of(ddp, model_io.to_device(batch, device)).backward()
-    for p in ddp.parameters():
-        p.grad = None
+    if rebuild:
+        work.loss_of(ddp, model_io.to_device(batch, device)).backward()
+        for p in ddp.parameters():
+            p.grad = None
     return itertools.chain([batch], it)
 
 
@@ -272,19 +307,39 @@ def _file_errors(cfg_json: str, run_dir: str, record_json: str, stamp: tuple) ->
             wants = f"{spec.state.attr}'s {', '.join(spec.checkpoint.keeps)}" if spec.checkpoint.keeps else "no state"
             return (f"{name} holds {holds}, and {cfg.hook} keeps {wants}: it was saved by a run "
                     "of another hook")
-        if rank == 0:
-            why = _model_errors(cfg, saved.get("model"))
+        if rank == 0 and saved.get("sharded"):
+            shapes = _sharded_shapes(run_dir)
+            if shapes is None:
+                return f"{FOLDER}/{SHARDED} cannot be read: the sharded checkpoint is missing or incomplete"
+            why = _model_errors(cfg, shapes)
+            if why:
+                return f"{FOLDER}/{SHARDED}: {why}"
+        elif rank == 0:
+            model = saved.get("model")
+            why = _model_errors(cfg, {k: tuple(v.shape) for k, v in model.items()}
+                                if isinstance(model, dict) else None)
             if why:
                 return f"{name}: {why}"
     return None
 
 
-def _model_errors(cfg: RunConfig, model: dict | None) -> str | None:
-    """Why rank 0's model does not fit the run's workload (its parameters' names and shapes)."""
+def _sharded_shapes(run_dir: Path) -> dict[str, tuple] | None:
+    """The model's parameter shapes (whole, unsharded) in a sharded checkpoint's metadata; None
+    when it cannot be read."""
+    try:
+        metadata = dcp.FileSystemReader(sharded_dir(run_dir)).read_metadata()
+    except Exception:  # whatever is there, it is no readable checkpoint
+        return None
+    return {key[len("model."):]: tuple(held.size) for key, held in metadata.state_dict_metadata.items()
+            if key.startswith("model.") and hasattr(held, "size")}
+
+
+def _model_errors(cfg: RunConfig, model: dict[str, tuple] | None) -> str | None:
+    """Why rank 0's model (its parameters' shapes by name) does not fit the run's workload."""
     from commlab.analysis.rule import named_shapes
     from commlab.engine import workload_probe
 
-    if not isinstance(model, dict):
+    if model is None:
         return "holds no model (rank 0's file holds it)"
     if cfg.workload in workloads.BUILTIN:
         shapes = named_shapes(workloads.load(cfg.workload, 0, cfg.world_size, cfg.batch_size, cfg.seed).model)
@@ -292,8 +347,8 @@ def _model_errors(cfg: RunConfig, model: dict | None) -> str | None:
         shapes = workload_probe.shapes(cfg.workload)
     for name, shape in shapes:
         held = model.get(name)
-        if held is None or tuple(held.shape) != tuple(shape):
-            got = "no such parameter" if held is None else f"shape {tuple(held.shape)}"
+        if held is None or held != tuple(shape):
+            got = "no such parameter" if held is None else f"shape {held}"
             return (f"its model is not {cfg.workload}'s: parameter {name} is {tuple(shape)} in "
                     f"{cfg.workload}, {got} in the checkpoint")
     return None

@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from commlab.analysis import ring
 from commlab.analysis.ring import wire_bytes
-from commlab.hooks.instrument import OTHER, CollectiveCounter, HookInstrument, Link, error_feedback_norm
+from commlab.hooks.instrument import (
+    OTHER,
+    SHARDING,
+    CollectiveCounter,
+    HookInstrument,
+    Link,
+    error_feedback_norm,
+)
 
 
 @dataclass
@@ -118,6 +126,56 @@ class Measurement(Unmeasured):
                       "layers": rec.layer_errors, "ef_residual_norm": error_feedback_norm(state)}
         layout = sorted(rec.layouts, key=lambda b: b["index"]) if rec.layouts else None
         return Measured(row, layout, errors, rec.grads, rec.layer_errors if self.measuring else [])
+
+    def close(self) -> None:
+        self.counter.uninstall()
+
+
+class ShardedMeasurement(Unmeasured):
+    """A sharded run's: every collective counted (``CollectiveCounter``), over the emulated link the
+    settings name.  HSDP's all-reduce between replicas, FSDP's own or the lab's
+    (``commlab.hooks.replica``), is the hook's traffic (``replica_bytes``); FSDP's all-gathers and
+    reduce-scatters are the sharding's (``sharding_bytes``), by the same ruler.  ``payload_bytes``
+    is both, what the run put on the wire, against ``plain_bytes``, what DDP's plain allreduce of the
+    whole model would (its fp32 gradients), so that a sharded run's bytes read beside a DDP run's.
+    No hook is wrapped: FSDP calls no DDP hook."""
+
+    def __init__(self, cfg, world: int, replica, model_bytes: int):
+        self.world, self.replica, self.replicas, self.model_bytes = world, replica, cfg.replicas, model_bytes
+        self.counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us),
+                                         world).install()
+        super().__init__(None)
+        self.sent_total = self.plain_total = 0
+
+    def not_the_hooks(self):
+        """Collectives issued here are the lab's own, not the hook's traffic."""
+        return self.counter.category(OTHER)
+
+    def ledger(self) -> list[dict]:
+        return self.counter.ledger_rows()
+
+    def take(self, step: int, state) -> Measured:
+        nbytes, calls, timing = self.counter.take()
+        replica = nbytes["hook"]
+        # FSDP's own all-reduce is plain, and not timed: it is not a hook
+        replica_plain, hook_s = replica, None
+        if self.replica:
+            handed, hook_s = self.replica.take()
+            # counted as the counter counts each all-reduce on the replica group: by the world's ruler
+            replica_plain = sum(round(ring.sent_bytes(ring.ALLREDUCE, b, self.replicas) / ring.factor(self.world))
+                                for b in handed)
+        sent = replica + nbytes[SHARDING]
+        self.sent_total += sent
+        self.plain_total += self.model_bytes
+        return Measured({"payload_bytes": sent, "wire_bytes": wire_bytes(sent, self.world),
+                         "plain_bytes": self.model_bytes, "collectives": calls["hook"] + calls[SHARDING],
+                         "hook_s": hook_s,
+                         "compression_ratio": self.plain_total / self.sent_total if self.sent_total else None,
+                         "replica_bytes": replica, "replica_plain_bytes": replica_plain,
+                         "replica_collectives": calls["hook"],
+                         "sharding_bytes": nbytes[SHARDING], "sharding_collectives": calls[SHARDING],
+                         **timing, "measure_bytes": nbytes["measure"],
+                         "powersgd_iter": getattr(state, "iter", None)})
 
     def close(self) -> None:
         self.counter.uninstall()

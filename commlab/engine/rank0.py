@@ -5,7 +5,8 @@ layers.json once, then each step's metrics line, the bucket layouts, the approxi
 saved gradients, PowerSGD's pitfalls, the traced steps' timeline, the held-out evaluations, its
 communication ledger (about once a second, and as the run ends), and how the run ended.  Every
 other rank gets ``NoRecord``, whose methods do nothing, so the training loop is the same on every
-rank.  ``close`` closes every file it opened.
+rank; in a sharded run, ``ShardedPeer``, which evaluates with rank 0 (FSDP gathers each layer's
+parameters from every rank for the forward).  ``close`` closes every file it opened.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ class NoRecord:
     def evaluate(self, step: int) -> None:
         pass
 
+    def memory(self, per_rank: list[dict]) -> None:
+        pass
+
     def diverged(self, step: int, loss: float) -> None:
         pass
 
@@ -50,28 +54,53 @@ class NoRecord:
         pass
 
 
+def eval_due(cfg, step: int) -> bool:
+    """Whether the held-out set is evaluated after ``step``: every ``eval_every`` steps and after the last."""
+    return cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1)
+
+
+class ShardedPeer(NoRecord):
+    """A rank other than 0 of a sharded run: it writes nothing, and runs the held-out evaluation's
+    forward passes with rank 0, whose all-gathers need every rank of the shard group."""
+
+    def __init__(self, job):
+        self.job = job
+        self.held_out = workloads.held_out(job.work) if job.cfg.eval_every > 0 else None
+
+    def evaluate(self, step: int) -> None:
+        if self.held_out and eval_due(self.job.cfg, step):
+            work = self.job.work
+            with self.job.measure.not_the_hooks():  # its all-gathers are not a step's
+                workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
+
+
 class Rank0Record(NoRecord):
     def __init__(self, job):
         self.job, cfg, folder = job, job.cfg, job.folder
         self.folder = folder
-        store.write_json(folder.file("meta.json"), {
+        self.meta = {
             "torch_version": torch.__version__, "python": sys.version.split()[0],
             "backend": job.backend, "world_size": job.world, "device": str(job.device),
             "hook_impl": job.choice.impl, "hook_name": job.choice.name, "hook_reason": job.choice.reason,
             "num_parameters": sum(p.numel() for p in job.model.parameters()),
-            "loss": job.loss_source,
-            "instrumented": cfg.instrument, "emulated_link": {
+            "loss": job.loss_source, "sharding": cfg.sharding,
+            **({"sharded": job.sharded.record()} if job.sharded else {}),
+            "instrumented": cfg.instrument and not job.sharded, "emulated_link": {
                 "bandwidth_gbps": cfg.emulate_bandwidth_gbps, "latency_us": cfg.emulate_latency_us}
             if (cfg.emulate_bandwidth_gbps or cfg.emulate_latency_us) else None,
-            "checkpoint": job.checkpoint_note, "phases": job.phases, "started_at": time.time()})
+            "checkpoint": job.checkpoint_note, "phases": job.phases, "started_at": time.time()}
+        store.write_json(folder.file("meta.json"), self.meta)
         store.write_json(folder.file("layers.json"), [
-            {**d.as_dict(), "applies": job.choice.spec.layerwise} for d in job.rule.layers])
+            # a sharded run's hook compresses shards, not these whole layers
+            {**d.as_dict(), "applies": job.choice.spec.layerwise and not job.sharded} for d in job.rule.layers])
         self.metrics = store.JsonlWriter(folder.file("metrics.jsonl"))
         self.errors = store.JsonlWriter(folder.file("errors.jsonl"))
         self.pitfalls = None  # made with the first pitfall: most runs have none
-        # PowerSGD's memories watched for its pitfalls (rank 0's own: no collective).
+        # PowerSGD's memories watched for its pitfalls (rank 0's own: no collective); not in a
+        # sharded run, whose memories no DDP bucket layout names.
         spec = job.choice.spec
-        self.watch = pitfalls.Watch(job.choice.state, layerwise=spec.layerwise) if spec.pitfalls else None
+        self.watch = (pitfalls.Watch(job.choice.state, layerwise=spec.layerwise)
+                      if spec.pitfalls and not job.sharded else None)
         # A held-out set drawn once, before the clock starts.
         self.held_out = workloads.held_out(job.work) if cfg.eval_every > 0 else None
         self.evals = store.JsonlWriter(folder.file("evals.jsonl")) if self.held_out else None
@@ -137,15 +166,21 @@ class Rank0Record(NoRecord):
     def evaluate(self, step: int) -> None:
         """On the held-out set every ``eval_every`` steps and after the last, outside the timed
         step (the other ranks wait in the next step's collectives)."""
-        cfg = self.job.cfg
-        if not self.held_out or not ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
+        if not self.held_out or not eval_due(self.job.cfg, step):
             return
         t_eval = time.perf_counter()
         work = self.job.work
-        result = workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
+        with self.job.measure.not_the_hooks():  # a sharded run's all-gathers are not a step's
+            result = workloads.evaluate(self.job.model, self.held_out, work.eval_metric, self.job.device, work.loss)
         eval_s = time.perf_counter() - t_eval
         self.eval_total += eval_s
         self.evals.write({"step": step, **result, "eval_s": eval_s})
+
+    def memory(self, per_rank: list[dict]) -> None:
+        """meta.json again, with what each rank holds of the parameters, gradients and optimizer
+        state (bytes, by rank): what sharding divides."""
+        self.meta["memory_per_rank"] = per_rank
+        store.write_json(self.folder.file("meta.json"), self.meta)
 
     def diverged(self, step: int, loss: float) -> None:
         why = self.watch.reason() if self.watch else None
@@ -163,7 +198,7 @@ class Rank0Record(NoRecord):
         run ended inside; the ledger as it ended."""
         self._write_timeline()
         self._write_ledger()
-        if self.job.cfg.instrument:
+        if self.job.cfg.instrument and not self.job.sharded:  # DDP's buckets
             self._write_buckets()
 
     def close(self) -> None:
@@ -173,7 +208,7 @@ class Rank0Record(NoRecord):
                 writer.close()
 
     def _write_buckets(self) -> None:
-        logging = self.job.ddp._get_ddp_logging_data()
+        logging = self.job.trained._get_ddp_logging_data()
         store.write_json(self.folder.file("buckets.json"), {
             "bucket_cap_mb": self.job.cfg.bucket_cap_mb, **self.layouts,
             "ddp_logging": {k: logging.get(k) for k in

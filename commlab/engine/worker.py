@@ -32,9 +32,9 @@ from commlab import model_io, workloads
 from commlab.analysis.rule import RuleSummary, apply_rule, layouts, named_shapes
 from commlab.analysis.units import human_bytes
 from commlab.config import RunConfig
-from commlab.engine import checkpoint, procs, run_folder, store
-from commlab.engine.measurement import Measurement, Unmeasured
-from commlab.engine.rank0 import NoRecord, Rank0Record
+from commlab.engine import checkpoint, procs, run_folder, sharding, store
+from commlab.engine.measurement import Measurement, ShardedMeasurement, Unmeasured
+from commlab.engine.rank0 import NoRecord, Rank0Record, ShardedPeer
 from commlab.engine.teardown import end_process_group
 from commlab.hooks import comm_thread, registry
 from commlab.seeds import stream_seed
@@ -65,7 +65,7 @@ def run(run_dir: Path) -> None:
     collectives' counter removed, its objects dropped)."""
     job = setup(run_dir)
     cfg, measure = job.cfg, job.measure
-    record = Rank0Record(job) if job.rank == 0 else NoRecord()
+    record = Rank0Record(job) if job.rank == 0 else ShardedPeer(job) if job.sharded else NoRecord()
     try:
         for step in range(job.first, cfg.steps):
             batch = model_io.to_device(next(job.batches), job.device)
@@ -74,6 +74,8 @@ def run(run_dir: Path) -> None:
                 loss, step_s = train_step(job, batch)
             record.timeline(step, measure.timeline())
             record.step(step, loss, step_s, measure.take(step, job.choice.state))
+            if step == job.first:  # the optimizer's state exists from its first step on
+                record.memory(memory_per_rank(job))
             if not math.isfinite(loss):  # every rank sees the same mean loss, and stops here
                 record.diverged(step, loss)
                 break
@@ -81,7 +83,7 @@ def run(run_dir: Path) -> None:
         else:
             if job.save_checkpoint:
                 checkpoint.save(job.folder, job.rank, job.world, cfg.steps - 1, job.model,
-                                job.optimizer, job.choice.state, job.choice.spec)
+                                job.optimizer, job.choice.state, job.choice.spec, sharded=bool(job.sharded))
             record.finished(cfg.steps - 1)
         record.end()
     finally:
@@ -95,7 +97,7 @@ def run(run_dir: Path) -> None:
 def train_step(job: Job, batch) -> tuple[float, float]:
     """One training step, the same on every rank: the loss averaged over the ranks, and its time."""
     t0 = time.perf_counter()
-    loss = job.work.loss_of(job.ddp, batch)
+    loss = job.work.loss_of(job.trained, batch)
     # The mean loss over ranks: every rank then agrees on divergence at the same step.  Issued
     # before backward, so that it overlaps it, and before any hook's collective, so that every
     # rank issues it in the same place.
@@ -104,14 +106,23 @@ def train_step(job: Job, batch) -> tuple[float, float]:
         loss_work = dist.all_reduce(mean_loss, async_op=True)
     job.optimizer.zero_grad(set_to_none=True)
     with job.measure.phase("backward"):
-        loss.backward()  # DDP waits here for every bucket's hook future
+        loss.backward()  # DDP waits here for every bucket's hook future, FSDP for its reduce-scatters
     with job.measure.phase("optimizer"):
         job.optimizer.step()
     if job.choice.averager:  # post-local SGD's, DiLoCo's: its collectives are the hook's traffic
         with job.measure.phase("averaging"):
-            job.choice.averager.average_parameters(job.ddp.parameters())
+            job.choice.averager.average_parameters(job.trained.parameters())
     loss_work.wait()
     return mean_loss.item() / job.world, time.perf_counter() - t0
+
+
+def memory_per_rank(job: Job) -> list[dict[str, int]]:
+    """What every rank holds of the parameters, gradients and optimizer state, in bytes, by rank
+    (``sharding.memory_held``): a collective, outside the timed step."""
+    gathered: list = [None] * job.world
+    with job.measure.not_the_hooks():
+        dist.all_gather_object(gathered, sharding.memory_held(job.model, job.optimizer))
+    return gathered
 
 
 @dataclass
@@ -126,7 +137,8 @@ class Job:
     device: torch.device
     work: workloads.Workload
     model: torch.nn.Module
-    ddp: DDP
+    trained: torch.nn.Module  # what forward and backward run on: DDP's wrapper, or the sharded model
+    sharded: sharding.Sharded | None  # how a sharded run's model was sharded; None under DDP
     choice: registry.HookChoice
     rule: RuleSummary
     optimizer: torch.optim.Optimizer
@@ -140,9 +152,10 @@ class Job:
 
 
 def setup(run_dir: Path) -> Job:
-    """In the process group joined: the workload, DDP, the hook (measured, unless instrument is
-    off), the optimizer, and a resumed run's checkpoint, then the hook registered; and whether the
-    disk has room for the checkpoint."""
+    """In the process group joined: the workload, DDP (or FSDP2's ``fully_shard``: ``sharding``),
+    the hook (measured, unless instrument is off or the run is sharded), the optimizer, and a
+    resumed run's checkpoint, then the hook registered; and whether the disk has room for the
+    checkpoint."""
     folder = run_folder.RunFolder(run_dir)
     cfg, launch = folder.config(), folder.launch_info()
     backend = launch["backend"]
@@ -157,25 +170,32 @@ def setup(run_dir: Path) -> Job:
     saved = checkpoint.load(launch["resumed_from"], rank) if launch.get("resumed_from") else None
     model = work.model.to(device)
     shapes = named_shapes(model)
-    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
-              bucket_cap_mb=cfg.bucket_cap_mb)
-    choice = registry.choose(cfg, backend)
     rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate, layouts(model))
+    sharded = sharding.shard(model, cfg, world, device, backend) if cfg.sharding != "ddp" else None
+    trained = model if sharded else DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
+                                        bucket_cap_mb=cfg.bucket_cap_mb)
+    choice = sharded.choice if sharded else registry.choose(cfg, backend)
     first = saved["step"] + 1 if saved else 0  # a resumed run goes on with the first one's steps
     measure = Unmeasured(choice.hook)
-    if cfg.instrument:
+    if cfg.instrument and sharded:
+        # DDP's plain allreduce of the whole model, the ruler a sharded run's bytes are read against
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a DTensor's whole
+        measure = ShardedMeasurement(cfg, world, sharded.replica, model_bytes)
+    elif cfg.instrument:
         names = {p.data_ptr(): n for n, p in model.named_parameters()}
         compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()
         measure = Measurement(cfg, choice, names, compressed, world, first, device, rank)
-    optimizer = make_optimizer(cfg, ddp.parameters())
-    batches = resume(saved, ddp, optimizer, choice, work, device) if saved else iter(work.batches())
+    optimizer = make_optimizer(cfg, trained.parameters())
+    batches = (resume(saved, trained, optimizer, choice, work, device, launch["resumed_from"] if sharded else None)
+               if saved else iter(work.batches()))
     first_batch = next(batches)  # which loss trains is said in meta.json, from the batches' kind
     batches = itertools.chain([first_batch], batches)
-    ddp.register_comm_hook(choice.state, measure.hook)
+    if not sharded:
+        trained.register_comm_hook(choice.state, measure.hook)
     save, note = room_for_checkpoint(cfg, folder, model, world)
     PHASES["set_up"] = time.time()
-    return Job(cfg, folder, backend, rank, world, device, work, model, ddp, choice, rule, optimizer,
-               measure, batches, first, save, note, dict(PHASES),
+    return Job(cfg, folder, backend, rank, world, device, work, model, trained, sharded, choice, rule,
+               optimizer, measure, batches, first, save, note, dict(PHASES),
                model_io.loss_source(first_batch, work.loss))
 
 
@@ -197,15 +217,20 @@ def room_for_checkpoint(cfg: RunConfig, folder: run_folder.RunFolder, model: tor
     return decided[0]
 
 
-def resume(saved: dict, ddp: DDP, optimizer: torch.optim.Optimizer, choice: registry.HookChoice,
-           work: workloads.Workload, device: torch.device):
+def resume(saved: dict, trained: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           choice: registry.HookChoice, work: workloads.Workload, device: torch.device,
+           sharded_from: str | None = None):
     """Everything a checkpoint holds put back, and the batches from its next step on.  Before the
     hook is registered: DDP must first rebuild its buckets with its own allreduce, so that the
-    hook's restored memories meet the layout they were made in (``commlab.engine.checkpoint``)."""
-    ddp.module.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
+    hook's restored memories meet the layout they were made in (``commlab.engine.checkpoint``).
+    ``sharded_from``: the run folder whose DCP files hold a sharded run's model and optimizer."""
+    if sharded_from:
+        checkpoint.load_sharded(sharded_from, trained, optimizer)
+    else:
+        trained.module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
     checkpoint.restore_hook_state(choice.state, saved["hook"], device)
-    batches = checkpoint.continue_batches(ddp, work, saved["step"] + 1, device)
+    batches = checkpoint.continue_batches(trained, work, saved["step"] + 1, device, rebuild=not sharded_from)
     torch.set_rng_state(saved["rng"])  # after the rebuild pass, whose forward may draw (dropout)
     return batches
 

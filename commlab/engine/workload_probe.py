@@ -41,7 +41,8 @@ def error(cfg: RunConfig, timeout_s: float = TIMEOUT_S) -> str | None:
     if cfg.workload in BUILTIN:
         return None
     said = _ask({"ask": "check", "spec": cfg.workload, "world_size": cfg.world_size,
-                 "batch_size": cfg.batch_size, "seed": cfg.seed, "steps": cfg.steps}, timeout_s)
+                 "batch_size": cfg.batch_size, "seed": cfg.seed, "steps": cfg.steps,
+                 "sharded": cfg.sharding != "ddp"}, timeout_s)
     return said if isinstance(said, str) else said["error"]
 
 
@@ -119,7 +120,8 @@ def _main(answer: str, job: str) -> None:
         from commlab.workloads import check as check_here
 
         said = {"error": check_here(j["spec"], rank=0, world_size=j["world_size"],
-                                    batch_size=j["batch_size"], seed=j["seed"], steps=j["steps"])}
+                                    batch_size=j["batch_size"], seed=j["seed"], steps=j["steps"],
+                                    sharded=j["sharded"])}
     if said["error"] and len(said["error"]) > MESSAGE_CHARS:
         said["error"] = said["error"][:MESSAGE_CHARS] + "..."
     Path(answer).write_text(json.dumps(said))

@@ -27,6 +27,8 @@ variants stay in ``powersgd``), and its state class.
 - ``futures``: Python callbacks on torch futures, which the exit waits for (an abort otherwise).
 - ``pitfalls``: PowerSGD's pitfalls, caught as a run goes.
 - ``lightning_ddp``: a Lightning ``DDPStrategy`` that registers its hook on CPU too.
+- ``replica``: ``ReplicaAllReduce``, HSDP's all-reduce between replicas by one of these hooks on
+  each rank's shards (``FSDPModule.set_all_reduce_hook``).
 
 The names above are resolved on first use (PEP 562), so that importing ``registry``'s planning
 functions imports no torch.
@@ -42,6 +44,7 @@ from commlab.hook_specs import SPECS, WRAPPER_SPECS
 _EXPORTS = {name: spec.variant for spec in (*SPECS.values(), *WRAPPER_SPECS.values()) if spec.variant
             for name in (spec.attr, *spec.exports)}
 _EXPORTS["compressor_hook"] = f"{__name__}.compressors"
+_EXPORTS["ReplicaAllReduce"] = f"{__name__}.replica"  # HSDP's all-reduce between replicas, by a hook
 __all__ = list(_EXPORTS)
 
 

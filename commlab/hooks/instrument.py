@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from commlab.analysis import ring, timeline
-from commlab.analysis.ledger import HOOK, MEASURE, OTHER, Ledger
+from commlab.analysis.ledger import HOOK, MEASURE, OTHER, SHARDING, Ledger
 from commlab.analysis.metrics import relative_error
 from commlab.hooks import comm_thread, futures
 from commlab.hooks.link import EmulatedWork, Link, sleep_until
@@ -53,8 +53,8 @@ class CollectiveCounter:
 
     def reset(self) -> None:
         with self._lock:
-            self.bytes = {HOOK: 0, MEASURE: 0, OTHER: 0}
-            self.calls = {HOOK: 0, MEASURE: 0, OTHER: 0}
+            self.bytes = {HOOK: 0, MEASURE: 0, OTHER: 0, SHARDING: 0}
+            self.calls = {HOOK: 0, MEASURE: 0, OTHER: 0, SHARDING: 0}
             self.link_s = 0.0  # what the emulated link charged the hook's collectives (Link.seconds)
             self._spans: list[list] = []  # [issued, done on the real link] of those in a bucket
 
@@ -112,6 +112,8 @@ class CollectiveCounter:
     def install(self) -> CollectiveCounter:
         self._original = dist.all_reduce
         self._original_gather = dist.all_gather
+        # FSDP2's, called through the module attribute as the hooks' are (torch 2.13)
+        self._original_single = dist.all_gather_single, dist.reduce_scatter_single
         original, counter = self._original, self
 
         def all_reduce(tensor, *args, **kwargs):
@@ -122,9 +124,19 @@ class CollectiveCounter:
             return counted(counter._original_gather, "all_gather", tensor, _group_arg(args, kwargs, 0),
                            tensor_list, tensor, *args, **kwargs)
 
-        def counted(call, kind, tensor, group, /, *args, **kwargs):  # a caller passes group= too
+        def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
+            return counted(counter._original_single[0], "all_gather", input_tensor, group, output_tensor,
+                           input_tensor, group=group, async_op=async_op, traffic=SHARDING)
+
+        def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            return counted(counter._original_single[1], "reduce_scatter", input, group, output, input,
+                           op=op, group=group, async_op=async_op, traffic=SHARDING)
+
+        def counted(call, kind, tensor, group, /, *args, traffic=None, **kwargs):  # a caller passes group= too
             issued_at = time.perf_counter()  # the ledger's latency runs from here
             cat = getattr(counter._local, "category", HOOK)
+            if traffic and cat == HOOK:  # FSDP's own, unless issued where the lab's are (an evaluation)
+                cat = traffic
             nbytes, entry, deadline, held, span = counter._issue(cat, kind, tensor, group)
             event = counter._traced(cat, nbytes)
             clock = counter.clock if event is not None else None
@@ -160,11 +172,12 @@ class CollectiveCounter:
             return work if deadline is None else EmulatedWork(work, deadline, tensor.is_cuda)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
+        dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
         return self
 
     def _issue(self, cat: str, kind: str, tensor, group) -> tuple:
         """One call issued: its bytes counted (``payload_of``) and filed in the ledger; for the
-        hook's, the emulated link booked (it carries one collective at a time: this one starts
+        hook's and FSDP's, the emulated link booked (it carries one collective at a time: this one starts
         when the link is free) and, in a bucket, its span on the real link opened.  Returns the
         bytes, the ledger's entry, the link's deadline and hold (None and 0 without a link) and
         the span (None outside a bucket)."""
@@ -174,7 +187,7 @@ class CollectiveCounter:
             self.calls[cat] += 1
             entry = self.ledger.issued(cat, kind, self._group_size(group),
                                        tensor.numel() * tensor.element_size(), nbytes)
-            if cat == HOOK and self.link.on:
+            if cat in (HOOK, SHARDING) and self.link.on:  # what the algorithm puts on the wire
                 start = max(time.perf_counter(), self._link_free)
                 held = self.link.seconds(nbytes, self.world_size, self.hops(kind, group))
                 deadline = self._link_free = start + held
@@ -208,6 +221,7 @@ class CollectiveCounter:
     def uninstall(self) -> None:
         if self._original is not None:
             dist.all_reduce, dist.all_gather = self._original, self._original_gather
+            dist.all_gather_single, dist.reduce_scatter_single = self._original_single
             self._original = None
 
 

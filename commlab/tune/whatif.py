@@ -54,6 +54,7 @@ from commlab.analysis import metrics, ring, timeline
 from commlab.config import is_plain_allreduce, label_of, link_of
 from commlab.hook_specs import ALLGATHER, OUTER_PRECISIONS, spec_of
 from commlab.tune import baseline as baselines
+from commlab.tune import sharded_whatif
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BANDWIDTHS_GBPS = (1, 2, 5, 10, 25, 50, 100, 200, 400)
@@ -85,6 +86,8 @@ class HookProfile:
     comm_here_s: float | None = None  # per step, on the link it ran over, as recorded (None: not)
     setting: str = ""  # its setting's label, shared by the seeds of a setting (``label`` is unique)
     seed: int | None = None
+    sharding: str = "ddp"
+    sharded: sharded_whatif.ShardedTraffic | None = None  # a sharded run's collectives, priced there
 
     @property
     def averages(self) -> float:
@@ -105,6 +108,8 @@ class HookProfile:
                                   self.group_size or self.world_size)
 
     def comm_s(self, world_size: int, bandwidth_gbps: float, latency_us: float) -> float:
+        if self.sharded:
+            return self.sharded.comm_s(world_size, bandwidth_gbps, latency_us)
         group = min(self.group_size, world_size) if self.group_size else world_size
         own = ring.collective_s(self.collective, self.message_bytes(), group, bandwidth_gbps,
                                 latency_us, max(0.0, self.collectives - self.averages))
@@ -122,6 +127,8 @@ class HookProfile:
 
     def wire_bytes(self, world_size: int) -> float:
         """Bytes each rank sends per step on ``world_size`` ranks."""
+        if self.sharded:
+            return self.sharded.wire_bytes(world_size)
         group = min(self.group_size, world_size) if self.group_size else world_size
         return ring.sent_bytes(self.collective, self.message_bytes(), group) + self.averaging_wire_bytes(world_size)
 
@@ -143,7 +150,7 @@ def predict(profiles: Sequence[HookProfile], world_sizes: Iterable[int] = WORLD_
             for p in profiles:
                 comm = p.comm_s(n, bw, latency_us)
                 rows.append({"label": p.label, "setting": p.setting or p.label, "hook": p.hook,
-                             "wrapper": p.wrapper, "world_size": n,
+                             "wrapper": p.wrapper, "sharding": p.sharding, "world_size": n,
                              "bandwidth_gbps": bw, "latency_us": latency_us,
                              "compute_s": p.compute_s, "arithmetic_s": p.arithmetic_s,
                              "comm_s": comm, "overlap_share": p.overlap_share,
@@ -214,6 +221,8 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
     faster).  Without either, loopback counts as arithmetic, which overstates it.
     ``compute_s`` overrides the run's own (to share one baseline's across hooks).
     """
+    if cfg.get("sharding", "ddp") != "ddp":  # FSDP's collectives beside the hook's
+        return _sharded_profile(records, cfg, run_id, label, skip, loopback_s_per_byte, compute_s)
     if records and "payload_bytes" not in records[0]:
         raise ValueError(f"run {run_id} was not instrumented: it counted no bytes")
     collective, group_size, period = traffic(cfg)
@@ -255,6 +264,24 @@ def profile_from_records(records: Sequence[dict], cfg: dict, run_id: str = "",
         profile, compute_s=max(0.0, own_compute) if compute_s is None else compute_s,
         arithmetic_s=max(0.0, metrics.per_step(steady, cfg, "hook_s") - on_this_link(averaging=False)),
         comm_here_s=on_this_link(False) + on_this_link(True) if recorded else None)
+
+
+def _sharded_profile(records: Sequence[dict], cfg: dict, run_id: str, label: str | None, skip: int,
+                     loopback_s_per_byte: float | None, compute_s: float | None) -> HookProfile:
+    """A sharded run's profile (``commlab.tune.sharded_whatif``): its bytes and collectives per step
+    are FSDP's and the hook's between replicas, as the run counted them."""
+    steady = steady_rows(records, cfg, skip)
+    if not steady:
+        raise ValueError(f"run {run_id} has no steady steps: it recorded {len(records)} step(s)")
+    moved = sharded_whatif.traffic(steady, cfg)
+    own_compute, arithmetic, here = sharded_whatif.times(steady, cfg, moved, loopback_s_per_byte)
+    return HookProfile(
+        label=label or label_of(cfg), hook=cfg.get("hook", "?"), wrapper=cfg.get("wrapper", "none"),
+        compute_s=own_compute if compute_s is None else compute_s, arithmetic_s=arithmetic,
+        payload_bytes=metrics.per_step(steady, cfg, "payload_bytes"),
+        collectives=metrics.per_step(steady, cfg, "collectives"), world_size=cfg.get("world_size", 2),
+        run_id=run_id, measured_over=link_of(cfg) or "loopback", steady_steps=len(steady),
+        comm_here_s=here, sharding=cfg["sharding"], sharded=moved)
 
 
 def traffic(cfg: dict) -> tuple[str, int, int]:
@@ -426,4 +453,6 @@ def checks(runs: Iterable, skip: int = metrics.WARMUP_STEPS) -> list[dict]:
 
 
 def _job_key(cfg: dict) -> tuple:
-    return tuple(cfg.get(k) for k in ("workload", "world_size", "batch_size", "optimizer", "bucket_cap_mb"))
+    # a sharded run's compute holds FSDP's own work: it is no job of a DDP run's
+    return tuple(cfg.get(k, "ddp" if k == "sharding" else None)
+                 for k in ("workload", "world_size", "batch_size", "optimizer", "bucket_cap_mb", "sharding"))

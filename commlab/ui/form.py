@@ -20,7 +20,7 @@ from commlab.workload_names import BUILTIN_NAMES as BUILTIN
 from commlab.workload_names import DESCRIPTIONS
 
 # The Launch form's four columns, each a stack of the table's groups.
-COLUMNS = (("hook", "job"), ("powersgd", "localsgd", "compressors", "diloco"), ("workload",), ("instrument",))
+COLUMNS = (("hook", "job", "sharding"), ("powersgd", "localsgd", "compressors", "diloco"), ("workload",), ("instrument",))
 # The workload picker: one of the built-ins, or a person's own module:function.
 WORKLOAD_KINDS = ("built-in", "my module:function")
 

@@ -15,7 +15,8 @@ state, its register call) and ``checkpoint`` for the state's save and load lines
 ``register_comm_hook``), lightning (``DDPStrategy``), accelerate
 (``DistributedDataParallelKwargs``), trainer (Hugging Face's ``Trainer``: a callback registers the
 hook on the DDP model Accelerate prepared), torchrun (one node and several), slurm (a batch
-script); for DiLoCo, without DDP, loop (plain PyTorch) and torchft.  Every hook is exported with
+script); for DiLoCo, without DDP, loop (plain PyTorch) and torchft; for a sharded run, in place
+of DDP's, fsdp (FSDP2's ``fully_shard``, HSDP's mesh and the hook between replicas).  Every hook is exported with
 its state built from the run's settings: PowerSGD's, the compressors' (commlab's, PyTorch has
 none), post-local SGD's with its subgroups and its ``PeriodicModelAverager`` stepped after
 ``optimizer.step()`` as PyTorch's documentation shows.
@@ -26,6 +27,7 @@ from commlab.config import RunConfig
 from commlab.tune.export.accelerate import accelerate_launch, accelerate_members, accelerate_snippet
 from commlab.tune.export.config_files import config_dict, to_json, to_toml
 from commlab.tune.export.ddp import ddp_snippet
+from commlab.tune.export.fsdp import fsdp_snippet
 from commlab.tune.export.hook_code import Choice, HookCode, choices, describe, facts
 from commlab.tune.export.lightning import LIGHTNING_CUDA_ONLY, lightning_snippet
 from commlab.tune.export.loop import loop_snippet
@@ -40,7 +42,7 @@ from commlab.tune.export.trainer import trainer_snippet
 __all__ = ["ALL_FORMATS", "FORMATS", "HEAD_NODE_CHECK", "LAB_ONLY", "LIGHTNING_CUDA_ONLY",
            "OUTER_LOOP_FORMATS", "PORT_NOTE", "RDZV_PORT", "Choice", "Export", "ExportRefused",
            "HookCode", "Target", "accelerate_launch", "accelerate_members", "accelerate_snippet",
-           "choices", "config_dict", "ddp_snippet", "describe", "export_errors", "facts",
+           "choices", "config_dict", "ddp_snippet", "describe", "export_errors", "facts", "fsdp_snippet",
            "formats_for", "lightning_snippet", "loop_snippet", "notes", "one_line", "quote", "render",
            "slurm_script", "to_json", "to_toml", "torchft_snippet", "torchrun_argv", "torchrun_lines",
            "trainer_snippet", "world_refusal"]
@@ -61,11 +63,17 @@ OUTER_LOOP_FORMATS = {
     "loop": (loop_snippet, "diloco_loop.py", "python", "text/x-python"),
     "torchft": (torchft_snippet, "diloco_torchft.py", "python", "text/x-python"),
 }
-ALL_FORMATS = {**FORMATS, **OUTER_LOOP_FORMATS}
+# Formats of a sharded run (``sharding`` fsdp or hsdp), with the launch and config formats: DDP's
+# (and the integrations that wrap a model in DDP) would train another algorithm.
+SHARDED_FORMATS = {"fsdp": (fsdp_snippet, "fsdp_sharding.py", "python", "text/x-python")}
+ALL_FORMATS = {**FORMATS, **OUTER_LOOP_FORMATS, **SHARDED_FORMATS}
 
 
 def formats_for(cfg: RunConfig) -> tuple[str, ...]:
-    """The formats that can express ``cfg``'s hook: every one, and DiLoCo's own for DiLoCo."""
+    """The formats that can express ``cfg``: every one, and DiLoCo's own for DiLoCo; for a sharded
+    run, fsdp beside the config and launch formats."""
+    if cfg.sharding != "ddp":
+        return ("json", "toml", *SHARDED_FORMATS, "torchrun", "slurm")
     return tuple(FORMATS) + (tuple(OUTER_LOOP_FORMATS) if facts(cfg).outer_loop else ())
 
 
@@ -73,6 +81,9 @@ def world_refusal(cfg: RunConfig, target: Target) -> str | None:
     """Why ``cfg`` cannot run on ``target``'s ranks, or None: post-local SGD's subgroups must cut
     the target's world into equal parts, whatever world the lab's run had."""
     world = target.procs(cfg) * target.nnodes
+    if cfg.sharding == "hsdp" and world % cfg.replicas:
+        return (f"replicas={cfg.replicas} does not divide the target's {world} ranks ({target.nnodes} "
+                f"node(s) × {target.procs(cfg)} process(es)): HSDP's mesh is replicas × (ranks / replicas)")
     if facts(cfg).subgroup and world % cfg.localsgd_subgroup_size:
         return (f"localsgd_subgroup_size={cfg.localsgd_subgroup_size} does not divide the target's "
                 f"{world} ranks ({target.nnodes} node(s) × {target.procs(cfg)} process(es)): "
@@ -92,6 +103,10 @@ def render(cfg: RunConfig, fmt: str, target: Target | None = None, source: str |
     if errs:
         raise ValueError("; ".join(f"{k}: {v}" for k, v in errs.items()))
     build, filename, language, mime = ALL_FORMATS[fmt]
+    if fmt in (*FORMATS, *OUTER_LOOP_FORMATS, *SHARDED_FORMATS) and fmt not in formats_for(cfg) \
+            and (cfg.sharding != "ddp" or fmt in SHARDED_FORMATS):
+        raise ExportRefused(f"a {cfg.sharding} run exports as {', '.join(formats_for(cfg))}: {fmt} "
+                            "would train another algorithm")
     if fmt not in ("json", "toml") and (why := world_refusal(cfg, target)):
         raise ExportRefused(why)
     text = build(cfg, target, source)

@@ -1,0 +1,519 @@
+"""Sharded training (``sharding`` fsdp and hsdp): the settings refused before anything starts, the
+rule that picks the units ``fully_shard`` goes on, and real Gloo ranks on which an fp32 FSDP2 run
+ends where the DDP run does and HSDP with a plain all-reduce where FSDP does."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from commlab import workloads
+from commlab.config import RunConfig, label_of
+from commlab.config_fields import REPLICA_HOOKS
+from commlab.engine.ranks import run_ranks
+from commlab.hook_specs import HOOKS
+from commlab.workload_names import BUILTIN_NAMES
+
+STEPS = 20
+SEED = 3
+BATCH = 16
+# float32 summation order: DDP sums a bucket on each rank and divides, FSDP's reduce-scatter averages
+# a shard, HSDP reduce-scatters then all-reduces.  Measured over 20 AdamW steps on 4 ranks: the
+# losses differ by at most 2.4e-7 (DDP/FSDP and FSDP/HSDP), the parameters by 5.2e-6 (DDP/FSDP:
+# Adam divides a near-zero gradient's rounding by its own size) and 1.0e-7 (FSDP/HSDP); these
+# bounds leave a factor of about 4.
+LOSS_TOL = 1e-6
+PARAM_TOL = 2e-5
+
+
+# --------------------------------------------------------------------------- refused by name
+def test_a_world_size_the_replicas_do_not_divide_is_refused_by_name():
+    errors = RunConfig(sharding="hsdp", world_size=6, replicas=4).errors(gpu_count=0)
+    assert "6 ranks cannot form 4 replicas" in errors["replicas"] and "1, 2, 3, 6" in errors["replicas"]
+    assert RunConfig(sharding="hsdp", world_size=6, replicas=3).errors(gpu_count=0) == {}
+    assert RunConfig(sharding="ddp", world_size=6, replicas=4).errors(gpu_count=0) == {}  # read by hsdp only
+
+
+@pytest.mark.parametrize("hook", [h for h in HOOKS if h not in REPLICA_HOOKS])
+def test_a_hook_without_a_sharded_form_is_refused_naming_those_that_have_one(hook):
+    message = RunConfig(sharding="hsdp", world_size=4, hook=hook).errors(gpu_count=0)["hook"]
+    assert f"{hook} has no sharded form" in message and ", ".join(REPLICA_HOOKS) in message
+
+
+def test_fsdp_alone_has_no_replicas_for_a_hook_to_compress():
+    message = RunConfig(sharding="fsdp", hook="fp16").errors(gpu_count=0)["hook"]
+    assert "fsdp has no all-reduce between replicas" in message and "hsdp" in message
+
+
+def test_what_only_ddps_hook_carries_out_is_refused_on_a_sharded_run():
+    errors = RunConfig(sharding="fsdp", wrapper="fp16", error_every=5, save_grads_at=[1],
+                       trace_steps=[3]).errors(gpu_count=0)
+    assert set(errors) == {"wrapper", "error_every", "save_grads_at", "trace_steps"}
+    assert all("fsdp run" in m for m in errors.values())
+
+
+def test_a_sharded_runs_label_says_how_it_was_sharded():
+    assert label_of(RunConfig(sharding="hsdp", world_size=4).to_dict()) == "hsdp×2 allreduce"
+    assert label_of(RunConfig(sharding="fsdp").to_dict()) == "fsdp allreduce"
+    assert label_of(RunConfig().to_dict()) == "allreduce"
+
+
+# --------------------------------------------------------------------------- the units
+def test_the_units_are_the_direct_children_that_hold_parameters():
+    assert [n for n, _ in workloads.shard_units(workloads.mlp_model())] == ["0", "2", "4"]
+    # a ModuleList is never called: its blocks are the units
+    assert [n for n, _ in workloads.shard_units(workloads.CharLM())] == [
+        "tok", "pos", "blocks.0", "blocks.1", "ln_f", "head"]
+    for name in BUILTIN_NAMES:  # the probe lets the built-ins through unchecked
+        assert workloads.shard_units(workloads.MODELS[name]()), name
+
+
+class _Declared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+    def fsdp_units(self):
+        return list(self.body)
+
+
+def test_a_model_that_declares_its_units_overrides_the_rule():
+    assert [n for n, _ in workloads.shard_units(_Declared())] == ["body.0", "body.1"]
+
+
+def bare_linear():  # a workload whose only parameters are the root's own
+    g = torch.Generator().manual_seed(0)
+    return nn.Linear(4, 2), lambda: iter([(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,)))] * 9)
+
+
+def test_a_workload_with_no_layer_to_shard_is_refused_by_name():
+    assert workloads.shard_units(nn.Linear(4, 2)) == []
+    message = workloads.check(f"{__name__}:bare_linear", sharded=True)
+    assert "has no layer to shard" in message and "fsdp_units()" in message
+    assert workloads.check(f"{__name__}:bare_linear", sharded=False) is None
+
+
+# --------------------------------------------------------------------------- on real ranks
+def _train(rank: int, world: int, cfg: RunConfig) -> dict:
+    """``STEPS`` steps of the mlp workload as the worker trains it (sharded by
+    ``commlab.engine.sharding``, or wrapped in DDP): the mean loss of each step, the full
+    parameters at the end, and the bytes this rank held."""
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+
+    torch.manual_seed(cfg.seed)
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    model = work.model
+    trained = model if cfg.sharding != "ddp" else DDP(model)
+    if cfg.sharding != "ddp":
+        sharding.shard(model, cfg, world, torch.device("cpu"), "gloo")
+    optimizer = make_optimizer(cfg, trained.parameters())
+    batches, losses = work.batches(), []
+    for _ in range(cfg.steps):
+        loss = work.loss_of(trained, next(batches))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    # as numpy arrays: a tensor sent through the harness's pipe would be shared memory
+    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().numpy().copy()
+            for n, p in model.named_parameters()}
+    return {"losses": losses, "params": full, "memory": sharding.memory_held(model, optimizer)}
+
+
+def _three_ways(rank: int, world: int, report) -> None:
+    base = {"workload": "mlp", "world_size": world, "steps": STEPS, "seed": SEED, "batch_size": BATCH}
+    for name, extra in {"ddp": {}, "fsdp": {"sharding": "fsdp"},
+                        "hsdp": {"sharding": "hsdp", "replicas": 2}}.items():
+        report((name, rank, _train(rank, world, RunConfig(**base, **extra))))
+
+
+@pytest.fixture(scope="module")
+def three_ways():
+    by = {}
+    for name, rank, result in run_ranks(_three_ways, 4, timeout_s=600, collective_timeout_s=120):
+        by.setdefault(name, {})[rank] = result
+    return by
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(float(abs(a[n] - b[n]).max()) for n in a)
+
+
+@pytest.mark.slow
+def test_fp32_fsdp2_ends_at_the_ddp_runs_loss(three_ways):
+    ddp, fsdp = three_ways["ddp"][0], three_ways["fsdp"][0]
+    gaps = [abs(a - b) for a, b in zip(ddp["losses"], fsdp["losses"])]
+    assert len(gaps) == STEPS and max(gaps) < LOSS_TOL, gaps
+    assert _max_diff(ddp["params"], fsdp["params"]) < PARAM_TOL
+    assert ddp["losses"][-1] < ddp["losses"][0]  # it trained
+
+
+@pytest.mark.slow
+def test_hsdp_with_a_plain_all_reduce_equals_fsdp(three_ways):
+    fsdp, hsdp = three_ways["fsdp"][0], three_ways["hsdp"][0]
+    assert max(abs(a - b) for a, b in zip(fsdp["losses"], hsdp["losses"])) < LOSS_TOL
+    assert _max_diff(fsdp["params"], hsdp["params"]) < PARAM_TOL
+
+
+@pytest.mark.slow
+def test_sharding_divides_what_each_rank_holds(three_ways):
+    total = {k: sum(r["memory"][k] for r in three_ways["ddp"].values()) for k in ("parameters", "gradients")}
+    ddp = three_ways["ddp"][0]["memory"]
+    n_bytes = sum(p.numel() * 4 for p in workloads.mlp_model().parameters())
+    assert ddp["parameters"] == ddp["gradients"] == n_bytes and total["parameters"] == 4 * n_bytes
+    # AdamW keeps two moments and a step count per parameter
+    assert ddp["optimizer_state"] == 2 * n_bytes + 4 * len(list(workloads.mlp_model().parameters()))
+    # FSDP's 4 shards and HSDP's 2 hold the whole model between them once (padding aside: the last
+    # rank's shard of a 10-row layer is short), HSDP twice
+    for name, copies in (("fsdp", 1), ("hsdp", 2)):
+        held = [r["memory"]["parameters"] for r in three_ways[name].values()]
+        assert sum(held) == copies * n_bytes and max(held) <= copies * n_bytes / 4 + 3 * 257 * 4, held
+
+
+@pytest.mark.slow
+def test_a_launched_hsdp_powersgd_run_records_its_loss_evaluations_memory_and_bytes(tmp_path):
+    from commlab import cli
+
+    code = cli.main(["run", "--workload", "mlp", "--sharding", "hsdp", "--world-size", "4", "--steps", "6",
+                     "--hook", "powersgd", "--start-powersgd-iter", "2", "--emulate-bandwidth-gbps", "1",
+                     "--eval-every", "3", "--runs-dir", str(tmp_path)])
+    assert code == 0
+    (run,) = tmp_path.iterdir()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["sharding"] == "hsdp" and meta["sharded"] == {
+        "mesh": {"replicate": 2, "shard": 2}, "units": ["0", "2", "4"], "between_replicas": "lab"}
+    assert len(meta["memory_per_rank"]) == 4 and meta["checkpoint"].startswith("saved")
+    assert meta["hook_name"] == "powerSGD_hook" and meta["instrumented"] is False
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(6)) and [e["step"] for e in evals] == [2, 5]
+    assert all(m["step_s"] > 0 for m in metrics) and 0 <= evals[-1]["accuracy"] <= 1
+    # half the model's fp32 gradients per rank between 2 replicas (counted as the all-reduce of
+    # 4 ranks that sends as much: 2(2-1)/2 over 2(4-1)/4), plain before PowerSGD starts
+    model = sum(p.numel() for p in workloads.mlp_model().parameters()) * 4
+    plain = metrics[0]["replica_plain_bytes"]
+    assert abs(plain - model / 2 / 1.5) <= 3 and [m["replica_plain_bytes"] for m in metrics] == [plain] * 6
+    assert [m["replica_bytes"] == plain for m in metrics] == [True, True, False, False, False, False]
+    assert all(0 < m["replica_bytes"] < plain / 10 for m in metrics[2:]) and all(m["link_s"] > 0 for m in metrics)
+    # FSDP's all-gathers (twice: resharded after forward) and reduce-scatters of 3 units on the
+    # shard group (the step after an evaluation gathers once more: measured, one unit), in all
+    # what the run put on the wire, against DDP's plain allreduce of the whole model
+    assert [m["sharding_collectives"] for m in metrics if m["step"] != 3] == [9] * 5
+    assert metrics[3]["sharding_collectives"] in (9, 10) and all(m["sharding_bytes"] > 0 for m in metrics)
+    assert all(m["payload_bytes"] == m["replica_bytes"] + m["sharding_bytes"] for m in metrics)
+    assert all(m["plain_bytes"] == model for m in metrics)
+    assert [m["powersgd_iter"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    assert (run / "ledger.json").exists()
+
+
+# --------------------------------------------------------------------------- between replicas
+PSGD = {"matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "random_seed": 7}
+PSGD_STEPS = 8
+# float32 PowerSGD against float64 on the same inputs: measured 1.2e-7 at most (4 ranks, 2 x 2,
+# 8 steps, 3 units of 2 shards of a weight and a bias each, shards of 5 x 256 to 128 x 256; the
+# gradients reach 0.1); a bound with a factor of about 4.
+PSGD_TOL = 5e-7
+
+
+def _recording(hook, log: list):
+    """``hook``, its every call logged: the unit, whether last, the shards' shapes, in and out."""
+    def recorded(state, bucket):
+        before = bucket.buffer().detach().clone()
+        out = hook(state, bucket).wait()
+        log.append({"index": bucket.index(), "last": bucket.is_last(), "in": before.numpy(),
+                    "shapes": [tuple(g.shape) for g in bucket.gradients()], "out": out.detach().clone().numpy()})
+        done = torch.futures.Future()
+        done.set_result(out)
+        return done
+    return recorded
+
+
+def _hsdp_powersgd(rank: int, world: int, report) -> None:
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+
+    cfg = RunConfig(workload="mlp", world_size=world, sharding="hsdp", replicas=2, hook="powersgd",
+                    steps=PSGD_STEPS, seed=SEED, batch_size=BATCH, **PSGD)
+    torch.manual_seed(cfg.seed)
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    sharded = sharding.shard(work.model, cfg, world, torch.device("cpu"), "gloo")
+    log: list = []
+    choice = sharded.choice
+    sharded.replica.hook = _recording(choice.hook, log)
+    optimizer = make_optimizer(cfg, work.model.parameters())
+    batches = work.batches()
+    for _ in range(cfg.steps):
+        loss = work.loss_of(work.model, next(batches))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    replicas = sorted(dist.get_process_group_ranks(sharded.mesh["replicate"].get_group()))
+    report((rank, replicas, log, choice.name, choice.state.iter))
+
+
+def _orth(a: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt on the columns (PyTorch's PowerSGD for a rank of 2 or less)."""
+    a = a.clone()
+    for i in range(a.shape[1]):
+        a[:, i] /= a[:, i].norm()
+        a[:, i + 1:] -= a[:, i:i + 1] * (a[:, i:i + 1] * a[:, i + 1:]).sum(0, keepdim=True)
+    return a
+
+
+def _powersgd_reference(logs: list[list[dict]], rank: int, start: int, seed: int) -> list[torch.Tensor]:
+    """PowerSGD as documented, in float64, replayed call by call on one replica group's shards
+    (``logs``: each member's calls): error feedback and warm start per unit, the compression
+    rule per shard, plain averaging before ``start``; what every member gets back, per call."""
+    rng = np.random.RandomState(seed)
+    step, errors, qs, outs = 0, {}, {}, []
+    for calls in zip(*logs):
+        index, shapes = calls[0]["index"], calls[0]["shapes"]
+        inputs = [torch.from_numpy(c["in"]).double() for c in calls]
+        if step < start:
+            outs.append(sum(inputs) / len(inputs))
+        else:
+            ms = [x + errors.get(index, [0] * len(inputs))[k] for k, x in enumerate(inputs)]
+            out = sum(ms) / len(ms)  # the uncompressed shards' average; compressed ones overwritten
+            offsets = np.cumsum([0] + [math.prod(s) for s in shapes])
+            matrices = []  # (offset, n, m) of each compressed shard, grouped by shape as the hook draws
+            for o, shape in zip(offsets, shapes):
+                n, m = shape[0], math.prod(shape[1:])
+                r = min(n, m, rank)
+                if (n + m) * r * 2.0 < n * m:
+                    matrices.append((int(o), n, m))
+            first_of_shape = {}
+            for _, n, m in matrices:
+                first_of_shape.setdefault((n, m), len(first_of_shape))
+            matrices.sort(key=lambda t: first_of_shape[t[1:]])
+            if index not in qs:
+                g = torch.Generator().manual_seed(int(rng.randint(1_000_000_000)))
+                qs[index] = [torch.randn(m, min(n, m, rank), generator=g).double() for _, n, m in matrices]
+            new_qs = []
+            for (o, n, m), q in zip(matrices, qs[index]):
+                views = [x[o:o + n * m].view(n, m) for x in ms]
+                p = _orth(sum(v @ _orth(q) for v in views))
+                q = sum(v.t() @ p for v in views) / len(views)
+                out[o:o + n * m] = (p @ q.t()).flatten()
+                new_qs.append(q)
+            qs[index] = new_qs
+            errors[index] = [x - out for x in ms]
+            outs.append(out)
+        step += calls[0]["last"]
+    return outs
+
+
+@pytest.mark.slow
+def test_hsdp_powersgd_between_replicas_equals_a_float64_reference_on_the_shards():
+    reports = {rank: rest for rank, *rest in run_ranks(_hsdp_powersgd, 4, timeout_s=600, collective_timeout_s=120)}
+    groups = {tuple(replicas) for replicas, *_ in reports.values()}
+    assert groups == {(0, 2), (1, 3)}  # the replicas of a shard: a 2 x 2 mesh, replicate first
+    worst, compressed_calls = 0.0, 0
+    for group in groups:
+        logs = [reports[r][1] for r in group]
+        assert len(logs[0]) == 3 * PSGD_STEPS and all(reports[r][3] == PSGD_STEPS for r in group)
+        assert [c["index"] for c in logs[0][:3]] == [2, 1, 0]  # backward's order: the last layer first
+        reference = _powersgd_reference(logs, PSGD["matrix_approximation_rank"], PSGD["start_powerSGD_iter"],
+                                        PSGD["random_seed"])
+        for k, expected in enumerate(reference):
+            for log in logs:
+                got = torch.from_numpy(log[k]["out"]).double()
+                worst = max(worst, (got - expected).abs().max().item())
+            compressed_calls += k >= 3 * PSGD["start_powerSGD_iter"]
+    assert compressed_calls == 2 * 3 * (PSGD_STEPS - PSGD["start_powerSGD_iter"])
+    assert worst < PSGD_TOL, worst
+    # not a plain average: PowerSGD changed what the replicas got
+    last = reports[0][1][-1]
+    assert np.abs(last["out"] - (last["in"] + reports[2][1][-1]["in"]) / 2).max() > 1e-4
+
+
+# --------------------------------------------------------------------------- the ledger
+def _one_step_ledger(rank: int, world: int, report, reshard: bool) -> None:
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+    from commlab.hooks.instrument import CollectiveCounter
+
+    cfg = RunConfig(workload="mlp", world_size=world, sharding="fsdp", reshard_after_forward=reshard,
+                    batch_size=BATCH)
+    torch.manual_seed(cfg.seed)
+    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+    sharding.shard(work.model, cfg, world, torch.device("cpu"), "gloo")
+    counter = CollectiveCounter(None, world).install()
+    try:
+        optimizer = make_optimizer(cfg, work.model.parameters())
+        loss = work.loss_of(work.model, next(work.batches()))
+        loss.backward()
+        optimizer.step()
+        report((rank, reshard, counter.take()[:2], counter.ledger_rows()))
+    finally:
+        counter.uninstall()
+
+
+@pytest.mark.slow
+def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer():
+    reports = run_ranks(_one_step_ledger, 4, (True,), timeout_s=600) + run_ranks(
+        _one_step_ledger, 4, (False,), timeout_s=600)
+    by = {reshard: (taken, rows) for rank, reshard, taken, rows in reports if rank == 0}
+    # each layer's flat parameters padded to 4 shards: 3 x 257, 256 x 65, 256 x 257 floats
+    layer_bytes = [3 * 4 * 257 * 4, 256 * 65 * 4, 256 * 257 * 4]
+    for reshard, gathers in ((True, 2), (False, 1)):  # resharded after forward: gathered again in backward
+        (nbytes, calls), rows = by[reshard]
+        got = sorted((r["traffic"], r["collective"], r["ranks"], r["size_bytes"], r["count"]) for r in rows)
+        assert got == sorted([("sharding", "all_gather", 4, b, gathers) for b in layer_bytes]
+                             + [("sharding", "reduce_scatter", 4, b, 1) for b in layer_bytes])
+        assert calls["sharding"] == 3 * (gathers + 1) and nbytes["hook"] == 0
+        # by the allreduce ruler: a gather and a scatter of S each put S/2 of a 4-rank allreduce's
+        # wire bytes, so a step without resharding counts as the allreduce of the whole model
+        assert nbytes["sharding"] == sum(b // 2 * (gathers + 1) for b in layer_bytes)
+
+
+# --------------------------------------------------------------------------- checkpoint and resume
+@pytest.mark.slow
+def test_a_resumed_sharded_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path):
+    """HSDP with PowerSGD between replicas: the model and optimizer through DCP, PowerSGD's
+    error feedback and warm start per shard in the rank files."""
+    from commlab import api
+    from commlab.engine import checkpoint
+
+    base = {"workload": "mlp", "sharding": "hsdp", "world_size": 4, "hook": "powersgd", "start_powerSGD_iter": 2,
+            "eval_every": 0, "batch_size": BATCH, "seed": SEED, "runs_dir": str(tmp_path)}
+    whole, half = (api.launch(RunConfig(**base, steps=steps)) for steps in (8, 4))
+    for run in (whole, half):
+        assert run.wait(600) == "finished", run.status_record()
+    assert checkpoint.sharded_dir(half.path).is_dir() and half.checkpoint_step() == 3
+    # the sharding is the checkpoint's: it cannot change on resume
+    with pytest.raises(Exception, match="must stay"):
+        checkpoint.resume_config(half.path, steps=8, sharding="fsdp")
+    rest = api.resume(half.path, steps=8)
+    assert rest.wait(600) == "finished", rest.status_record()
+    losses = [r["loss"] for run in (half, rest) for r in run.metrics_records()]
+    assert [r["step"] for r in rest.metrics_records()] == [4, 5, 6, 7]
+    assert losses == [r["loss"] for r in whole.metrics_records()]
+    assert rest.metrics_records()[0]["powersgd_iter"] == 5  # PowerSGD went on from its state
+
+
+# --------------------------------------------------------------------------- the what-if
+# One FSDP step of the mlp on 4 ranks as measured above: 3 units of 342,064 padded bytes in all,
+# gathered twice and scattered once, counted by the 4-rank allreduce ruler as 513,096 bytes.
+PADDED = 12336 + 66560 + 263168
+
+
+def _records(**row) -> list[dict]:
+    base = {"step_s": 0.05, "hook_s": None, "collective_s": 0, "link_s": 0.0, "replica_bytes": 0,
+            "replica_collectives": 0, "sharding_bytes": 513096, "sharding_collectives": 9}
+    merged = {**base, **row}
+    merged.setdefault("payload_bytes", merged["replica_bytes"] + merged["sharding_bytes"])
+    merged.setdefault("collectives", merged["replica_collectives"] + merged["sharding_collectives"])
+    return [{"step": s, "loss": 1.0, **merged} for s in range(20)]
+
+
+def test_a_sharded_profile_reads_the_model_and_its_units_back_from_the_count():
+    from commlab.analysis import ring
+    from commlab.tune.whatif import profile_from_records
+
+    cfg = RunConfig(workload="mlp", world_size=4, sharding="fsdp", emulate_bandwidth_gbps=1.0).to_dict()
+    p = profile_from_records(_records(), cfg)
+    moved = p.sharded
+    assert (moved.model_bytes, moved.units, moved.gathers, moved.shard_size) == (PADDED, 3, 2, 0)
+    assert p.payload_bytes == 513096 and p.collectives == 9
+    # on the run's own ranks, the model puts on the wire what the count says, and prices it as the
+    # emulated link charged it (the same formula)
+    assert p.wire_bytes(4) == pytest.approx(513096 * ring.factor(4))
+    assert p.comm_s(4, 1.0, 0.0) == pytest.approx(513096 * ring.factor(4) * 8 / 1e9)
+    # FSDP shards over every rank: what each sends tends to 3 L, its latencies grow with N
+    assert p.wire_bytes(1024) == pytest.approx(3 * PADDED * 1023 / 1024)
+    assert p.comm_s(8, 0.0, 10.0) == pytest.approx(9 * 7 * 10e-6)
+    unsharded = profile_from_records(_records(sharding_bytes=342064, sharding_collectives=6),
+                                     {**cfg, "reshard_after_forward": False}).sharded
+    assert (unsharded.model_bytes, unsharded.gathers) == (PADDED, 1)
+
+
+def test_hsdp_keeps_its_shard_group_and_adds_replicas_at_scale():
+    from commlab.analysis import ring
+    from commlab.tune.whatif import profile_from_records
+
+    cfg = RunConfig(workload="mlp", world_size=4, sharding="hsdp", replicas=2).to_dict()
+    # 2 shards of a replica: a gather or a scatter of L puts L/2 on a rank's wire; the replicas
+    # all-reduce half the model, 3 calls a step
+    p = profile_from_records(_records(sharding_bytes=round(3 * PADDED / 2 / 1.5),
+                                      replica_bytes=round(PADDED / 2 / 1.5), replica_collectives=3), cfg).sharded
+    assert p.shard_size == 2 and p.model_bytes == pytest.approx(PADDED, abs=2)
+    assert p.replica_bytes == pytest.approx(PADDED / 2, abs=2)
+    # at 64 ranks: 32 replicas of 2 shards; the shards' traffic stays, the replicas' ring grows
+    sharded_part = p.sharding_only().wire_bytes(64)
+    assert sharded_part == pytest.approx(p.sharding_only().wire_bytes(4))
+    assert p.wire_bytes(64) - sharded_part == pytest.approx(ring.wire_bytes(PADDED / 2, 32), rel=1e-5)
+    # a sharded allreduce run calibrates no loopback (its all-reduce is no DDP hook's): a DDP run does
+    from commlab.config import is_plain_allreduce
+    assert not is_plain_allreduce(cfg) and is_plain_allreduce({"hook": "allreduce"})
+
+
+# --------------------------------------------------------------------------- the export
+def _exported(rank: int, world: int, report, cfg: RunConfig, text: str) -> None:
+    """The fsdp export pasted as it is after the model is built, trained as the lab trains, beside
+    the lab's own sharding of the same model: the same losses, bit for bit."""
+    from commlab.engine import sharding
+    from commlab.engine.worker import make_optimizer
+
+    losses = {}
+    for how in ("exported", "lab"):
+        torch.manual_seed(cfg.seed)
+        work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+        model = work.model
+        if how == "exported":
+            pasted = {"model": model}
+            exec(compile(text, "fsdp_sharding.py", "exec"), pasted)
+        else:
+            sharding.shard(model, cfg, world, torch.device("cpu"), "gloo")
+        optimizer = make_optimizer(cfg, model.parameters())
+        batches, losses[how] = work.batches(), []
+        for _ in range(cfg.steps):
+            loss = work.loss_of(model, next(batches))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses[how].append(loss.item())
+    report((rank, losses, getattr(pasted.get("state"), "iter", None)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [{"sharding": "hsdp", "hook": "powersgd", "start_powerSGD_iter": 2},
+                                      {"sharding": "fsdp", "reduce_dtype": "bf16", "reshard_after_forward": False}])
+def test_the_fsdp_export_runs_as_pasted_on_4_gloo_ranks_as_the_lab_ran(settings):
+    from commlab.tune import export
+
+    cfg = RunConfig(workload="mlp", world_size=4, steps=5, batch_size=BATCH, seed=SEED, **settings)
+    text = export.render(cfg, "fsdp", export.Target(backend="gloo")).text
+    for rank, losses, iters in run_ranks(_exported, 4, (cfg, text), timeout_s=600):
+        assert losses["exported"] == losses["lab"], rank
+        assert iters == (5 if cfg.hook == "powersgd" else None)
+
+
+def test_a_sharded_run_exports_as_fsdp_code_not_as_ddp_code():
+    from commlab.tune import export
+
+    cfg = RunConfig(sharding="hsdp", world_size=4, hook="powersgd")
+    assert export.formats_for(cfg) == ("json", "toml", "fsdp", "torchrun", "slurm")
+    text = export.render(cfg, "fsdp", export.Target(backend="gloo")).text
+    assert "mesh_dim_names=('replicate', 'shard')" in text and "fully_shard(model, **options)" in text
+    assert "commlab_hooks.ReplicaAllReduce(commlab_powersgd.blocking_powerSGD_hook, state" in text
+    assert 'process_group=mesh["replicate"].get_group()' in text
+    with pytest.raises(export.ExportRefused, match="exports as json, toml, fsdp"):
+        export.render(cfg, "ddp")
+    with pytest.raises(export.ExportRefused, match="a ddp run exports as"):
+        export.render(RunConfig(), "fsdp")
+    with pytest.raises(export.ExportRefused, match="replicas=2 does not divide the target's 3 ranks"):
+        export.render(cfg, "torchrun", export.Target(nproc_per_node=3))
+    native = export.render(RunConfig(sharding="hsdp", world_size=4), "fsdp").text  # FSDP's own all-reduce
+    assert "ReplicaAllReduce" not in native and "options = dict(mesh=mesh," in native
