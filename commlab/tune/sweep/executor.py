@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from commlab.config import ConfigError
+from commlab.config import ConfigError, label_of
 from commlab.engine import procs, store
 from commlab.engine.run_state import RunStatus
 from commlab.tune import quality
@@ -18,12 +18,13 @@ from commlab.tune.sweep.folder import (
     Sweep,
     _none_running,
     _write_state,
+    add_seed,
     add_seeds,
     create,
     one_at_a_time,
 )
 from commlab.tune.sweep.progress import Progress, eta
-from commlab.tune.sweep.spec import SweepSpec, plan_label
+from commlab.tune.sweep.spec import SweepSpec, baseline_hooks, per_seed, plan_label
 
 ADOPT_WAIT_S = 60.0  # how long a resume waits for a run of the sweep's last attempt to end
 
@@ -64,23 +65,53 @@ class Executor:
         # run: it is done now, beside the first run's start-up, which leaves this process idle.
         threading.Thread(target=importlib.import_module, args=("pandas",), daemon=True).start()
         try:
-            for i, cfg in enumerate(self.configs):
-                if i in done:
-                    continue
-                if self.stopped or self._stopping():
-                    self.stopped = True
-                    break
-                try:
-                    self._run_one(launch, i, cfg)
-                except (ConfigError, OSError) as e:  # a full disk, a runs folder gone: none would start
-                    self.failed = f"run {i + 1} of {len(self.configs)} ({self.labels[i]}) could not start: {e}"
-                    break
+            ran = set(done)
+            while self._run_planned(launch, ran) and self._seed_open(len(done)):
+                pass
             launch.release()  # the ranks leave while the runs' supervisors end and the report is made
             for run in self.exiting:
                 run.wait()
             return self._end()
         finally:
             launch.close()
+
+    def _run_planned(self, launch, ran: set[int]) -> bool:
+        """Run the planned runs not yet run; False when the sweep stopped or a run could not start."""
+        for i, cfg in enumerate(self.configs):
+            if i in ran:
+                continue
+            if self.stopped or self._stopping():
+                self.stopped = True
+                return False
+            ran.add(i)
+            try:
+                self._run_one(launch, i, cfg)
+            except (ConfigError, OSError) as e:  # a full disk, a runs folder gone: none would start
+                self.failed = f"run {i + 1} of {len(self.configs)} ({self.labels[i]}) could not start: {e}"
+                return False
+        return True
+
+    def _seed_open(self, kept: int) -> bool:
+        """The sequential seeds: while the recommendation is open, one more seed for the settings
+        whose verdicts one more may decide within the budget (``pareto.to_seed``) and the baselines
+        they are judged against.  False when none may (decided, or the budget spent).  ``kept``: the
+        runs of earlier executions, which the pace leaves out."""
+        spec = self.sweep.spec()
+        rec = self.sweep.recommend(self.sweep.results(cluster=self.cluster))
+        open_ = set(rec.to_seed(spec.max_repeats))
+        if not open_:
+            return False
+        one_seed = self.configs[:per_seed(spec)]
+        add_seed(self.sweep, [k for k, cfg in enumerate(one_seed)
+                              if k < len(baseline_hooks(spec)) or label_of(cfg.to_dict(), link=True) in open_])
+        spec = self.sweep.spec()
+        self.configs = self.sweep.configs()
+        self.labels = [plan_label(c, spec) for c in self.configs]
+        self.entries += [{"label": label} for label in self.labels[len(self.entries):]]
+        # The share of the sweep done before this execution, of the plan as it is now.
+        self.since["fraction"] = kept / len(self.configs)
+        _write_state(self.sweep, since=self.since)
+        return True
 
     def _begin(self) -> dict[int, dict]:
         """Record this execution's start; returns the runs of earlier ones that finished, by plan index."""

@@ -9,7 +9,7 @@ from commlab.config import label_of, link_of
 from commlab.engine.run_state import RunStatus
 from commlab.tune import baseline as baselines
 from commlab.tune import pareto, payoff, quality, whatif
-from commlab.tune.sweep.spec import grid, hook_axes
+from commlab.tune.sweep.spec import grid, hook_axes, missing
 
 FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
 REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
@@ -96,7 +96,7 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
     tolerance = sweep.spec().tolerance_pct
     runs = results(sweep, tolerance, cluster, against)
     table = pareto.by_setting(runs)
-    rec = pareto.recommend(runs, tolerance)
+    rec = sweep.recommend(runs)
     return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
             "error": sweep.state().get("error"),
             "cluster": cluster.text(), "against": pareto.against(runs), "tolerance_pct": tolerance,
@@ -108,29 +108,32 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
 
 
 def next_step(sweep, rec: pareto.Recommendation) -> dict | None:
-    """What to run when the recommendation is open (None when decided, or while the sweep runs):
-    ``text`` says it; ``command`` runs the sweep's unfinished runs and the seeds its open verdicts
-    need (``Recommendation.seeds_needed``), ``runs`` it adds, ``estimate_s`` its time at this
-    sweep's pace (``Sweep.seconds_per_run``).  No command when no number of seeds would decide."""
+    """What to run when verdicts are open (None when none is, or while the sweep runs): ``text``
+    says it; ``command`` runs the sweep's unfinished runs and the seeds its open verdicts need
+    (``Recommendation.seeds_needed``), ``runs`` it adds, ``estimate_s`` its time at this sweep's
+    pace (``Sweep.seconds_per_run``).  A sweep that kept the baseline when its budget of seeds ran
+    out is told what would narrow it.  No command when no number of seeds would decide."""
     from commlab.analysis.units import seconds
 
-    if rec.decided or sweep.status() == RunStatus.RUNNING:
+    if not rec.open or sweep.status() == RunStatus.RUNNING:
         return None
     spec = sweep.spec()
-    repeats = max(spec.repeats, rec.seeds_needed or 0)
-    finished = sum(r.status() == RunStatus.FINISHED for r in sweep.runs())
-    runs = len(grid(spec)) // spec.repeats * repeats - finished
+    repeats = max(len({c.seed for c in grid(spec)}), rec.seeds_needed or 0)
+    lacking = missing(spec, repeats) if rec.seeds_needed else []
+    runs = len(grid(spec)) + len(lacking) - sum(r.status() == RunStatus.FINISHED for r in sweep.runs())
     if runs <= 0:
         return {"text": f"more seeds would not decide within {pareto.MAX_SEEDS_ASKED} per setting: the "
                         "gap to the tolerance is within the seed noise; judge with another "
                         "--tolerance-pct, or sweep again with more --steps", "command": None}
-    more = repeats > spec.repeats
+    more = bool(lacking)
     command = (f"commlab sweep --resume {sweep.id} --runs-dir {sweep.runs_root}"
                + (f" --repeats {repeats}" if more else ""))
     pace = sweep.seconds_per_run()
     estimate = pace * runs if pace else None
     took = f", about {seconds(estimate)} at this sweep's pace" if estimate else ""
     what = f"run {repeats} seeds per setting" if more else "finish the planned runs"
+    if rec.decided:
+        what = f"to narrow it, {what}"
     return {"text": f"{what}: {command}  ({runs} run(s){took})", "command": command,
             "repeats": repeats, "runs": runs, "estimate_s": estimate}
 
