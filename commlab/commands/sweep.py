@@ -36,6 +36,7 @@ from commlab.tune import baseline as baselines
 from commlab.tune.quality import BASIS_TEXT, Cluster
 from commlab.tune.sweep import (
     AXES,
+    DEFAULT_MAX_REPEATS,
     DEFAULT_REPEATS,
     DEFAULT_TOLERANCE_PCT,
     SWEPT_HOOKS,
@@ -57,6 +58,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     return SweepSpec(base=config_from_args(args, axes=AXIS_NAMES), baseline=not args.no_baseline,
                      tolerance_pct=args.tolerance_pct,
                      repeats=DEFAULT_REPEATS if args.repeats is None else args.repeats,
+                     max_repeats=args.max_repeats,
                      against=baselines.DEFAULT if args.against is None else args.against, **lists)
 
 
@@ -264,6 +266,11 @@ def register(sub) -> None:
                         "fewest with which the recommendation can tell a difference from seed noise); "
                         "with --resume, more seeds than the sweep planned: its runs are kept, the new "
                         "seeds' run after them")
+    p.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS, metavar="N",
+                   help="the budget of sequential seeds: while the seeds cannot tell, the settings whose "
+                        "verdict one more seed may decide get one, with the baseline, up to N seeds "
+                        f"per setting (default: {DEFAULT_MAX_REPEATS}); then, still open, the baseline is "
+                        "kept and the command that would narrow it printed")
     p.add_argument("--predict-world-size", type=int, default=Cluster.world_size, metavar="N",
                    help=f"the cluster times are predicted for (default: {Cluster.world_size} workers)")
     p.add_argument("--predict-bandwidth-gbps", type=float, default=Cluster.bandwidth_gbps,

@@ -76,6 +76,7 @@ from commlab.tune.sweep.spec import (
     AXES,
     AXIS_TYPES,
     DEFAULT_HOOK,
+    DEFAULT_MAX_REPEATS,
     DEFAULT_REPEATS,
     DEFAULT_TOLERANCE_PCT,
     MAX_REPEATS,
@@ -92,7 +93,7 @@ from commlab.tune.sweep.spec import (
 from commlab.tune.sweep.table import FINAL_WINDOW, REACH_COLUMNS, ROW_COLUMNS, next_step, summarize
 
 __all__ = [
-    "ADOPT_WAIT_S", "AXES", "AXIS_TYPES", "DEFAULT_HOOK", "DEFAULT_REPEATS", "DEFAULT_TOLERANCE_PCT",
+    "ADOPT_WAIT_S", "AXES", "AXIS_TYPES", "DEFAULT_HOOK", "DEFAULT_MAX_REPEATS", "DEFAULT_REPEATS", "DEFAULT_TOLERANCE_PCT",
     "FINAL_WINDOW", "MAX_REPEATS", "PLAN", "REACH_COLUMNS", "RESULT", "ROW_COLUMNS", "STATE",
     "SWEEPS", "SWEPT_HOOKS", "Executor", "add_seeds", "Progress", "Sweep", "SweepSpec", "_write_state",
     "axis_hooks", "axis_values", "create", "eta", "execute", "grid", "hook_axes", "list_sweeps", "more_seeds", "next_step",
