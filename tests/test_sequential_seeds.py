@@ -105,3 +105,23 @@ def test_a_sweep_seeds_its_open_verdict_until_it_decides(tmp_path):
     assert [s["seeds"] for s in report["settings"]] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2, 3]]
     assert report["next"] is None
     assert sweep.saved_report()["recommendation"] == rec
+    # Its first estimate, made as its second run ended: nine runs, fifteen were every setting seeded
+    # up to the budget (two more seeds of three settings).
+    estimate = report["estimate"]
+    assert (estimate["runs"], estimate["most_runs"]) == (9, 15) and estimate["first_s"] > estimate["run_s"] > 0
+
+
+def test_the_estimate_counts_the_start_up_once_and_the_budget_as_a_bound():
+    import time
+
+    from commlab.tune.sweep.progress import Estimate
+
+    e = Estimate(runs=21, first_s=40.0, run_s=30.0, most_runs=35)
+    assert (e.total_s, e.most_s) == (640.0, 1060.0)
+    assert e.line(5) == ("estimate: about 10 min 40 s for its 21 runs (the first took 40.0 s with the "
+                         "start-up, the second 30.0 s); at most 17 min 40 s if the seeds cannot tell and "
+                         "it seeds the open settings up to 5 seeds (--max-repeats)")
+    assert "at most" not in Estimate(4, 5.0, 1.0, 4).line(5)
+    # Time left at the pace since the first run ended: the 30 s start-up before it is left out.
+    since = {"time": time.time() - 50, "fraction": 0.0, "paced": time.time() - 20, "paced_fraction": 0.25}
+    assert sw.eta(0.5, since) == pytest.approx(40, abs=0.5)

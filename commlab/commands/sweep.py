@@ -150,6 +150,9 @@ def _on_progress(bar, configs):
     shown: dict = {"key": None, "at": 0.0}
 
     def on_progress(p) -> None:
+        if p.total > len(configs):  # the sequential seeds: its runs have the planned runs' steps
+            bar.grow((p.total - len(configs)) * p.steps)
+            configs.extend([configs[-1]] * (p.total - len(configs)))
         at = sum(c.steps for c in configs[:p.index]) + min(p.step, p.steps)
         bar.update(max(at, bar.done))
         bar.describe(f"[{p.index + 1}/{p.total}] {p.label}")
@@ -159,6 +162,8 @@ def _on_progress(bar, configs):
         if changed and (ended or bar.piped) or due:
             shown.update(key=(p.index, p.run_status), at=time.monotonic())
             bar.write(p.line())
+        if p.estimate:
+            bar.write(p.estimate)
 
     return on_progress
 
@@ -219,10 +224,10 @@ def _execute(args: argparse.Namespace, sweep, configs: list, cluster: Cluster) -
     on_progress, bar = None, None
     if not args.json:
         where = " (each a Slurm job)" if sweep.slurm() else ""
-        print(f"sweep {sweep.id}: {len(configs)} run(s), one after another{where} -> {sweep.path}",
-              file=sys.stderr)
+        print(f"sweep {sweep.id}: {len(configs)} run(s), one after another{where} -> {sweep.path}; "
+              "its time is estimated once its first two runs have timed this machine", file=sys.stderr)
         bar = Progress(sum(c.steps for c in configs), "step", lines=0)  # piped: the runs' own lines
-        on_progress = _on_progress(bar, configs)
+        on_progress = _on_progress(bar, list(configs))
     try:
         if args.resume:
             sw.resume(sweep, on_progress, lambda: bool(interrupted), cluster, args.repeats)

@@ -26,7 +26,9 @@ PLAN = {"spec": dict, "labels?": [str]}
 STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
          "replaced?": [{"run_dir?": str, "status?": str}],
          "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
-         "since?": {"time": store.NUM, "fraction": store.NUM}, "ended_at?": store.OPT_NUM,
+         "since?": {"time": store.NUM, "fraction": store.NUM, "paced?": store.NUM, "paced_fraction?": store.NUM},
+         "estimate?": {"runs": int, "first_s": store.NUM, "run_s": store.NUM, "most_runs": int},
+         "ended_at?": store.OPT_NUM,
          "error?": store.OPT_STR}
 
 

@@ -98,7 +98,7 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
     table = pareto.by_setting(runs)
     rec = sweep.recommend(runs)
     return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
-            "error": sweep.state().get("error"),
+            "error": sweep.state().get("error"), "estimate": sweep.state().get("estimate"),
             "cluster": cluster.text(), "against": pareto.against(runs), "tolerance_pct": tolerance,
             "target": runs["target"].iloc[0] if len(runs) else None,
             "runs": _records(runs.drop(columns=["curve", "payoff"])), "settings": _records(table),
