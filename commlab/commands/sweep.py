@@ -8,6 +8,7 @@ setting with N seeds, one run after another.
     commlab sweep --against bf16 ...  (judged against bf16 allreduce: it runs after fp32's)
     commlab sweep --resume SWEEP      (a stopped or lost sweep: its id or folder)
     commlab sweep --resume SWEEP --repeats N   (any sweep that ended, with N seeds per setting)
+    commlab sweep ... --max-repeats N   (open verdicts get seeds one at a time up to N; default 5)
     commlab sweep --show SWEEP [--against fp16]   (any sweep's table and recommendation, again)
 
 ``--hook`` names the hook swept (default PowerSGD); its axes are the settings it reads that the

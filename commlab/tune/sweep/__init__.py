@@ -30,7 +30,11 @@ to ``base.seed + N - 1``; a seed sets the initial weights and the data order, so
 seed are identical across settings until the hook makes them differ, and the analysis compares
 them seed by seed (``commlab.tune.pareto``).  The plan goes seed by seed (every setting with the
 first seed, then the second...): a sweep stopped early has whole comparisons, and a drift in the
-machine's load spreads over every setting instead of one.
+machine's load spreads over every setting instead of one.  After the planned runs, while the seeds
+cannot tell, the settings whose open verdict one more seed may decide get one, with the baselines,
+until decided or the budget (``max_repeats``) is spent (``Executor._seed_open``); the plan grows by
+runs appended to it (``spec.added``), and past the budget the recommendation keeps the baseline
+with its reason (``pareto.recommend``'s ``most_seeds``).
 
 Runs go one at a time: run together they would share the cores and spoil each other's timings;
 the next starts as soon as one has recorded its end, while its processes exit.  Between polls the executor reads the stop flag; on a stop it
