@@ -99,6 +99,8 @@ class Executor:
         they are judged against.  False when none may (decided, or the budget spent).  ``kept``: the
         runs of earlier executions, which the pace leaves out."""
         spec = self.sweep.spec()
+        if len({c.seed for c in self.configs}) >= spec.max_repeats:  # a baseline's seed failing adds no pair
+            return False
         rec = self.sweep.recommend(self.sweep.results(cluster=self.cluster))
         open_ = set(rec.to_seed(spec.max_repeats))
         if not open_:
