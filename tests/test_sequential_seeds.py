@@ -85,7 +85,7 @@ def test_the_plan_grows_by_appended_runs_each_keeping_its_place():
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S)
-def test_a_sweep_seeds_its_open_verdict_until_it_decides(tmp_path):
+def test_a_sweep_seeds_its_open_verdict_until_it_decides(tmp_path, capsys):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-m", "commlab", "sweep", "--workload", "mlp", "--steps", "20",
                           "--world-size", "2", "--matrix-approximation-rank", "1,2",
@@ -105,6 +105,16 @@ def test_a_sweep_seeds_its_open_verdict_until_it_decides(tmp_path):
     assert [s["seeds"] for s in report["settings"]] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2, 3]]
     assert report["next"] is None
     assert sweep.saved_report()["recommendation"] == rec
+    # Were r=2's gap within the seed noise, the next step sweeps it again twice as long: a command
+    # the CLI plans as the baseline and r=2 with the sweep's four seeds and 40 steps.
+    step = sw.table._longer(sweep, pareto.Recommendation("", None, None, "", open=["powersgd r=2 start=4"]))
+    assert step["runs"] == 8 and step["command"].startswith("commlab sweep ")
+    from commlab import cli
+
+    assert cli.main([*step["command"].split()[1:], "--dry-run", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out.splitlines()[-1])["runs"]
+    assert planned == [f"{s} seed {seed}" for seed in range(4) for s in ("allreduce", "powersgd r=2 start=4")]
+    assert "--steps 40 " in step["command"] and f"--runs-dir {tmp_path}" in step["command"]
     # Its first estimate, made as its second run ended: nine runs, fifteen were every setting seeded
     # up to the budget (two more seeds of three settings).
     estimate = report["estimate"]

@@ -52,7 +52,7 @@ class Executor:
         self.since: dict = {}  # when this execution began and how far the sweep was (``_begin``)
         self.entries: list[dict] = []  # state.json's runs, by plan index
         self.steps_done = 0  # of the current run
-        self.estimate: Estimate | None = None  # made as this execution's first run ends (``_estimate``)
+        self.estimate: Estimate | None = None  # made as this execution's second run ends (``_estimate``)
 
     def run(self) -> str:
         """Returns "finished", "stopped", or "failed" (a run could not start: state.json's ``error``)."""
