@@ -135,3 +135,12 @@ def test_the_estimate_counts_the_start_up_once_and_the_budget_as_a_bound():
     # Time left at the pace since the first run ended: the 30 s start-up before it is left out.
     since = {"time": time.time() - 50, "fraction": 0.0, "paced": time.time() - 20, "paced_fraction": 0.25}
     assert sw.eta(0.5, since) == pytest.approx(40, abs=0.5)
+
+
+def test_the_budget_is_the_plan_s_and_a_resume_keeps_it(tmp_path, capsys):
+    from commlab import cli
+
+    assert cli.main(["sweep", "--resume", "any", "--max-repeats", "8", "--runs-dir", str(tmp_path)]) == 2
+    assert "max_repeats: a resumed sweep keeps its plan's budget" in capsys.readouterr().err
+    assert cli.main(["sweep", "--max-repeats", "0", "--dry-run", "--runs-dir", str(tmp_path)]) == 2
+    assert "max_repeats: must be a whole number of seeds from 1 to 100" in capsys.readouterr().err

@@ -59,7 +59,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     return SweepSpec(base=config_from_args(args, axes=AXIS_NAMES), baseline=not args.no_baseline,
                      tolerance_pct=args.tolerance_pct,
                      repeats=DEFAULT_REPEATS if args.repeats is None else args.repeats,
-                     max_repeats=args.max_repeats,
+                     max_repeats=DEFAULT_MAX_REPEATS if args.max_repeats is None else args.max_repeats,
                      against=baselines.DEFAULT if args.against is None else args.against, **lists)
 
 
@@ -186,6 +186,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.resume and args.against is not None:
         errors.setdefault("against", "a resumed sweep keeps its plan's baseline; judge it against "
                                      "another when it ends: --show SWEEP --against BASELINE")
+    if args.resume and args.max_repeats is not None:
+        errors.setdefault("max_repeats", "a resumed sweep keeps its plan's budget of seeds; give it "
+                                         "more seeds with --repeats N")
     if args.show:
         if errors:
             raise ConfigError(errors)
@@ -272,7 +275,7 @@ def register(sub) -> None:
                         "fewest with which the recommendation can tell a difference from seed noise); "
                         "with --resume, more seeds than the sweep planned: its runs are kept, the new "
                         "seeds' run after them")
-    p.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS, metavar="N",
+    p.add_argument("--max-repeats", type=int, metavar="N",
                    help="the budget of sequential seeds: while the seeds cannot tell, the settings whose "
                         "verdict one more seed may decide get one, with the baseline, up to N seeds "
                         f"per setting (default: {DEFAULT_MAX_REPEATS}); then, still open, the baseline is "

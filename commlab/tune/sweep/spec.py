@@ -202,10 +202,10 @@ def per_seed(spec: SweepSpec) -> int:
 
 def missing(spec: SweepSpec, repeats: int) -> list[list[int]]:
     """[setting index, seed] of each run the plan lacks for ``repeats`` seeds per setting, seed by seed."""
-    planned = {(k, seed) for seed in spec.seeds() for k in range(per_seed(spec))} | \
-        {tuple(pair) for pair in spec.added}
+    settings = range(per_seed(spec))
+    planned = {(k, seed) for seed in spec.seeds() for k in settings} | {tuple(pair) for pair in spec.added}
     return [[k, seed] for seed in range(spec.base.seed, spec.base.seed + repeats)
-            for k in range(per_seed(spec)) if (k, seed) not in planned]
+            for k in settings if (k, seed) not in planned]
 
 
 def more_seeds(spec: SweepSpec, repeats: int) -> list[RunConfig]:
