@@ -148,13 +148,13 @@ PIPED_EVERY_S = 10.0  # piped, a running run's line this often
 def _on_progress(bar, configs):
     import time
 
-    shown: dict = {"key": None, "at": 0.0}
+    shown: dict = {"key": None, "at": 0.0, "runs": len(configs)}
 
     def on_progress(p) -> None:
-        if p.total > len(configs):  # the sequential seeds: its runs have the planned runs' steps
-            bar.grow((p.total - len(configs)) * p.steps)
-            configs.extend([configs[-1]] * (p.total - len(configs)))
-        at = sum(c.steps for c in configs[:p.index]) + min(p.step, p.steps)
+        if p.total > shown["runs"]:  # the sequential seeds: one job, so each run has the same steps
+            bar.grow((p.total - shown["runs"]) * p.steps)
+            shown["runs"] = p.total
+        at = p.index * p.steps + min(p.step, p.steps)
         bar.update(max(at, bar.done))
         bar.describe(f"[{p.index + 1}/{p.total}] {p.label}")
         changed = shown["key"] != (p.index, p.run_status)
@@ -231,7 +231,7 @@ def _execute(args: argparse.Namespace, sweep, configs: list, cluster: Cluster) -
         print(f"sweep {sweep.id}: {len(configs)} run(s), one after another{where} -> {sweep.path}; "
               "its time is estimated once its first two runs have timed this machine", file=sys.stderr)
         bar = Progress(sum(c.steps for c in configs), "step", lines=0)  # piped: the runs' own lines
-        on_progress = _on_progress(bar, list(configs))
+        on_progress = _on_progress(bar, configs)
     try:
         if args.resume:
             sw.resume(sweep, on_progress, lambda: bool(interrupted), cluster, args.repeats)
