@@ -207,7 +207,7 @@ def results(sweep: sw.Sweep) -> None:
         return
     title = baselines.title(against)
     table = pareto.by_setting(runs)
-    rec = pareto.recommend(runs, tolerance)
+    rec = sweep.recommend(runs, tolerance)
     recommendation(rec, table, title)
     step = sw.next_step(sweep, rec)
     if step:

@@ -163,7 +163,7 @@ def test_the_sweep_keeps_its_defaults_and_its_stored_form():
     stored = sw.SweepSpec(matrix_approximation_rank=[2], wrapper=["fp16"]).to_dict()
     assert list(stored) == ["base", "matrix_approximation_rank", "start_powerSGD_iter",
                             "min_compression_rate", "wrapper", "baseline", "tolerance_pct", "repeats",
-                            "against"]
+                            "against", "max_repeats", "added"]
     assert sw.SweepSpec.from_dict(stored) == sw.SweepSpec(matrix_approximation_rank=[2],
                                                           wrapper=["fp16"])
     with pytest.raises(TypeError, match="not a sweep axis: steps"):

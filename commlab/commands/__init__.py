@@ -95,6 +95,13 @@ class Progress:
             self.next_line = done + max(self.total // self.lines, 1)
         self.done = done
 
+    def grow(self, more: int) -> None:
+        """``more`` to count beyond the total first told (a sweep that adds seeds)."""
+        self.total += more
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
+
     @property
     def piped(self) -> bool:
         return self.bar is None

@@ -8,6 +8,7 @@ setting with N seeds, one run after another.
     commlab sweep --against bf16 ...  (judged against bf16 allreduce: it runs after fp32's)
     commlab sweep --resume SWEEP      (a stopped or lost sweep: its id or folder)
     commlab sweep --resume SWEEP --repeats N   (any sweep that ended, with N seeds per setting)
+    commlab sweep ... --max-repeats N   (open verdicts get seeds one at a time up to N; default 5)
     commlab sweep --show SWEEP [--against fp16]   (any sweep's table and recommendation, again)
 
 ``--hook`` names the hook swept (default PowerSGD); its axes are the settings it reads that the
@@ -36,6 +37,7 @@ from commlab.tune import baseline as baselines
 from commlab.tune.quality import BASIS_TEXT, Cluster
 from commlab.tune.sweep import (
     AXES,
+    DEFAULT_MAX_REPEATS,
     DEFAULT_REPEATS,
     DEFAULT_TOLERANCE_PCT,
     SWEPT_HOOKS,
@@ -57,6 +59,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     return SweepSpec(base=config_from_args(args, axes=AXIS_NAMES), baseline=not args.no_baseline,
                      tolerance_pct=args.tolerance_pct,
                      repeats=DEFAULT_REPEATS if args.repeats is None else args.repeats,
+                     max_repeats=DEFAULT_MAX_REPEATS if args.max_repeats is None else args.max_repeats,
                      against=baselines.DEFAULT if args.against is None else args.against, **lists)
 
 
@@ -145,10 +148,13 @@ PIPED_EVERY_S = 10.0  # piped, a running run's line this often
 def _on_progress(bar, configs):
     import time
 
-    shown: dict = {"key": None, "at": 0.0}
+    shown: dict = {"key": None, "at": 0.0, "runs": len(configs)}
 
     def on_progress(p) -> None:
-        at = sum(c.steps for c in configs[:p.index]) + min(p.step, p.steps)
+        if p.total > shown["runs"]:  # the sequential seeds: one job, so each run has the same steps
+            bar.grow((p.total - shown["runs"]) * p.steps)
+            shown["runs"] = p.total
+        at = p.index * p.steps + min(p.step, p.steps)
         bar.update(max(at, bar.done))
         bar.describe(f"[{p.index + 1}/{p.total}] {p.label}")
         changed = shown["key"] != (p.index, p.run_status)
@@ -157,6 +163,8 @@ def _on_progress(bar, configs):
         if changed and (ended or bar.piped) or due:
             shown.update(key=(p.index, p.run_status), at=time.monotonic())
             bar.write(p.line())
+        if p.estimate:
+            bar.write(p.estimate)
 
     return on_progress
 
@@ -178,6 +186,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.resume and args.against is not None:
         errors.setdefault("against", "a resumed sweep keeps its plan's baseline; judge it against "
                                      "another when it ends: --show SWEEP --against BASELINE")
+    if args.resume and args.max_repeats is not None:
+        errors.setdefault("max_repeats", "a resumed sweep keeps its plan's budget of seeds; give it "
+                                         "more seeds with --repeats N")
     if args.show:
         if errors:
             raise ConfigError(errors)
@@ -217,8 +228,8 @@ def _execute(args: argparse.Namespace, sweep, configs: list, cluster: Cluster) -
     on_progress, bar = None, None
     if not args.json:
         where = " (each a Slurm job)" if sweep.slurm() else ""
-        print(f"sweep {sweep.id}: {len(configs)} run(s), one after another{where} -> {sweep.path}",
-              file=sys.stderr)
+        print(f"sweep {sweep.id}: {len(configs)} run(s), one after another{where} -> {sweep.path}; "
+              "its time is estimated once its first two runs have timed this machine", file=sys.stderr)
         bar = Progress(sum(c.steps for c in configs), "step", lines=0)  # piped: the runs' own lines
         on_progress = _on_progress(bar, configs)
     try:
@@ -264,6 +275,11 @@ def register(sub) -> None:
                         "fewest with which the recommendation can tell a difference from seed noise); "
                         "with --resume, more seeds than the sweep planned: its runs are kept, the new "
                         "seeds' run after them")
+    p.add_argument("--max-repeats", type=int, metavar="N",
+                   help="the budget of sequential seeds: while the seeds cannot tell, the settings whose "
+                        "verdict one more seed may decide get one, with the baseline, up to N seeds "
+                        f"per setting (default: {DEFAULT_MAX_REPEATS}); then, still open, the baseline is "
+                        "kept and the command that would narrow it printed")
     p.add_argument("--predict-world-size", type=int, default=Cluster.world_size, metavar="N",
                    help=f"the cluster times are predicted for (default: {Cluster.world_size} workers)")
     p.add_argument("--predict-bandwidth-gbps", type=float, default=Cluster.bandwidth_gbps,

@@ -291,15 +291,34 @@ class Recommendation:
     against: str = baselines.DEFAULT  # the baseline it was judged against
     here: str | None = None  # on the runs' cluster: its time to the target loss, whether it pays
     seeds_needed: int | None = None  # undecided: seeds per setting that would decide the open verdicts
+    open: list[str] = field(default_factory=list)  # the settings whose open verdicts it was made without
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def to_seed(self, most: int) -> list[str]:
+        """The open settings one more seed may decide, within ``most`` seeds (``to_seed``)."""
+        return [] if self.decided else to_seed([Verdict(**v) for v in self.verdicts
+                                                if v["setting"] in self.open], most)
+
+
+def to_seed(verdicts: list[Verdict], most: int) -> list[str]:
+    """The settings one more seed may decide: undecided at fewer than ``most`` seeds, with a spread
+    at which ``most`` seeds or fewer would leave the tolerance on one side (``seeds_to_decide``).
+    The others' gap to the tolerance is within the noise as far as their seeds show, or their
+    seeds are fewer than the rule's least (the plan's choice) or unfinished (a resume's)."""
+    return [v.setting for v in verdicts if v.verdict == UNDECIDED and v.pairs < most
+            and v.seeds_needed is not None and v.seeds_needed <= most]
+
 
 def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
-              min_seeds: int = MIN_SEEDS) -> Recommendation:
+              min_seeds: int = MIN_SEEDS, most_seeds: int | None = None) -> Recommendation:
     """The fewest bytes per step among the settings ``RULE`` calls as good as the baseline
-    (``against``), if fewer than the baseline's."""
+    (``against``), if fewer than the baseline's.  ``most_seeds``: the seeds the sweep may give an
+    open verdict (its budget of sequential seeds); once none of them may decide one more
+    (``to_seed``), no setting was shown as good: keep the baseline, saying after how many seeds and
+    which verdicts stayed open (``open``, the next step narrows them).  Without it, open verdicts
+    decide nothing."""
     name = against(runs)
     title = baselines.title(name)
     rule = RULE.format(base=title, conf=confidence, x=tolerance_pct, k=min_seeds)
@@ -342,12 +361,25 @@ def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
             f"tolerance {v.tolerance:.4g})", True, float(best["bytes_per_step"]),
             float(best["quality_mean"]), kept, here=_here(runs, best, base))
     open_ = [v for v in found if v.verdict in (UNDECIDED, TOO_FEW, INCOMPLETE) and v.setting in cheaper]
+    spent = most_seeds is not None and all(v.verdict == UNDECIDED for v in open_) and \
+        not to_seed(open_, most_seeds)
+    if open_ and spent:
+        seeds = max(v.pairs for v in open_)
+        return said(base["run_id"], base["label"],
+                    f"keep {title}: after {seeds} seeds no setting that sends fewer bytes is shown "
+                    f"within {tolerance_pct:g}% of its loss {base_loss:.4g} at the seeds' spread (" + "; ".join(
+                        f"{v.setting}: {v.verdict}" + (f" [{v.low:+.4g}, {v.high:+.4g}] against tolerance "
+                                                       f"{v.tolerance:.4g}" if v.verdict == UNDECIDED else "")
+                        for v in found) + f"); more seeds within the sweep's budget (--max-repeats {most_seeds}) "
+                    "would not decide",
+                    True, base_bytes, base_loss, kept, here=_here(runs, base, base),
+                    seeds_needed=_seeds_needed(open_, min_seeds), open=[v.setting for v in open_])
     if open_:
         few = [v for v in open_ if v.verdict == TOO_FEW]
         head = few[0].reason if few else "the seeds cannot tell yet"
         return said(None, None, f"no decision: {head}. " + "; ".join(
             f"{v.setting}: {v.verdict}" for v in open_), False, verdicts=kept,
-            seeds_needed=_seeds_needed(open_, min_seeds))
+            seeds_needed=_seeds_needed(open_, min_seeds), open=[v.setting for v in open_])
     if not found:
         return said(base["run_id"], base["label"], f"keep {title}: the sweep has no compressed "
                     "setting", True, base_bytes, base_loss, kept, here=_here(runs, base, base))

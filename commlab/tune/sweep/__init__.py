@@ -30,7 +30,11 @@ to ``base.seed + N - 1``; a seed sets the initial weights and the data order, so
 seed are identical across settings until the hook makes them differ, and the analysis compares
 them seed by seed (``commlab.tune.pareto``).  The plan goes seed by seed (every setting with the
 first seed, then the second...): a sweep stopped early has whole comparisons, and a drift in the
-machine's load spreads over every setting instead of one.
+machine's load spreads over every setting instead of one.  After the planned runs, while the seeds
+cannot tell, the settings whose open verdict one more seed may decide get one, with the baselines,
+until decided or the budget (``max_repeats``) is spent (``Executor._seed_open``); the plan grows by
+runs appended to it (``spec.added``), and past the budget the recommendation keeps the baseline
+with its reason (``pareto.recommend``'s ``most_seeds``).
 
 Runs go one at a time: run together they would share the cores and spoil each other's timings;
 the next starts as soon as one has recorded its end, while its processes exit.  Between polls the executor reads the stop flag; on a stop it
@@ -76,6 +80,7 @@ from commlab.tune.sweep.spec import (
     AXES,
     AXIS_TYPES,
     DEFAULT_HOOK,
+    DEFAULT_MAX_REPEATS,
     DEFAULT_REPEATS,
     DEFAULT_TOLERANCE_PCT,
     MAX_REPEATS,
@@ -92,7 +97,7 @@ from commlab.tune.sweep.spec import (
 from commlab.tune.sweep.table import FINAL_WINDOW, REACH_COLUMNS, ROW_COLUMNS, next_step, summarize
 
 __all__ = [
-    "ADOPT_WAIT_S", "AXES", "AXIS_TYPES", "DEFAULT_HOOK", "DEFAULT_REPEATS", "DEFAULT_TOLERANCE_PCT",
+    "ADOPT_WAIT_S", "AXES", "AXIS_TYPES", "DEFAULT_HOOK", "DEFAULT_MAX_REPEATS", "DEFAULT_REPEATS", "DEFAULT_TOLERANCE_PCT",
     "FINAL_WINDOW", "MAX_REPEATS", "PLAN", "REACH_COLUMNS", "RESULT", "ROW_COLUMNS", "STATE",
     "SWEEPS", "SWEPT_HOOKS", "Executor", "add_seeds", "Progress", "Sweep", "SweepSpec", "_write_state",
     "axis_hooks", "axis_values", "create", "eta", "execute", "grid", "hook_axes", "list_sweeps", "more_seeds", "next_step",

@@ -8,22 +8,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
-from commlab.config import ConfigError
+from commlab.config import ConfigError, label_of
 from commlab.engine import procs, store
 from commlab.engine.run_state import RunStatus
-from commlab.tune import quality
+from commlab.tune import pareto, quality
 from commlab.tune.sweep.folder import (
     RESULT,
     Sweep,
     _none_running,
     _write_state,
+    add_seed,
     add_seeds,
     create,
     one_at_a_time,
 )
-from commlab.tune.sweep.progress import Progress, eta
-from commlab.tune.sweep.spec import SweepSpec, plan_label
+from commlab.tune.sweep.progress import Estimate, Progress, eta
+from commlab.tune.sweep.spec import SweepSpec, baseline_hooks, per_seed, plan_label
 
 ADOPT_WAIT_S = 60.0  # how long a resume waits for a run of the sweep's last attempt to end
 
@@ -50,6 +52,7 @@ class Executor:
         self.since: dict = {}  # when this execution began and how far the sweep was (``_begin``)
         self.entries: list[dict] = []  # state.json's runs, by plan index
         self.steps_done = 0  # of the current run
+        self.estimate: Estimate | None = None  # made as this execution's second run ends (``_estimate``)
 
     def run(self) -> str:
         """Returns "finished", "stopped", or "failed" (a run could not start: state.json's ``error``)."""
@@ -64,23 +67,57 @@ class Executor:
         # run: it is done now, beside the first run's start-up, which leaves this process idle.
         threading.Thread(target=importlib.import_module, args=("pandas",), daemon=True).start()
         try:
-            for i, cfg in enumerate(self.configs):
-                if i in done:
-                    continue
-                if self.stopped or self._stopping():
-                    self.stopped = True
-                    break
-                try:
-                    self._run_one(launch, i, cfg)
-                except (ConfigError, OSError) as e:  # a full disk, a runs folder gone: none would start
-                    self.failed = f"run {i + 1} of {len(self.configs)} ({self.labels[i]}) could not start: {e}"
-                    break
+            ran = set(done)
+            while self._run_planned(launch, ran) and self._seed_open(len(done)):
+                pass
             launch.release()  # the ranks leave while the runs' supervisors end and the report is made
             for run in self.exiting:
                 run.wait()
             return self._end()
         finally:
             launch.close()
+
+    def _run_planned(self, launch, ran: set[int]) -> bool:
+        """Run the planned runs not yet run; False when the sweep stopped or a run could not start."""
+        for i, cfg in enumerate(self.configs):
+            if i in ran:
+                continue
+            if self.stopped or self._stopping():
+                self.stopped = True
+                return False
+            ran.add(i)
+            try:
+                self._run_one(launch, i, cfg)
+            except (ConfigError, OSError) as e:  # a full disk, a runs folder gone: none would start
+                self.failed = f"run {i + 1} of {len(self.configs)} ({self.labels[i]}) could not start: {e}"
+                return False
+        return True
+
+    def _seed_open(self, kept: int) -> bool:
+        """The sequential seeds: while the recommendation is open, one more seed for the settings
+        whose verdicts one more may decide within the budget (``pareto.to_seed``) and the baselines
+        they are judged against.  False when none may (decided, or the budget spent).  ``kept``: the
+        runs of earlier executions, which the pace leaves out."""
+        spec = self.sweep.spec()
+        if len({c.seed for c in self.configs}) >= spec.max_repeats:  # a baseline's seed failing adds no pair
+            return False
+        rec = self.sweep.recommend(self.sweep.results(cluster=self.cluster))
+        open_ = set(rec.to_seed(spec.max_repeats))
+        if not open_:
+            return False
+        one_seed = self.configs[:per_seed(spec)]
+        add_seed(self.sweep, [k for k, cfg in enumerate(one_seed)
+                              if k < len(baseline_hooks(spec)) or label_of(cfg.to_dict(), link=True) in open_])
+        spec = self.sweep.spec()
+        self.configs = self.sweep.configs()
+        self.labels = [plan_label(c, spec) for c in self.configs]
+        self.entries += [{"label": label} for label in self.labels[len(self.entries):]]
+        # The share of the sweep done before this execution, of the plan as it is now.
+        self.since["fraction"] = kept / len(self.configs)
+        if "paced" in self.since:
+            self.since["paced_fraction"] = (kept + 1) / len(self.configs)
+        _write_state(self.sweep, since=self.since)
+        return True
 
     def _begin(self) -> dict[int, dict]:
         """Record this execution's start; returns the runs of earlier ones that finished, by plan index."""
@@ -116,7 +153,28 @@ class Executor:
         self.exiting.append(run)
         self.entries[i]["status"] = status
         _write_state(self.sweep, runs=_started(self.entries))
-        self._report(i, status, self.steps_done + len(steps.read_new()))
+        if "paced" not in self.since:  # this execution's first run: the pace is counted from here
+            self.since.update(paced=time.time(), paced_fraction=self.since["fraction"] + 1 / len(self.configs))
+            _write_state(self.sweep, since=self.since)
+            estimate = None
+        else:
+            estimate = None if self.estimate or self.stopped else self._estimate().line(
+                self.sweep.spec().max_repeats)
+        self._report(i, status, self.steps_done + len(steps.read_new()), estimate)
+
+    def _estimate(self) -> Estimate:
+        """The first estimate, as this execution's second run ends: the first run's time, start-up
+        included, then every other at the second's.  Made then, not before: a run's time on this
+        machine, under its load, is known once runs have run; the first alone carries the start-up."""
+        spec, now = self.sweep.spec(), time.time()
+        runs = len(self.configs) - round(self.since["fraction"] * len(self.configs))
+        seeds = len({c.seed for c in self.configs})
+        # Only a sweep with a baseline and the rule's least seeds has open verdicts to seed.
+        rounds = max(0, spec.max_repeats - seeds) if spec.baseline and seeds >= pareto.MIN_SEEDS else 0
+        self.estimate = Estimate(runs, self.since["paced"] - self.since["time"], now - self.since["paced"],
+                                 runs + rounds * per_seed(spec))
+        _write_state(self.sweep, estimate=asdict(self.estimate))
+        return self.estimate
 
     def _ended(self, i: int, run, steps) -> bool:
         """True once the run has ended, or was stopped here."""
@@ -144,10 +202,12 @@ class Executor:
     def _stopping(self) -> bool:
         return self.sweep.stop_requested() or bool(self.should_stop and self.should_stop())
 
-    def _report(self, i: int, status: str, step: int) -> None:
+    def _report(self, i: int, status: str, step: int, estimate: str | None = None) -> None:
         if self.on_progress:
-            p = Progress(i, len(self.configs), self.labels[i], status, step, self.configs[i].steps, RunStatus.RUNNING)
-            p.eta_s = eta(p.fraction, self.since)
+            p = Progress(i, len(self.configs), self.labels[i], status, step, self.configs[i].steps,
+                         RunStatus.RUNNING, estimate=estimate)
+            # No time left before the first estimate: until then no pace leaves the start-up out.
+            p.eta_s = eta(p.fraction, self.since) if self.estimate else None
             self.on_progress(p)
 
 

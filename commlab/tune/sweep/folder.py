@@ -14,7 +14,7 @@ from commlab.engine.run_state import RunStatus
 from commlab.tune import quality
 from commlab.tune.sweep import table
 from commlab.tune.sweep.progress import Progress, eta
-from commlab.tune.sweep.spec import SweepSpec, grid, more_seeds, plan_label
+from commlab.tune.sweep.spec import SweepSpec, grid, more_seeds, next_seed, plan_label
 
 SWEEPS = "sweeps"
 RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.report``)
@@ -26,7 +26,9 @@ PLAN = {"spec": dict, "labels?": [str]}
 STATE = {"status?": str, "index?": int, "runs?": [{"run_dir?": str, "status?": str}],
          "replaced?": [{"run_dir?": str, "status?": str}],
          "pid?": store.OPT_INT, "create_time?": store.OPT_NUM,
-         "since?": {"time": store.NUM, "fraction": store.NUM}, "ended_at?": store.OPT_NUM,
+         "since?": {"time": store.NUM, "fraction": store.NUM, "paced?": store.NUM, "paced_fraction?": store.NUM},
+         "estimate?": {"runs": int, "first_s": store.NUM, "run_s": store.NUM, "most_runs": int},
+         "ended_at?": store.OPT_NUM,
          "error?": store.OPT_STR}
 
 
@@ -146,6 +148,16 @@ class Sweep(store.Folder):
         """One row per run started, in plan order (``table.results``)."""
         return table.results(self, tolerance_pct, cluster, against)
 
+    def recommend(self, runs, tolerance_pct: float | None = None):
+        """The recommendation on these runs of the sweep (``results``), its budget of sequential
+        seeds in view (``pareto.recommend``'s ``most_seeds``); judged with the plan's tolerance
+        unless told."""
+        from commlab.tune import pareto
+
+        spec = self.spec()
+        return pareto.recommend(runs, spec.tolerance_pct if tolerance_pct is None else tolerance_pct,
+                                most_seeds=spec.max_repeats)
+
     def report(self, cluster: quality.Cluster = quality.Cluster(), against: str | None = None) -> dict:
         """Every run, every setting over its seeds, the recommendation (``table.report``): what
         ``commlab sweep`` prints (``--json``) and ``result.json`` holds."""
@@ -161,13 +173,25 @@ class Sweep(store.Folder):
 
 
 def add_seeds(sweep: Sweep, repeats: int) -> None:
-    """Plan ``repeats`` seeds per setting where the sweep planned fewer.  The plan goes seed by seed,
-    so the new seeds' runs come after every planned run, which keep their places (and state.json
-    its entries).  ConfigError for no more seeds than planned, or more than a sweep may have."""
-    plan, spec = store.read_json(sweep.file("sweep.json"), {}), sweep.spec()
-    configs = more_seeds(spec, repeats)
-    store.write_json(sweep.file("sweep.json"), {**plan, "spec": {**plan["spec"], "repeats": repeats},
-                                                "labels": [plan_label(c, spec) for c in configs]})
+    """Plan ``repeats`` seeds per setting where the sweep planned fewer: the runs lacking come after
+    every planned run, which keep their places (and state.json its entries).  ConfigError for no
+    more seeds than planned, or more than a sweep may have."""
+    spec = sweep.spec()
+    _replan(sweep, spec, more_seeds(spec, repeats))
+
+
+def add_seed(sweep: Sweep, settings: list[int]) -> None:
+    """Plan one more seed for the settings at these indices of a seed's runs (the sequential seeds:
+    the open verdicts' settings and the baselines they are judged against), after every planned run."""
+    spec = sweep.spec()
+    _replan(sweep, spec, next_seed(spec, settings))
+
+
+def _replan(sweep: Sweep, spec: SweepSpec, configs: list[RunConfig]) -> None:
+    plan = store.read_json(sweep.file("sweep.json"), {})
+    store.write_json(sweep.file("sweep.json"), {
+        **plan, "spec": {**plan["spec"], "added": spec.added},
+        "labels": [plan_label(c, spec) for c in configs]})
 
 
 def list_sweeps(runs_dir: str | os.PathLike | None = None) -> list[Sweep]:

@@ -15,7 +15,10 @@ from commlab.tune import pareto
 DEFAULT_REPEATS = pareto.MIN_SEEDS  # the fewest seeds the recommendation decides with
 DEFAULT_TOLERANCE_PCT = 5.0
 MAX_REPEATS = 100
-
+# The budget of sequential seeds: an open verdict gets one more seed at a time up to this many.  Five
+# halves the 3 seeds' t-interval (its half-width goes as t(n-1)/sqrt(n): 2.48 at 3, 1.24 at 5) for
+# at most two more rounds of the open settings and the baseline.
+DEFAULT_MAX_REPEATS = 5
 
 
 # The sweep axes: the settings the table marks sweepable (``sweep=``), in its order, the compress
@@ -56,10 +59,13 @@ class SweepSpec:
     tolerance_pct: float  # the recommendation's X
     repeats: int  # seeds per setting: base.seed, base.seed + 1, ...
     against: str  # the baseline judged against (``commlab.tune.baseline``); a 16-bit one runs after fp32's
+    max_repeats: int  # sequential seeds: an open verdict's setting gets seeds one at a time up to this many
+    added: list[list[int]]  # runs planned after the grid's seeds: [setting's index in a seed, seed], in order
 
     def __init__(self, base: RunConfig | None = None, baseline: bool = True,
                  tolerance_pct: float = DEFAULT_TOLERANCE_PCT, repeats: int = DEFAULT_REPEATS,
-                 against: str = baselines.DEFAULT, **values: list):
+                 against: str = baselines.DEFAULT, max_repeats: int = DEFAULT_MAX_REPEATS,
+                 added: list | None = None, **values: list):
         unknown = sorted(set(values) - {s.name for s in AXES})
         if unknown:
             raise TypeError(f"not a sweep axis: {', '.join(unknown)}; the axes are: "
@@ -69,7 +75,8 @@ class SweepSpec:
         self.values = {s.name: list(values.get(s.name, s.sweep)) for s in AXES
                        if s.name in own or values.get(s.name)}
         self.baseline, self.tolerance_pct, self.repeats = baseline, tolerance_pct, repeats
-        self.against = against
+        self.against, self.max_repeats = against, max_repeats
+        self.added = [list(pair) for pair in added or ()]
 
     @property
     def hook(self) -> str:
@@ -84,10 +91,15 @@ class SweepSpec:
 
     def to_dict(self) -> dict:
         return {"base": self.base.to_dict(), **self.values, "baseline": self.baseline,
-                "tolerance_pct": self.tolerance_pct, "repeats": self.repeats, "against": self.against}
+                "tolerance_pct": self.tolerance_pct, "repeats": self.repeats, "against": self.against,
+                "max_repeats": self.max_repeats, "added": self.added}
 
     def seeds(self) -> list[int]:
+        """The grid's seeds, which every setting runs with (``added`` runs come after them)."""
         return [self.base.seed + k for k in range(self.repeats)]
+
+    def several_seeds(self) -> bool:
+        return self.repeats > 1 or any(seed != self.base.seed for _, seed in self.added)
 
     @classmethod
     def from_dict(cls, data: dict) -> SweepSpec:
@@ -138,10 +150,11 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
             errs[s.name] = f"unknown {s.name}(s) {bad}; valid {s.name}s are: {', '.join(s.choices)}"
     if not (math.isfinite(spec.tolerance_pct) and spec.tolerance_pct >= 0):
         errs["tolerance_pct"] = f"must be 0 or a positive percentage, got {spec.tolerance_pct}"
-    if isinstance(spec.repeats, bool) or not isinstance(spec.repeats, int) or \
-            not 1 <= spec.repeats <= MAX_REPEATS:
-        errs["repeats"] = (f"must be a whole number of seeds from 1 to {MAX_REPEATS} (3 or more let "
-                           f"the recommendation tell a difference from seed noise), got {spec.repeats!r}")
+    for name in ("repeats", "max_repeats"):
+        n = getattr(spec, name)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPEATS:
+            errs[name] = (f"must be a whole number of seeds from 1 to {MAX_REPEATS} (3 or more let "
+                          f"the recommendation tell a difference from seed noise), got {n!r}")
     # The job's own problems are named beside the grid's, all at once, each once: as the
     # field's, not as the first setting's; a setting's, for that setting.
     try:
@@ -153,9 +166,7 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     errs = {**spec.base.with_overrides(hook=BASELINE, wrapper="none").errors(), **errs}
     # fp32 allreduce first in every seed: it calibrates the what-if model and prices PowerSGD's
     # allreduce steps; a 16-bit baseline after it.
-    one_seed = [spec.base.with_overrides(hook=b, wrapper="none")
-                for b in dict.fromkeys((BASELINE, spec.against))
-                if b in baselines.BASELINES] if spec.baseline else []
+    one_seed = [spec.base.with_overrides(hook=b, wrapper="none") for b in baseline_hooks(spec)]
     for combination in itertools.product(*axes.values()):
         try:
             one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
@@ -166,7 +177,10 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
             errs.setdefault(key, f"{label_of(cfg.to_dict(), link=True)}: {msg}")
     if errs:
         raise ConfigError(errs)
-    configs = [cfg.with_overrides(seed=seed) for seed in spec.seeds() for cfg in one_seed]
+    if any(not 0 <= k < len(one_seed) for k, _ in spec.added):
+        raise ConfigError({"added": f"names a setting the grid has not: it has {len(one_seed)} per seed"})
+    configs = [cfg.with_overrides(seed=seed) for seed in spec.seeds() for cfg in one_seed] + \
+        [one_seed[k].with_overrides(seed=seed) for k, seed in spec.added]
     for cfg in configs[len(one_seed):]:
         for key, msg in cfg.errors().items():
             errs.setdefault(key, f"seed {cfg.seed}: {msg}")
@@ -175,13 +189,41 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     return configs
 
 
+def baseline_hooks(spec: SweepSpec) -> list[str]:
+    """The baselines each seed runs first, in order: fp32 allreduce, then a 16-bit one judged against."""
+    return [b for b in dict.fromkeys((BASELINE, spec.against)) if b in baselines.BASELINES] \
+        if spec.baseline else []
+
+
+def per_seed(spec: SweepSpec) -> int:
+    """How many settings (the baselines included) the grid runs with each seed."""
+    return (len(grid(spec)) - len(spec.added)) // spec.repeats
+
+
+def missing(spec: SweepSpec, repeats: int) -> list[list[int]]:
+    """[setting index, seed] of each run the plan lacks for ``repeats`` seeds per setting, seed by seed."""
+    settings = range(per_seed(spec))
+    planned = {(k, seed) for seed in spec.seeds() for k in settings} | {tuple(pair) for pair in spec.added}
+    return [[k, seed] for seed in range(spec.base.seed, spec.base.seed + repeats)
+            for k in settings if (k, seed) not in planned]
+
+
 def more_seeds(spec: SweepSpec, repeats: int) -> list[RunConfig]:
-    """The grid of ``spec`` with ``repeats`` seeds per setting (``spec.repeats`` set to it), for a
-    sweep given more seeds than it planned; ConfigError for no more."""
-    if repeats <= spec.repeats:
-        raise ConfigError({"repeats": f"the sweep already plans {spec.repeats} seed(s) per setting: "
+    """The plan of ``spec`` with ``repeats`` seeds per setting: the runs it lacks for them appended
+    to ``spec.added`` (every run planned keeps its place); ConfigError for none lacking."""
+    lacking = missing(spec, repeats)
+    if not lacking:
+        raise ConfigError({"repeats": f"the sweep already plans {repeats} seed(s) per setting or more: "
                                       "give more to add seeds, or leave --repeats out"})
-    spec.repeats = repeats
+    spec.added += lacking
+    return grid(spec)
+
+
+def next_seed(spec: SweepSpec, settings: list[int]) -> list[RunConfig]:
+    """The plan of ``spec`` with one more seed for the settings at these indices (in a seed's
+    order, the baselines among them), appended to ``spec.added``: the sequential seeds."""
+    seed = max([*spec.seeds(), *(s for _, s in spec.added)]) + 1
+    spec.added += [[k, seed] for k in sorted(settings)]
     return grid(spec)
 
 
@@ -195,5 +237,5 @@ def _not_an_axis(name: str, hook: str) -> str:
 
 def plan_label(cfg: RunConfig, spec: SweepSpec) -> str:
     """A run's name in the plan and the progress line: its setting, and its seed when there are several."""
-    return label_of(cfg.to_dict(), link=True, seed=spec.repeats > 1)
+    return label_of(cfg.to_dict(), link=True, seed=spec.several_seeds())
 

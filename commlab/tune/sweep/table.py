@@ -3,13 +3,14 @@ the recommendation (``report``, what result.json holds).  Pure but for reading t
 from __future__ import annotations
 
 import collections
+import itertools
 
 from commlab.analysis import metrics
-from commlab.config import label_of, link_of
+from commlab.config import RunConfig, label_of, link_of
 from commlab.engine.run_state import RunStatus
 from commlab.tune import baseline as baselines
 from commlab.tune import pareto, payoff, quality, whatif
-from commlab.tune.sweep.spec import grid, hook_axes
+from commlab.tune.sweep.spec import baseline_hooks, grid, hook_axes, missing, per_seed
 
 FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
 REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
@@ -96,9 +97,9 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
     tolerance = sweep.spec().tolerance_pct
     runs = results(sweep, tolerance, cluster, against)
     table = pareto.by_setting(runs)
-    rec = pareto.recommend(runs, tolerance)
+    rec = sweep.recommend(runs)
     return {"sweep_id": sweep.id, "sweep_dir": str(sweep.path), "status": sweep.status(),
-            "error": sweep.state().get("error"),
+            "error": sweep.state().get("error"), "estimate": sweep.state().get("estimate"),
             "cluster": cluster.text(), "against": pareto.against(runs), "tolerance_pct": tolerance,
             "target": runs["target"].iloc[0] if len(runs) else None,
             "runs": _records(runs.drop(columns=["curve", "payoff"])), "settings": _records(table),
@@ -108,31 +109,68 @@ def report(sweep, cluster: quality.Cluster = quality.Cluster(), against: str | N
 
 
 def next_step(sweep, rec: pareto.Recommendation) -> dict | None:
-    """What to run when the recommendation is open (None when decided, or while the sweep runs):
-    ``text`` says it; ``command`` runs the sweep's unfinished runs and the seeds its open verdicts
-    need (``Recommendation.seeds_needed``), ``runs`` it adds, ``estimate_s`` its time at this
-    sweep's pace (``Sweep.seconds_per_run``).  No command when no number of seeds would decide."""
+    """What to run when verdicts are open (None when none is, or while the sweep runs): ``text``
+    says it; ``command`` runs the sweep's unfinished runs and the seeds its open verdicts need
+    (``Recommendation.seeds_needed``), ``runs`` it adds, ``estimate_s`` its time at this sweep's
+    pace (``Sweep.seconds_per_run``).  A sweep that kept the baseline when its budget of seeds ran
+    out is told what would narrow it.  No command when no number of seeds would decide."""
     from commlab.analysis.units import seconds
 
-    if rec.decided or sweep.status() == RunStatus.RUNNING:
+    if not rec.open or sweep.status() == RunStatus.RUNNING:
         return None
     spec = sweep.spec()
-    repeats = max(spec.repeats, rec.seeds_needed or 0)
-    finished = sum(r.status() == RunStatus.FINISHED for r in sweep.runs())
-    runs = len(grid(spec)) // spec.repeats * repeats - finished
+    repeats = max(len({c.seed for c in grid(spec)}), rec.seeds_needed or 0)
+    lacking = missing(spec, repeats) if rec.seeds_needed else []
+    runs = len(grid(spec)) + len(lacking) - sum(r.status() == RunStatus.FINISHED for r in sweep.runs())
     if runs <= 0:
-        return {"text": f"more seeds would not decide within {pareto.MAX_SEEDS_ASKED} per setting: the "
-                        "gap to the tolerance is within the seed noise; judge with another "
-                        "--tolerance-pct, or sweep again with more --steps", "command": None}
-    more = repeats > spec.repeats
+        return _longer(sweep, rec)
+    more = bool(lacking)
     command = (f"commlab sweep --resume {sweep.id} --runs-dir {sweep.runs_root}"
                + (f" --repeats {repeats}" if more else ""))
     pace = sweep.seconds_per_run()
     estimate = pace * runs if pace else None
     took = f", about {seconds(estimate)} at this sweep's pace" if estimate else ""
     what = f"run {repeats} seeds per setting" if more else "finish the planned runs"
+    if rec.decided:
+        what = f"to narrow it, {what}"
     return {"text": f"{what}: {command}  ({runs} run(s){took})", "command": command,
             "repeats": repeats, "runs": runs, "estimate_s": estimate}
+
+
+def _longer(sweep, rec: pareto.Recommendation) -> dict:
+    """The next step when no number of seeds would decide (the gap to the tolerance is within the
+    seed noise): the open settings swept again with twice the steps and as many seeds, beside the
+    baselines (the command, its runs and their time at this sweep's pace, each run twice as long);
+    or another tolerance, which judges the same runs."""
+    from commlab.analysis.units import seconds
+    from commlab.config import settings
+
+    spec = sweep.spec()
+    open_ = [c for c in grid(spec)[:per_seed(spec)] if label_of(c.to_dict(), link=True) in rec.open]
+    axes = {name: list(dict.fromkeys(getattr(c, name) for c in open_)) for name in spec.axes()}
+    default, base = RunConfig(), spec.base.with_overrides(steps=2 * spec.base.steps)
+    flags = [_flag(st, getattr(base, st.name)) for st in settings()
+             if st.name not in axes and st.name != "runs_dir" and getattr(base, st.name) != getattr(default, st.name)]
+    if spec.hook != base.hook:
+        flags.append(f"--hook {spec.hook}")
+    flags += [_flag(next(st for st in settings() if st.name == name), values) for name, values in axes.items()]
+    seeds = len({c.seed for c in grid(spec)})
+    command = " ".join(["commlab sweep", *flags, f"--repeats {seeds}", f"--runs-dir {sweep.runs_root}"])
+    runs = (len(baseline_hooks(spec)) + len(list(itertools.product(*axes.values())))) * seeds
+    pace = sweep.seconds_per_run()
+    took = f", about {seconds(2 * pace * runs)} at this sweep's pace" if pace else ""
+    return {"text": f"more seeds would not decide within {pareto.MAX_SEEDS_ASKED} per setting: the gap to "
+                    f"the tolerance is within the seed noise; to narrow it, train the open setting(s) "
+                    f"twice as long: {command}  ({runs} run(s){took}); or judge the same runs with "
+                    "another --tolerance-pct", "command": command, "runs": runs,
+            "estimate_s": 2 * pace * runs if pace else None}
+
+
+def _flag(setting, value) -> str:
+    """A setting as ``commlab sweep`` takes it (a list comma-separated: a sweep axis's or a list's)."""
+    if setting.kind == "bool":
+        return setting.flag if value else f"--no-{setting.flag[2:]}"
+    return f"{setting.flag} {','.join(map(str, value)) if isinstance(value, list) else value}"
 
 
 def _by_seed(loaded, profiles: dict, against: str) -> collections.defaultdict:
