@@ -41,6 +41,8 @@ from commlab.config_fields import (
     coerce,
     default_runs_dir,
     kind_of,
+    link_label,
+    link_of,
     setting,
     shown,
 )
@@ -488,16 +490,3 @@ def label_of(cfg: dict, link: bool = False, seed: bool = False) -> str:
     if link and where:
         name += f" [{where}]"
     return name + (f" seed {cfg.get('seed')}" if seed else "")
-
-
-def link_of(cfg: dict) -> str | None:
-    """A stored config's emulated link, as ``link_label`` says it; None for the real network."""
-    return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
-
-
-def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
-    """'emulated 1 Gb/s, 20 µs' for a run over an emulated link, None for the real network."""
-    if not (bandwidth_gbps or latency_us):
-        return None
-    bw = f"{bandwidth_gbps:g} Gb/s" if bandwidth_gbps else "unlimited bandwidth"
-    return f"emulated {bw}, {latency_us:g} µs"

@@ -164,3 +164,16 @@ def choice_error(value: str, allowed: tuple[str, ...], what: str) -> str | None:
 def kind_of(f: dataclasses.Field) -> str:
     """A field's type as written: str, int, float, bool or list[int]."""
     return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+
+
+def link_of(cfg: dict) -> str | None:
+    """A stored config's emulated link, as ``link_label`` says it; None for the real network."""
+    return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
+
+
+def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
+    """'emulated 1 Gb/s, 20 µs' for a run over an emulated link, None for the real network."""
+    if not (bandwidth_gbps or latency_us):
+        return None
+    bw = f"{bandwidth_gbps:g} Gb/s" if bandwidth_gbps else "unlimited bandwidth"
+    return f"emulated {bw}, {latency_us:g} µs"

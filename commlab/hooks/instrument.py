@@ -114,66 +114,68 @@ class CollectiveCounter:
         self._original_gather = dist.all_gather
         # FSDP2's, called through the module attribute as the hooks' are (torch 2.13)
         self._original_single = dist.all_gather_single, dist.reduce_scatter_single
-        original, counter = self._original, self
+        original, counted = self._original, self._counted
 
         def all_reduce(tensor, *args, **kwargs):
             return counted(original, "all_reduce", tensor, _group_arg(args, kwargs, 1),
                            tensor, *args, **kwargs)
 
         def all_gather(tensor_list, tensor, *args, **kwargs):
-            return counted(counter._original_gather, "all_gather", tensor, _group_arg(args, kwargs, 0),
+            return counted(self._original_gather, "all_gather", tensor, _group_arg(args, kwargs, 0),
                            tensor_list, tensor, *args, **kwargs)
 
         def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
-            return counted(counter._original_single[0], "all_gather", input_tensor, group, output_tensor,
+            return counted(self._original_single[0], "all_gather", input_tensor, group, output_tensor,
                            input_tensor, group=group, async_op=async_op, traffic=SHARDING)
 
         def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
-            return counted(counter._original_single[1], "reduce_scatter", input, group, output, input,
+            return counted(self._original_single[1], "reduce_scatter", input, group, output, input,
                            op=op, group=group, async_op=async_op, traffic=SHARDING)
-
-        def counted(call, kind, tensor, group, /, *args, traffic=None, **kwargs):  # a caller passes group= too
-            issued_at = time.perf_counter()  # the ledger's latency runs from here
-            cat = getattr(counter._local, "category", HOOK)
-            if traffic and cat == HOOK:  # FSDP's own, unless issued where the lab's are (an evaluation)
-                cat = traffic
-            nbytes, entry, deadline, held, span = counter._issue(cat, kind, tensor, group)
-            event = counter._traced(cat, nbytes)
-            clock = counter.clock if event is not None else None
-            # On the issuing stream: the collective's input is ready when the device gets here.
-            issued = clock.mark() if clock else None
-
-            def ended():
-                _ended(event, deadline)
-                if clock:
-                    clock.span(event, issued)
-
-            work = call(*args, **kwargs)
-
-            def real_end(_=None):  # done on the real link (the emulated hold comes after)
-                now = time.perf_counter()
-                if span:
-                    span[1] = now
-                end = max(now, deadline or now)
-                with counter._lock:
-                    counter.ledger.completed(entry, end - issued_at, held, end - now)
-
-            if work is None:  # a blocking call: the caller waits for the link too
-                real_end()
-                if event is not None:
-                    ended()  # NCCL made the current stream wait for the collective
-                if deadline is not None:
-                    sleep_until(deadline)
-                return None
-            futures.on_done(work.get_future(), real_end)
-            if event is not None:
-                # A CUDA future runs its callbacks on streams that wait for its kernels.
-                futures.on_done(work.get_future(), lambda _: ended())
-            return work if deadline is None else EmulatedWork(work, deadline, tensor.is_cuda)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
         dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
         return self
+
+    def _counted(self, call, kind, tensor, group, /, *args, traffic=None, **kwargs):
+        """``call`` (the original collective), counted in the ledger and held for the emulated link;
+        ``traffic``: its category when not issued where the lab's own are (FSDP's)."""
+        issued_at = time.perf_counter()  # the ledger's latency runs from here
+        cat = getattr(self._local, "category", HOOK)
+        if traffic and cat == HOOK:  # FSDP's own, unless issued where the lab's are (an evaluation)
+            cat = traffic
+        nbytes, entry, deadline, held, span = self._issue(cat, kind, tensor, group)
+        event = self._traced(cat, nbytes)
+        clock = self.clock if event is not None else None
+        # On the issuing stream: the collective's input is ready when the device gets here.
+        issued = clock.mark() if clock else None
+
+        def ended():
+            _ended(event, deadline)
+            if clock:
+                clock.span(event, issued)
+
+        work = call(*args, **kwargs)
+
+        def real_end(_=None):  # done on the real link (the emulated hold comes after)
+            now = time.perf_counter()
+            if span:
+                span[1] = now
+            end = max(now, deadline or now)
+            with self._lock:
+                self.ledger.completed(entry, end - issued_at, held, end - now)
+
+        if work is None:  # a blocking call: the caller waits for the link too
+            real_end()
+            if event is not None:
+                ended()  # NCCL made the current stream wait for the collective
+            if deadline is not None:
+                sleep_until(deadline)
+            return None
+        futures.on_done(work.get_future(), real_end)
+        if event is not None:
+            # A CUDA future runs its callbacks on streams that wait for its kernels.
+            futures.on_done(work.get_future(), lambda _: ended())
+        return work if deadline is None else EmulatedWork(work, deadline, tensor.is_cuda)
 
     def _issue(self, cat: str, kind: str, tensor, group) -> tuple:
         """One call issued: its bytes counted (``payload_of``) and filed in the ledger; for the

@@ -311,6 +311,32 @@ def to_seed(verdicts: list[Verdict], most: int) -> list[str]:
             and v.seeds_needed is not None and v.seeds_needed <= most]
 
 
+def _cannot_compare(runs, table, name: str, title: str) -> str | None:
+    """Why the sweep's runs cannot be judged against its baseline yet, or None."""
+    if table is None or not table["baseline"].any():
+        return f"the sweep has no {title} baseline to compare with: run it with that baseline (against {name})"
+    if not table[table["baseline"]].iloc[0]["finished"]:
+        state = ", ".join(sorted(set(runs[runs["baseline"]]["status"])))
+        return (f"nothing to compare with yet: the {title} baseline has no finished seed ({state}); "
+                "resume the sweep to finish it")
+    if len({r["quality_basis"] for r in runs.to_dict(orient="records") if usable(r)}) > 1:
+        # a held-out loss and a training loss do not subtract
+        return ("no decision: some runs were evaluated on held-out data and some were not (eval_every), "
+                "so their losses do not compare; run the sweep again with one eval_every")
+    return None
+
+
+def _budget_spent(title: str, found: list, open_: list, tolerance_pct: float, base_loss: float,
+                  most_seeds: int) -> str:
+    """Keeping the baseline once the sweep's budget of seeds cannot decide an open verdict."""
+    verdicts_said = "; ".join(
+        f"{v.setting}: {v.verdict}" + (f" [{v.low:+.4g}, {v.high:+.4g}] against tolerance {v.tolerance:.4g}"
+                                       if v.verdict == UNDECIDED else "") for v in found)
+    return (f"keep {title}: after {max(v.pairs for v in open_)} seeds no setting that sends fewer bytes is "
+            f"shown within {tolerance_pct:g}% of its loss {base_loss:.4g} at the seeds' spread ({verdicts_said}); "
+            f"more seeds within the sweep's budget (--max-repeats {most_seeds}) would not decide")
+
+
 def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
               min_seeds: int = MIN_SEEDS, most_seeds: int | None = None) -> Recommendation:
     """The fewest bytes per step among the settings ``RULE`` calls as good as the baseline
@@ -327,19 +353,9 @@ def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
         return Recommendation(rule, *args, **kwargs, against=name)
 
     table = by_setting(runs) if len(runs) else None
-    if table is None or not table["baseline"].any():
-        return said(None, None, f"the sweep has no {title} baseline to compare with: run it with "
-                                f"that baseline (against {name})")
+    if why := _cannot_compare(runs, table, name, title):
+        return said(None, None, why)
     base = table[table["baseline"]].iloc[0]
-    if not base["finished"]:
-        state = ", ".join(sorted(set(runs[runs["baseline"]]["status"])))
-        return said(None, None, f"nothing to compare with yet: the {title} baseline has no finished "
-                                f"seed ({state}); resume the sweep to finish it")
-    bases = {r["quality_basis"] for r in runs.to_dict(orient="records") if usable(r)}
-    if len(bases) > 1:  # a held-out loss and a training loss do not subtract
-        return said(None, None, "no decision: some runs were evaluated on held-out data and some "
-                                "were not (eval_every), so their losses do not compare; run the sweep "
-                                "again with one eval_every")
     found = verdicts(runs, tolerance_pct, confidence, min_seeds)
     kept = [asdict(v) for v in found]
     base_loss, base_bytes = float(base["quality_mean"]), base["bytes_per_step"]
@@ -364,14 +380,8 @@ def recommend(runs, tolerance_pct: float, confidence: float = CONFIDENCE,
     spent = most_seeds is not None and all(v.verdict == UNDECIDED for v in open_) and \
         not to_seed(open_, most_seeds)
     if open_ and spent:
-        seeds = max(v.pairs for v in open_)
         return said(base["run_id"], base["label"],
-                    f"keep {title}: after {seeds} seeds no setting that sends fewer bytes is shown "
-                    f"within {tolerance_pct:g}% of its loss {base_loss:.4g} at the seeds' spread (" + "; ".join(
-                        f"{v.setting}: {v.verdict}" + (f" [{v.low:+.4g}, {v.high:+.4g}] against tolerance "
-                                                       f"{v.tolerance:.4g}" if v.verdict == UNDECIDED else "")
-                        for v in found) + f"); more seeds within the sweep's budget (--max-repeats {most_seeds}) "
-                    "would not decide",
+                    _budget_spent(title, found, open_, tolerance_pct, base_loss, most_seeds),
                     True, base_bytes, base_loss, kept, here=_here(runs, base, base),
                     seeds_needed=_seeds_needed(open_, min_seeds), open=[v.setting for v in open_])
     if open_:
