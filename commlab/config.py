@@ -263,6 +263,14 @@ class RunConfig:
     emulate_latency_us: float = setting(0.0, group="instrument", bounds=Bounds(0, 1e6, (
         "up to one second per ring hop")), help=(
         "Add this latency per ring hop to each collective (0 = off)."))
+    # -- a real link (0 = off): each rank in a network namespace of its own, shaped by the kernel
+    #    (commlab.engine.launchers.reallink)
+    real_link_mbps: float = setting(0.0, group="job", bounds=Bounds(1, 10000, (
+        "below 1 Mb/s one bucket takes minutes; past 10 Gb/s the veths and this machine's cores, "
+        "not the shaper, set the pace"), off=0.0), help=(
+        "Run each rank in a network namespace of its own, joined to the others by veths and a "
+        "bridge that tc's token bucket (tbf) shapes to this many Mb/s each way: real TCP on a real, "
+        "slower link (0 = off: loopback). Needs root or an unprivileged user namespace."))
     runs_dir: str = setting(default_factory=default_runs_dir, group="job", form=False, help=(
         "The folder of run folders (default: $COMMLAB_RUNS_DIR, else ./runs); the app uses the "
         "one it was started with."))
@@ -467,7 +475,10 @@ def label_of(cfg: dict, link: bool = False, seed: bool = False) -> str:
 
 
 def link_of(cfg: dict) -> str | None:
-    """A stored config's emulated link, as ``link_label`` says it; None for the real network."""
+    """A stored config's link, as ``link_label`` says it; None for loopback."""
+    if rate := cfg.get("real_link_mbps"):  # the kernel's link; a latency on it is the emulated one
+        return f"real {rate:g} Mb/s" + (f", {cfg.get('emulate_latency_us'):g} µs emulated"
+                                        if cfg.get("emulate_latency_us") else "")
     return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
 
 
