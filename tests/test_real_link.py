@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from commlab.analysis import kernel_bytes
 from commlab.config import ConfigError, RunConfig, link_of
-from commlab.engine import launch, procs
+from commlab.engine import launch, procs, store
 from commlab.engine.launchers import reallink
 from commlab.engine.launchers.choice import chosen
 
@@ -59,6 +60,26 @@ def test_the_rate_is_a_setting_whose_help_says_network_namespace_and_a_rate_out_
 def test_the_run_says_which_latency_it_has():
     assert reallink.latency_said(0, "Specified qdisc kind is unknown") == "none added (netem absent from this kernel)"
     assert "emulated in the hooks" in reallink.latency_said(50, "unknown")
+
+
+def test_the_kernel_bytes_are_the_ledgers_and_ddps_broadcast_plus_headers_within_the_control_traffic():
+    rows = [{"collective": "all_reduce", "ranks": 4, "size_bytes": 1000, "count": 10, "bytes": 10_000},
+            {"collective": "all_gather", "ranks": 4, "size_bytes": 400, "count": 10, "bytes": 4_000}]
+    assert kernel_bytes.ledger_sent(rows) == 10_000 * 1.5 + 4_000 * 0.75  # 2(N-1)/N, (N-1)/N
+    # 300 steps of a 340 KB bucket and the lab's 4-byte loss, on 2 ranks
+    rows = [{"collective": "all_reduce", "ranks": 2, "size_bytes": 340_000, "count": 300, "bytes": 102_000_000},
+            {"collective": "all_reduce", "ranks": 2, "size_bytes": 4, "count": 300, "bytes": 1_200}]
+    link = [{"rank": 1, "tx_bytes": 102_001_200 + 66 * 7000 + 250_000, "tx_packets": 7000},
+            {"rank": 0, "tx_bytes": 102_001_200 + 85_000 * 4 + 66 * 6800 + 240_000, "tx_packets": 6800}]
+    out = kernel_bytes.compare(link, rows, 2, 85_000)
+    assert [r["rank"] for r in out] == [0, 1] and [r["control"] for r in out] == [240_000, 250_000]
+    assert out[0]["ddp_broadcast"] == 340_000 and out[1]["ddp_broadcast"] == 0
+    assert kernel_bytes.agree(out)
+    # a ledger that missed one step's bucket, or counted a step twice, is caught
+    short = [{**rows[0], "count": 299, "bytes": 101_660_000}, rows[1]]
+    over = [{**rows[0], "count": 301, "bytes": 102_340_000}, rows[1]]
+    assert not kernel_bytes.agree(kernel_bytes.compare(link, short, 2, 85_000))
+    assert not kernel_bytes.agree(kernel_bytes.compare(link, over, 2, 85_000))
 
 
 # ---------------------------------------------------------------------------- real namespaces
@@ -111,7 +132,7 @@ def _theirs(run: launch.Run) -> set[str]:
 def test_a_run_on_a_real_link_finishes_each_rank_in_its_own_namespace_and_leaves_nothing(tmp_path, namespaces):
     _privileged()
     made, before = namespaces
-    run = _run(tmp_path, 300)
+    run = _run(tmp_path, 300, hook="fp16")
     assert procs.wait_until(lambda: run.metrics_records() or not run.is_running(), RUN_TIMEOUT_S)
     made |= _theirs(run)
     assert len(made) == 3  # the hub (the supervisor's) and one per rank
@@ -120,8 +141,15 @@ def test_a_run_on_a_real_link_finishes_each_rank_in_its_own_namespace_and_leaves
     assert info["rate_mbps"] == 100 and info["burst_bytes"] >= 100e6 / 8 / info["hz"]
     assert [n["address"] for n in info["nodes"]] == ["10.213.0.1", "10.213.0.2"]
     assert "network namespace" in launch.launchers.of(run.launch_info()).describe(run.config(), run.launch_info())
-    # each rank talked on its veth (the kernel counted it), not on loopback
+    # each rank talked on its veth, and the kernel counted what the ledger did (an fp16 hook: half
+    # the parameters' bytes a step), with DDP's broadcast, the headers and the control traffic
     assert procs.wait_until(lambda: len(list(run.path.glob("link.rank*.json"))) == 2, 30)
+    link = [store.read_json(p) for p in run.path.glob("link.rank*.json")]
+    ledger = store.read_json(run.file("ledger.json"))["rows"]
+    rows = kernel_bytes.compare(link, ledger, 2, store.read_json(run.file("meta.json"))["num_parameters"])
+    print("kernel against ledger:", rows)
+    assert kernel_bytes.ledger_sent(ledger) > 300 * 85002 * 2  # 300 steps of fp16 gradients
+    assert kernel_bytes.agree(rows), rows
     assert procs.wait_until(lambda: not _in(made), 30), _in(made)
     assert _ip_state() == before
 
