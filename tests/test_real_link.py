@@ -20,6 +20,7 @@ from commlab.config import ConfigError, RunConfig, link_of
 from commlab.engine import launch, procs, store
 from commlab.engine.launchers import reallink
 from commlab.engine.launchers.choice import chosen
+from commlab.engine.launchers.warm import Batch
 
 RUN_TIMEOUT_S = 300
 
@@ -169,13 +170,17 @@ def test_a_supervisor_killed_takes_its_namespaces_links_and_qdiscs_with_it(tmp_p
 
 
 @pytest.mark.slow
-def test_a_stop_ends_the_run_and_its_namespaces(tmp_path, namespaces):
+def test_a_sweeps_batch_starts_it_on_the_real_link_and_a_stop_ends_the_run_and_its_namespaces(tmp_path, namespaces):
     _privileged()
     made, before = namespaces
-    run = _run(tmp_path, 100000)
-    assert procs.wait_until(lambda: run.metrics_records() or not run.is_running(), RUN_TIMEOUT_S)
-    made |= _theirs(run)
-    assert run.stop() == "stopped"
+    cfg = RunConfig(workload="mlp", world_size=2, steps=100000, real_link_mbps=100, runs_dir=str(tmp_path))
+    with Batch("test batch") as batch:  # a sweep's and a comparison's: never the pool's loopback ranks
+        run = batch.start(cfg)
+        assert run.launch_info()["real_link"] and run.launch_info()["owner"]["what"] == "test batch"
+        assert procs.wait_until(lambda: run.metrics_records() or not run.is_running(), RUN_TIMEOUT_S)
+        made |= _theirs(run)
+        assert len(made) == 3
+        assert launch.Run(run.path).stop() == "stopped"
     assert procs.wait_until(lambda: not _in(made), 30)
     assert _ip_state() == before
 
