@@ -12,12 +12,15 @@ namespace, veths shaped by tc tbf at the rate).  The what-if predicts the step f
 rate from the loopback run alone (``whatif.check``, with no latency: the real link has a veth's and
 a bridge's, some µs, and the emulated one is given none).  Every figure is the median of a run's
 steady steps (for DiLoCo, over whole periods).  Printed: the three step times and the emulated's
-and the what-if's ratio to the real link's; then each real run's bytes as the kernel counted them
+and the what-if's ratio to the real link's; the real link's cost per ring hop that the models leave
+out, fitted on the hooks of few bytes, and the what-if with it (``--latency-us`` gives the models
+a latency, to run them at the fitted one); then each real run's bytes as the kernel counted them
 against its ledger (``commlab.analysis.kernel_bytes``).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +31,7 @@ from commlab.engine import procs, store
 from commlab.tune import whatif
 from commlab.tune.sweep import parse_list
 
+FEW_BYTES_SHARE = 0.1
 HOOKS = {
     "allreduce": {},
     "fp16": {},
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--rates-mbps", default="50,200,1000")
     p.add_argument("--hooks", default=",".join(HOOKS), help=f"some of {', '.join(HOOKS)}")
+    p.add_argument("--latency-us", type=float, default=0.0,
+                   help="the emulated link's and the what-if's latency per ring hop (the real link has its own)")
     p.add_argument("--runs-dir", default=None, help="default: a new temporary folder")
     args = p.parse_args(argv)
     runs_dir = args.runs_dir or tempfile.mkdtemp(prefix="commlab-real-link-")
@@ -71,14 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         profile = whatif.profile_from_records(base.metrics_records(), base.config_dict(), base.id, name,
                                               loopback_s_per_byte=per_byte)
         for rate in rates:
-            emulated = one(name, emulate_bandwidth_gbps=rate / 1000)
+            emulated = one(name, emulate_bandwidth_gbps=rate / 1000, emulate_latency_us=args.latency_us)
             real = one(name, real_link_mbps=rate)
-            at_rate = {**real.config_dict(), "real_link_mbps": 0.0, "emulate_bandwidth_gbps": rate / 1000}
-            predicted = whatif.check(profile, real.metrics_records(), at_rate, loopback_s_per_byte=per_byte)
-            table.append({"rate": rate, "hook": name, "real": step_s(real), "emulated": step_s(emulated),
-                          "whatif": predicted["predicted_s"]})
+            row = {"rate": rate, "hook": name, "real": step_s(real), "emulated": step_s(emulated),
+                   "run": real, "profile": profile, "per_byte": per_byte}
+            row["whatif"], row["link_s"] = predicted(row, args.latency_us)
+            row["per_us"] = predicted(row, args.latency_us + 1)[0] - row["whatif"]
+            table.append(row)
             counted.append((rate, name, kernel_against_ledger(real)))
-    print_table(table, runs_dir)
+    print_table(table, runs_dir, args.latency_us)
+    print_fitted(table, args.latency_us)
     print("\nkernel against ledger, bytes each rank sent (rank 0 | rank 1): kernel = ledger + DDP's "
           "broadcast + headers + control")
     for rate, name, rows in counted:
@@ -86,6 +94,36 @@ def main(argv: list[str] | None = None) -> int:
                            f"{r['headers']} + {r['control']:.0f} (≤ {r['control_bound']})" for r in rows)
         print(f"{rate:>5g} {name:<9} {'agree' if kernel_bytes.agree(rows) else 'DISAGREE'}  {cells}")
     return 0
+
+
+def print_fitted(table: list[dict], latency_us: float) -> None:
+    """The what-if with the real link's cost per ring hop beyond the model's, fitted on the rows
+    whose bytes the link carries in under a tenth of the step (PowerSGD's few kilobytes): there
+    nothing but the collectives' count is left to explain a difference.  The median over them."""
+    few = [t for t in table if t["per_us"] > 0 and t["link_s"] < FEW_BYTES_SHARE * t["whatif"]]
+    if not few:
+        return
+    alpha = latency_us + statistics.median((t["real"] - t["whatif"]) / t["per_us"] for t in few)
+    rows_fitted = ", ".join(f"{t['hook']} at {t['rate']:g}" for t in few)
+    print(f"\nfitted: the real link costs {alpha:.0f} µs per ring hop (the median over {rows_fitted}); "
+          f"the what-if with it:\n")
+    print("| rate | hook | real link | what-if, α fitted | what-if / real |")
+    print("|---|---|---|---|---|")
+    for t in table:
+        fitted = predicted(t, alpha)[0]
+        print(f"| {t['rate']:g} Mb/s | {t['hook']} | {t['real'] * 1e3:.1f} | {fitted * 1e3:.1f} | {fitted / t['real']:.2f} |")
+    print(f"\n{sum(abs(predicted(t, alpha)[0] / t['real'] - 1) <= 0.2 for t in table)}/{len(table)} within 20%; "
+          f"rerun with --latency-us {alpha:.0f} to hold the emulated link at it too")
+
+
+def predicted(row: dict, latency_us: float) -> tuple[float, float]:
+    """The what-if's step for the real run's link (its rate, ``latency_us`` a hop), priced from the
+    loopback run's profile, and the link's own time in it."""
+    r = row["run"]
+    at_rate = {**r.config_dict(), "real_link_mbps": 0.0, "emulate_bandwidth_gbps": row["rate"] / 1000,
+               "emulate_latency_us": latency_us}
+    got = whatif.check(row["profile"], r.metrics_records(), at_rate, loopback_s_per_byte=row["per_byte"])
+    return got["predicted_s"], got["link_s"]
 
 
 def step_s(r) -> float:
@@ -100,8 +138,8 @@ def kernel_against_ledger(r) -> list[dict]:
                                 store.read_json(r.file("meta.json"))["num_parameters"])
 
 
-def print_table(table: list[dict], runs_dir: str) -> None:
-    print(f"\nruns in {runs_dir}; median steady step, ms; 2 ranks\n")
+def print_table(table: list[dict], runs_dir: str, latency_us: float) -> None:
+    print(f"\nruns in {runs_dir}; median steady step, ms; 2 ranks; the models' latency {latency_us:g} µs a hop\n")
     print("| rate | hook | real link | emulated | what-if | emulated / real | what-if / real |")
     print("|---|---|---|---|---|---|---|")
     for t in table:
