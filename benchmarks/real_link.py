@@ -12,15 +12,13 @@ namespace, veths shaped by tc tbf at the rate).  The what-if predicts the step f
 rate from the loopback run alone (``whatif.check``, with no latency: the real link has a veth's and
 a bridge's, some µs, and the emulated one is given none).  Every figure is the median of a run's
 steady steps (for DiLoCo, over whole periods).  Printed: the three step times and the emulated's
-and the what-if's ratio to the real link's; the real link's cost per ring hop that the models leave
-out, fitted on the hooks of few bytes, and the what-if with it (``--latency-us`` gives the models
-a latency, to run them at the fitted one); then each real run's bytes as the kernel counted them
+and the what-if's ratio to the real link's (``--latency-us`` gives the two models a latency per
+ring hop, the real link keeping its own); then each real run's bytes as the kernel counted them
 against its ledger (``commlab.analysis.kernel_bytes``).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +29,6 @@ from commlab.engine import procs, store
 from commlab.tune import whatif
 from commlab.tune.sweep import parse_list
 
-FEW_BYTES_SHARE = 0.1
 HOOKS = {
     "allreduce": {},
     "fp16": {},
@@ -81,12 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             real = one(name, real_link_mbps=rate)
             row = {"rate": rate, "hook": name, "real": step_s(real), "emulated": step_s(emulated),
                    "run": real, "profile": profile, "per_byte": per_byte}
-            row["whatif"], row["link_s"] = predicted(row, args.latency_us)
-            row["per_us"] = predicted(row, args.latency_us + 1)[0] - row["whatif"]
+            row["whatif"] = predicted(row, args.latency_us)
             table.append(row)
             counted.append((rate, name, kernel_against_ledger(real)))
     print_table(table, runs_dir, args.latency_us)
-    print_fitted(table, args.latency_us)
     print("\nkernel against ledger, bytes each rank sent (rank 0 | rank 1): kernel = ledger + DDP's "
           "broadcast + headers + control")
     for rate, name, rows in counted:
@@ -96,34 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_fitted(table: list[dict], latency_us: float) -> None:
-    """The what-if with the real link's cost per ring hop beyond the model's, fitted on the rows
-    whose bytes the link carries in under a tenth of the step (PowerSGD's few kilobytes): there
-    nothing but the collectives' count is left to explain a difference.  The median over them."""
-    few = [t for t in table if t["per_us"] > 0 and t["link_s"] < FEW_BYTES_SHARE * t["whatif"]]
-    if not few:
-        return
-    alpha = latency_us + statistics.median((t["real"] - t["whatif"]) / t["per_us"] for t in few)
-    rows_fitted = ", ".join(f"{t['hook']} at {t['rate']:g}" for t in few)
-    print(f"\nfitted: the real link costs {alpha:.0f} µs per ring hop (the median over {rows_fitted}); "
-          f"the what-if with it:\n")
-    print("| rate | hook | real link | what-if, α fitted | what-if / real |")
-    print("|---|---|---|---|---|")
-    for t in table:
-        fitted = predicted(t, alpha)[0]
-        print(f"| {t['rate']:g} Mb/s | {t['hook']} | {t['real'] * 1e3:.1f} | {fitted * 1e3:.1f} | {fitted / t['real']:.2f} |")
-    print(f"\n{sum(abs(predicted(t, alpha)[0] / t['real'] - 1) <= 0.2 for t in table)}/{len(table)} within 20%; "
-          f"rerun with --latency-us {alpha:.0f} to hold the emulated link at it too")
-
-
-def predicted(row: dict, latency_us: float) -> tuple[float, float]:
+def predicted(row: dict, latency_us: float) -> float:
     """The what-if's step for the real run's link (its rate, ``latency_us`` a hop), priced from the
-    loopback run's profile, and the link's own time in it."""
+    loopback run's profile."""
     r = row["run"]
     at_rate = {**r.config_dict(), "real_link_mbps": 0.0, "emulate_bandwidth_gbps": row["rate"] / 1000,
                "emulate_latency_us": latency_us}
     got = whatif.check(row["profile"], r.metrics_records(), at_rate, loopback_s_per_byte=row["per_byte"])
-    return got["predicted_s"], got["link_s"]
+    return got["predicted_s"]
 
 
 def step_s(r) -> float:

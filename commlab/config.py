@@ -259,7 +259,9 @@ class RunConfig:
     emulate_bandwidth_gbps: float = setting(0.0, group="instrument", bounds=Bounds(1e-3, 1e4, (
         "below 1 Mb/s one bucket is held for minutes; past 10 Tb/s the link adds nothing here"),
         off=0.0), help=(
-        "Hold each collective back as if the link moved this many Gb/s (0 = off)."))
+        "Hold each collective back as if the link moved this many Gb/s (0 = off). Held to a real "
+        "link of the same rate (--real-link-mbps; docs/tuning.md): within 20% where the bytes "
+        "dominate; a real link adds a cost per collective that only the latency stands for."))
     emulate_latency_us: float = setting(0.0, group="instrument", bounds=Bounds(0, 1e6, (
         "up to one second per ring hop")), help=(
         "Add this latency per ring hop to each collective (0 = off)."))

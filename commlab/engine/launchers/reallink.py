@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import math
 import os
 import platform
 import shutil
@@ -64,10 +65,12 @@ def kernel_hz() -> tuple[int, str]:
 
 
 def burst_bytes(rate_mbps: float, hz: int) -> int:
-    """tbf's bucket: twice what the rate brings in one timer tick (rate/HZ; tbf refills at most
-    once a tick, and a tick may come late), never below ``MIN_BURST``.  A bucket smaller than
-    rate/HZ caps the link below its rate (1 Gb/s with a 64 KB bucket ran slower than 100 Mb/s)."""
-    return max(MIN_BURST, int(2 * rate_mbps * 1e6 / 8 / hz))
+    """tbf's bucket: what the rate brings in one timer tick (rate/HZ), never below ``MIN_BURST``.
+    A smaller bucket caps the link below its rate (1 Gb/s with a 64 KB bucket ran slower than
+    100 Mb/s); a larger one banks more of the rate while a rank computes and spends it at line
+    speed on the next step's first bytes, which no switch port does (twice rate/HZ made top-k at
+    50 Mb/s run faster than its bytes at the rate allow: docs/tuning.md)."""
+    return max(MIN_BURST, math.ceil(rate_mbps * 1e6 / 8 / hz))
 
 
 def shaping(rate_mbps: float, hz: int) -> list[str]:
