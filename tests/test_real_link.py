@@ -119,8 +119,8 @@ def namespaces():
 
 
 def _run(tmp_path, steps: int, **kw) -> launch.Run:
-    cfg = RunConfig(workload="mlp", world_size=2, steps=steps, real_link_mbps=100, eval_every=0,
-                    runs_dir=str(tmp_path), **kw)
+    cfg = RunConfig(**{"workload": "mlp", "world_size": 2, "steps": steps, "real_link_mbps": 100, "eval_every": 0,
+                       "runs_dir": str(tmp_path), **kw})
     return launch.start(cfg)
 
 
@@ -167,6 +167,20 @@ def test_a_supervisor_killed_takes_its_namespaces_links_and_qdiscs_with_it(tmp_p
     assert procs.wait_until(lambda: not _in(made), 30), [p.cmdline() for p in _in(made)]
     assert _ip_state() == before  # no bridge, veth or named namespace here, before or after
     run.wait(60)  # orphaned: stopped, recorded
+
+
+@pytest.mark.slow
+def test_a_rank_crashing_fails_the_run_named_and_its_namespaces_go(tmp_path, namespaces):
+    _privileged()
+    made, before = namespaces
+    run = _run(tmp_path, 50, workload="tests.misbehaving_workloads:crashing")  # rank 1 raises at step 3
+    assert procs.wait_until(lambda: len(_theirs(run)) == 3 or not run.is_running(), RUN_TIMEOUT_S)
+    made |= _theirs(run)
+    assert len(made) == 3
+    assert run.wait(RUN_TIMEOUT_S) == "failed"
+    assert run.status_record()["failed_rank"] == 1 and "on purpose" in run.status_record()["error"]
+    assert procs.wait_until(lambda: not _in(made), 30)
+    assert _ip_state() == before
 
 
 @pytest.mark.slow
