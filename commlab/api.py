@@ -26,7 +26,7 @@ def launch(cfg: RunConfig | None = None, request_id: str | None = None, resume=N
     node of a run on several (``commlab.engine.launchers.nodes.Nodes``).  ``slurm``: submit it to
     Slurm (``commlab.engine.launchers.slurm.SlurmJob``)."""
     cfg = (cfg or RunConfig()).with_overrides(**overrides) if overrides else (cfg or RunConfig())
-    return _launch.start(cfg, chosen(resume, node, slurm), request_id)
+    return _launch.start(cfg, chosen(resume, node, slurm, cfg=cfg), request_id)
 
 
 def resume(run_dir, request_id: str | None = None, **overrides) -> Run:

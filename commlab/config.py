@@ -40,13 +40,14 @@ from commlab.config_fields import (
     ConfigError,
     coerce,
     default_runs_dir,
+    is_plain_allreduce,
     kind_of,
     link_label,
     link_of,
     setting,
     shown,
 )
-from commlab.hook_specs import BASELINE, HOOKS, OUTER_PRECISIONS, SPECS, WRAPPERS
+from commlab.hook_specs import HOOKS, OUTER_PRECISIONS, SPECS, WRAPPERS
 
 # The public names: the table's and what reads it back, and those of the modules it was split into,
 # importable from here as they were before the split.
@@ -281,10 +282,20 @@ class RunConfig:
     emulate_bandwidth_gbps: float = setting(0.0, group="instrument", bounds=Bounds(1e-3, 1e4, (
         "below 1 Mb/s one bucket is held for minutes; past 10 Tb/s the link adds nothing here"),
         off=0.0), help=(
-        "Hold each collective back as if the link moved this many Gb/s (0 = off)."))
+        "Hold each collective back as if the link moved this many Gb/s (0 = off). Held to a real "
+        "link of the same rate (--real-link-mbps; docs/tuning.md): within 20% where the bytes "
+        "dominate; a real link adds a cost per collective that only the latency stands for."))
     emulate_latency_us: float = setting(0.0, group="instrument", bounds=Bounds(0, 1e6, (
         "up to one second per ring hop")), help=(
         "Add this latency per ring hop to each collective (0 = off)."))
+    # -- a real link (0 = off): each rank in a network namespace of its own, shaped by the kernel
+    #    (commlab.engine.launchers.reallink)
+    real_link_mbps: float = setting(0.0, group="job", bounds=Bounds(1, 10000, (
+        "below 1 Mb/s one bucket takes minutes; past 10 Gb/s the veths and this machine's cores, "
+        "not the shaper, set the pace"), off=0.0), help=(
+        "Run each rank in a network namespace of its own, joined to the others by veths and a "
+        "bridge that tc's token bucket (tbf) shapes to this many Mb/s each way: real TCP on a real, "
+        "slower link (0 = off: loopback). Needs root or an unprivileged user namespace."))
     runs_dir: str = setting(default_factory=default_runs_dir, group="job", form=False, help=(
         "The folder of run folders (default: $COMMLAB_RUNS_DIR, else ./runs); the app uses the "
         "one it was started with."))
@@ -450,13 +461,6 @@ def applies(s: Setting, hook: str) -> bool:
         return True
     spec = SPECS.get(hook)
     return spec is not None and s.name in spec.reads()
-
-
-def is_plain_allreduce(cfg: dict) -> bool:
-    """Whether a stored config is DDP's own behaviour: the run that calibrates the what-if model, and
-    the default baseline (``commlab.tune.baseline`` has the 16-bit ones); a sharded run is not."""
-    return (cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
-            and cfg.get("sharding", "ddp") == "ddp")
 
 
 def own_settings(hook: str) -> tuple[Setting, ...]:

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from commlab.hook_specs import BASELINE
+
 IMPLS = ("auto", "stock", "commlab")
 RESOLVED_BACKENDS = ("gloo", "nccl")  # what "auto" resolves to on a machine
 BACKENDS = ("auto", *RESOLVED_BACKENDS)
@@ -167,7 +169,10 @@ def kind_of(f: dataclasses.Field) -> str:
 
 
 def link_of(cfg: dict) -> str | None:
-    """A stored config's emulated link, as ``link_label`` says it; None for the real network."""
+    """A stored config's link, as ``link_label`` says it; None for loopback."""
+    if rate := cfg.get("real_link_mbps"):  # the kernel's link; a latency on it is the emulated one
+        return f"real {rate:g} Mb/s" + (f", {cfg.get('emulate_latency_us'):g} µs emulated"
+                                        if cfg.get("emulate_latency_us") else "")
     return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
 
 
@@ -177,3 +182,10 @@ def link_label(bandwidth_gbps: float, latency_us: float) -> str | None:
         return None
     bw = f"{bandwidth_gbps:g} Gb/s" if bandwidth_gbps else "unlimited bandwidth"
     return f"emulated {bw}, {latency_us:g} µs"
+
+
+def is_plain_allreduce(cfg: dict) -> bool:
+    """Whether a stored config is DDP's own behaviour: the run that calibrates the what-if model, and
+    the default baseline (``commlab.tune.baseline`` has the 16-bit ones); a sharded run is not."""
+    return (cfg.get("hook") == BASELINE and cfg.get("wrapper", "none") == "none"
+            and cfg.get("sharding", "ddp") == "ddp")

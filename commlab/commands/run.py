@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     # Ctrl-C or a TERM to this foreground command stops the run it started, also one pressed
     # while the run is still being started (the handle does not exist yet).
     slurm = slurm_from_args(args)
-    launcher = chosen(args.resume, node_from_args(args), slurm)
+    launcher = chosen(args.resume, node_from_args(args), slurm, cfg=cfg)
     pressed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: pressed.append(True))

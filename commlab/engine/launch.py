@@ -21,7 +21,7 @@ from commlab.devices import pick_backend, ranks_forkable
 from commlab.engine import claims, launchers, procs, run_folder, status_file, store
 from commlab.engine.commands import LOOPBACK, run_argv
 from commlab.engine.launchers.base import Launcher
-from commlab.engine.launchers.local import Local
+from commlab.engine.launchers.choice import chosen
 from commlab.engine.run_state import GOING, STOPPABLE, RunStatus
 
 
@@ -45,7 +45,7 @@ def prepare(cfg: RunConfig, launcher: Launcher | None = None, request_id: str | 
     from commlab.engine import workload_probe
     from commlab.hooks import registry
 
-    launcher = launcher or Local()
+    launcher = launcher or chosen(cfg=cfg)
     workload_probe.check(cfg.check())  # a user's workload runs in a child, never here
     resume, owner = launcher.resume, launcher.owner
     if resume is not None:
@@ -124,7 +124,7 @@ def start(cfg: RunConfig, launcher: Launcher | None = None, request_id: str | No
     a second browser tab, another process at the same moment) returns the run the first one
     started.
     """
-    launcher = launcher or Local()
+    launcher = launcher or chosen(cfg=cfg)
     claim = None
     if request_id:
         cfg.check()  # bad settings are refused even when the id was seen before

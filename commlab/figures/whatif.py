@@ -9,7 +9,10 @@ import plotly.graph_objects as go
 from commlab.figures import style
 
 ASSUMPTION = ("α-β ring model (allgather N−1 hops), communication hidden behind backward by the "
-              "share each run measured (none where it traced no step), per-worker batch fixed")
+              "share each run measured (none where it traced no step), per-worker batch fixed; held "
+              "to a real tbf-shaped link here (docs/tuning.md): within 20% where bytes dominate, "
+              "hooks of few bytes (PowerSGD) up to 2× slower there, a cost per collective that only α "
+              "stands for")
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, height: int = 420) -> go.Figure:

@@ -198,4 +198,4 @@ def launch(cfg: RunConfig, request_id: str | None = None, slurm=None) -> tuple[e
         for run in engine.list_runs(cfg.runs_dir):
             if run.is_running() and run.config_dict() == cfg.to_dict():
                 return run, False
-        return engine.start(cfg, chosen(slurm=slurm), request_id), True
+        return engine.start(cfg, chosen(slurm=slurm, cfg=cfg), request_id), True

@@ -76,13 +76,15 @@ class Batch:
 
     def __init__(self, owner: str, folder: str | os.PathLike | None = None, warm: bool = True,
                  slurm=None):
-        self.owner, self.folder = owner, folder
+        self.owner, self.folder, self.slurm = owner, folder, slurm
         self.cold = chosen(slurm=slurm, owner=owner)  # the way a run goes when not on warm ranks
         self.on_pool = warm and slurm is None  # a Slurm job's ranks are Slurm's
         self.pool: Pool | None = None
         self._made: Path | None = None  # a folder of its own, removed by close
 
     def start(self, cfg: RunConfig, request_id: str | None = None) -> Run:
+        if cfg.real_link_mbps:  # its ranks live in network namespaces of their own, never on a pool's
+            return start(cfg, chosen(slurm=self.slurm, owner=self.owner, cfg=cfg), request_id)
         launcher = Warm(self._pool(cfg).path, self.owner) if self.on_pool else self.cold
         return start(cfg, launcher, request_id)
 
