@@ -14,6 +14,7 @@ import pytest
 
 from commlab import cli
 from commlab.config import ConfigError, RunConfig
+from commlab.figures.compare import short_pays
 from commlab.tune import baseline as baselines
 from commlab.tune import compare, pareto, payoff, quality, whatif
 from commlab.tune import sweep as sw
@@ -345,7 +346,13 @@ def test_the_compare_and_what_if_pages_judge_against_the_baseline_chosen(fp16_sw
     _ok(at)
     rows = at.dataframe[0].value.set_index("hook")
     assert rows.loc["fp16", "pays"] == "is the baseline (fp16 allreduce)"
-    assert "fp16 allreduce" in rows.loc["topk", "pays"] and rows.loc["fp16", "compression_ratio"] == 1
+    # the verdict in a cell's words (figures.compare.short_pays), judged against fp16 on the page's
+    # cluster (64 workers, 5 µs per hop): the baseline the caption names
+    by_hook = {p.hook: p for p in whatif.profiles_from_runs(fp16_sweep["sweep"].runs())}
+    want = payoff.payoff(by_hook["fp16"], by_hook["topk"], 64, 5.0, "fp16")
+    assert rows.loc["topk", "pays"] == short_pays({"verdict": want.verdict, "pays": want.sentence(),
+                                                   "break_even_gbps": want.break_even_gbps})
+    assert rows.loc["fp16", "compression_ratio"] == 1
     assert any("against **fp16 allreduce**" in c.value for c in at.caption)
     next(s for s in at.selectbox if s.label == "Judged against").set_value("bf16").run()
     _ok(at)

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_recommend import BASE, _runs
 
 from commlab.config import ConfigError, RunConfig
 from commlab.tune import pareto
 from commlab.tune import sweep as sw
+from tests.test_recommend import BASE, _runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1200  # eleven 20-step runs take 15 s idle, minutes on a loaded machine

@@ -85,7 +85,7 @@ def winner_map(cells: list[dict], against: str = "fp32 allreduce") -> go.Figure:
     ticks = [t for t in (1, 1.1, 1.5, 2, 5, 10, 20, 50, 100, 1000) if math.log10(t) <= top * 1.05]
     fig = go.Figure(go.Heatmap(
         x=ns, y=bws, z=z, text=text, texttemplate="%{text}", textfont=dict(size=9), colorscale="Greens",
-        zmin=0, zmax=top, colorbar=dict(title=f"speed-up<br>over {against}",
+        zmin=0, zmax=top, colorbar=dict(title=dict(text=f"speed-up over {against}", side="right"),  # above: on the top tick
                                         tickvals=[math.log10(t) for t in ticks],
                                         ticktext=[f"×{t:g}" for t in ticks]),
         customdata=names, hovertemplate="N=%{x}, %{y} Gb/s: %{customdata}<extra></extra>"))
