@@ -45,8 +45,8 @@ RELIST_S = 5.0
 STARTUP_ALLOWANCE_S = 300.0
 ENDED_GRACE_S = 2.0  # after a run's ranks have exited, time for torchrun to end by itself
 CRASH_GRACE_S = 2.0  # after a rank's error file appears, time for torchrun to end the rest itself
-# torchrun's log holds what the workload prints: past LOG_LIMIT it keeps its last LOG_KEEP bytes
-# (a workload printing 40 MB made an 80 MB log).
+# torchrun's log holds what the workload prints: past LOG_LIMIT it keeps its last LOG_KEEP bytes,
+# cut while the run goes and once more as it ends (a workload printing 40 MB made an 80 MB log).
 LOG_LIMIT, LOG_KEEP = 16 * 2**20, 4 * 2**20
 
 
@@ -98,6 +98,8 @@ def _supervised(folder: run_folder.RunFolder, torchrun: Callable[[], subprocess.
     # what the run's processes started, however it detached (``adopt_orphans``); a pool's torchrun
     # and ranks go on to the next run
     procs.end_adopted(keep=[child.pid] if child is not None else [])
+    # what the ranks printed last, past the limit, was never cut while the run went
+    store.keep_tail((records or folder).file("launcher.log"), LOG_LIMIT, LOG_KEEP)
     _record_end(folder, ending, child.returncode if child else None, launcher, run,
                 started=bool(watch and watch.workers), records=records)
     return ended_well
@@ -130,6 +132,7 @@ def serve_pool(pool_dir: Path) -> int:
     if not (pool_dir / "close").exists() or not procs.wait_until(lambda: child.poll() is not None, 60):
         _end_all(child, {})
     child.wait(timeout=10)
+    store.keep_tail(pool_dir / "launcher.log", LOG_LIMIT, LOG_KEEP)
     for _, run_dir in iter(lambda: pool.take(pool_dir / "runs", lambda: True), None):
         folder = run_folder.RunFolder(run_dir)
         if folder.status() in GOING:
