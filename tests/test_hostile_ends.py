@@ -7,13 +7,109 @@ not resolve (``nonexistent.invalid``), a one-node run whose id node 1 is given, 
 """
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
+from commlab import cli
 from commlab.config import RunConfig
-from commlab.engine import launch, supervisor
+from commlab.engine import launch, store, supervisor
+from commlab.ui.runs import delete_run
 from tests import misbehaving_workloads
 
+ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 300
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_cli(runs: Path, rank: int, endpoint: str, run_id: str, *extra: str) -> list[str]:
+    """``commlab run`` for node ``rank`` of 2 on this machine (node 1's agent at 127.0.0.2)."""
+    return ["run", "--workload", "mlp", "--world-size", "1", "--steps", "3", "--runs-dir", str(runs),
+            "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--run-id", run_id,
+            "--ifname", "lo", "--join-timeout", "8", *(("--local-addr", "127.0.0.2") if rank else ()), *extra]
+
+
+def _run_cli(argv: list[str], timeout: float = RUN_TIMEOUT_S) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "commlab", *argv], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return done, time.monotonic() - t0
+
+
+def _a_sweep(runs: Path) -> Path:
+    """A sweep's folder as the lab leaves one (its plan and state)."""
+    sweep = runs / "sweeps" / "20261205-080000-sweep-0a1b"
+    sweep.mkdir(parents=True)
+    store.write_json(sweep / "sweep.json", {"spec": {}, "labels": []})
+    store.write_json(sweep / "state.json", {"status": "finished", "index": 0, "runs": []})
+    return sweep
+
+
+# ---------------------------------------------------------------------------- item 1: ids that name the lab's folders
+@pytest.mark.parametrize("run_id", ["sweeps", ".pools", "..", "a/b"])
+def test_a_run_id_naming_the_lab_s_own_folders_is_refused_by_name(tmp_path, capsys, run_id):
+    """``--run-id sweeps`` on node 0 wrote the run into runs/sweeps/."""
+    sweep = _a_sweep(tmp_path)
+    assert cli.main(_node_cli(tmp_path, 0, f"127.0.0.1:{_port()}", run_id)) == 2
+    said = capsys.readouterr().err
+    assert "run_id" in said and repr(run_id) in said, said
+    if run_id == "sweeps":
+        assert "names the lab's folder of sweeps" in said, said
+    assert sorted(p.name for p in (tmp_path / "sweeps").iterdir()) == [sweep.name]  # nothing written there
+
+
+def test_deleting_a_run_removes_nothing_but_its_own_folder(tmp_path):
+    """A run written into runs/sweeps/ (as ``--run-id sweeps`` did), deleted from the Runs page,
+    took every sweep with it."""
+    sweep = _a_sweep(tmp_path)
+    store.write_json(tmp_path / "sweeps" / "config.json", RunConfig(runs_dir=str(tmp_path)).to_dict())
+    store.write_json(tmp_path / "sweeps" / "status.json", {"status": "finished"})
+    with pytest.raises(ValueError, match="is the lab's folder of sweeps, not a run's; nothing was deleted"):
+        delete_run(tmp_path / "sweeps", str(tmp_path))
+    run = tmp_path / "a-run"  # a run folder that holds a sweep's folder of its own
+    shutil_copy = run / "inner"
+    shutil_copy.mkdir(parents=True)
+    for name in ("sweep.json", "state.json"):
+        (shutil_copy / name).write_bytes((sweep / name).read_bytes())
+    store.write_json(run / "config.json", RunConfig(runs_dir=str(tmp_path)).to_dict())
+    store.write_json(run / "status.json", {"status": "finished"})
+    with pytest.raises(ValueError, match=r"holds what is not its run's \(inner: another run's or a sweep's\)"):
+        delete_run(run, str(tmp_path))
+    assert (sweep / "state.json").exists() and (shutil_copy / "sweep.json").exists()
+    (run / "nodes" / "1").mkdir(parents=True)  # a run of several nodes: its nodes' records go with it
+    store.write_json(run / "nodes" / "1" / "config.json", RunConfig(runs_dir=str(tmp_path)).to_dict())
+    for name in ("sweep.json", "state.json"):
+        (shutil_copy / name).unlink()
+    delete_run(run, str(tmp_path))
+    assert not run.exists() and (sweep / "state.json").exists()
+
+
+# ---------------------------------------------------------------------------- item 2: node 1 in another run's folder
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_node_1_given_a_one_node_run_s_id_is_refused_before_anything_starts(tmp_path):
+    """Node 1 given an existing one-node run's id wrote nodes/1/ into it, and printed "finished: 3
+    steps", exit 0, while its own record said failed."""
+    one = launch.start(RunConfig(workload="mlp", world_size=1, steps=3, runs_dir=str(tmp_path)))
+    assert one.wait(RUN_TIMEOUT_S) == "finished"
+    before = sorted(p.name for p in one.path.iterdir())
+    done, took = _run_cli(_node_cli(tmp_path, 1, f"127.0.0.1:{_port()}", one.id))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"{one.id!r} is taken: {one.path.resolve()} holds a run on one node" in done.stderr, done.stderr
+    assert sorted(p.name for p in one.path.iterdir()) == before  # no nodes/ written into it
+    assert json.loads(one.file("status.json").read_text())["status"] == "finished"
+    print(f"node 1 given a one-node run's id: refused, exit 2, in {took:.1f} s")
 
 
 # ---------------------------------------------------------------------------- item 8: the log's bound at the end

@@ -37,6 +37,9 @@ IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 JOIN_TIMEOUT_S = 600.0  # torchrun's own default for its c10d rendezvous
 BAD_ENDS = (RunStatus.FAILED, RunStatus.STOPPED, RunStatus.STALLED)  # a node's end that ends the others (not finished, diverged)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# What node 0's run folder holds before its launch.json: its claim, its reserve, status starting, its
+# settings (a run from before the claim file)
+_PREPARING = {claims.NODE_CLAIM, store.RESERVE, "status.json", "config.json"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class Nodes:
         if not _ID.fullmatch(self.run_id):
             e["run_id"] = (f"give every node the same run id (letters, digits and . _ -; it names the "
                            f"run folder in the shared runs folder), got {self.run_id or 'none'!r}")
+        elif self.run_id in claims.LAB_FOLDERS:
+            e["run_id"] = (f"{self.run_id!r} names {claims.LAB_FOLDERS[self.run_id]} in the runs folder: "
+                           "give the run an id of its own")
         if not self.ifname:
             e["ifname"] = ("name the network interface the ranks talk on (--ifname or "
                            f"{IFNAME_ENV}; `ip -brief address` lists them): on several nodes the lab "
@@ -229,6 +235,8 @@ def node_dir(cfg, node: Nodes, run_dir: Path) -> Path:
     """This node's records folder in ``run_dir``, the run folder named by the run id (made here if
     this node is first); ConfigError when this node's records are there already (an id used
     before), or when node 0's settings differ."""
+    if why := _not_this_run(run_dir, node):
+        raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} {why} (give each run an id of its own)"})
     path = node.records(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     # Of two commands given one id at the same moment, one is refused; a run from before the claim
@@ -244,3 +252,27 @@ def node_dir(cfg, node: Nodes, run_dir: Path) -> Path:
     if node.node_rank == 0:
         store.make_reserve(path)
     return path
+
+
+def _not_this_run(run_dir: Path, node: Nodes) -> str | None:
+    """Why the folder the run id names is not this run's to write in, before anything is written
+    there; None when it is new, or holds only what this run's nodes wrote.  Node 0 makes a new
+    folder (other nodes' records aside); node K joins node 0's run of as many nodes (its launch.json
+    says so), one node 0 is preparing, or waits in a new folder for node 0."""
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        return "is not a folder of its own"
+    held = sorted(set(os.listdir(run_dir)) - {NODES}) if run_dir.exists() else []
+    if not held:
+        return None
+    if node.node_rank == 0:
+        if claims.NODE_CLAIM in held or "config.json" in held:
+            return "already holds node 0's records"
+        return f"holds what is not a run's ({', '.join(held[:3])})"
+    if "launch.json" not in held:
+        return None if set(held) <= _PREPARING else f"holds what is not a run's ({', '.join(held[:3])})"
+    nodes = store.read_json(run_dir / "launch.json", {}).get("nodes")
+    if not nodes:
+        return "holds a run on one node"
+    if nodes.get("nnodes") != node.nnodes:
+        return f"holds a run of {nodes.get('nnodes')} nodes, not {node.nnodes}"
+    return None
