@@ -127,3 +127,75 @@ def test_a_workload_printing_40_mb_leaves_a_log_within_its_bound(tmp_path):
     assert size <= supervisor.LOG_LIMIT, f"{size:,} bytes"
     assert log.read_text(errors="replace").startswith("[commlab: the first ")
     print(f"40 MB printed: launcher.log {size:,} bytes once the run ended")
+
+
+# ---------------------------------------------------------------------------- item 9: nodes that cannot meet
+@pytest.fixture
+def busy_port():
+    """A port another process holds: listening, accepting, never answering."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_node_0_on_a_port_another_process_holds_is_refused_naming_it(tmp_path, capsys, busy_port):
+    """It said "node 1 did not join within 8 s" while its log said "Address already in use"."""
+    t0 = time.monotonic()
+    assert cli.main(_node_cli(tmp_path, 0, f"127.0.0.1:{busy_port}", "busy")) == 2
+    said = capsys.readouterr().err
+    assert f"port {busy_port} on 127.0.0.1 is held by another process (Address already in use)" in said, said
+    assert not (tmp_path / "busy").exists()
+    print(f"node 0 on a held port: refused in {time.monotonic() - t0:.2f} s")
+
+
+def test_node_1_given_a_host_that_does_not_resolve_is_refused_naming_it(tmp_path, capsys):
+    """It said "node 0 did not join" while its log said "Name or service not known"."""
+    t0 = time.monotonic()
+    assert cli.main(_node_cli(tmp_path, 1, f"nonexistent.invalid:{_port()}", "unresolved")) == 2
+    said = capsys.readouterr().err
+    assert "'nonexistent.invalid' does not resolve on this node" in said, said
+    print(f"node 1 given nonexistent.invalid: refused in {time.monotonic() - t0:.2f} s")
+
+
+def _started_past_the_checks(tmp_path: Path, rank: int, endpoint: str, run_id: str):
+    """A node whose checks passed and whose fault came after (a port taken, a name gone from the
+    resolver meanwhile): its place built as launch.json records one, without the checks."""
+    from commlab.engine.launchers.nodes import Nodes, OnNodes
+
+    node = Nodes(2, rank, endpoint, run_id, "lo", "127.0.0.2" if rank else "127.0.0.1", 8.0)
+    return launch.start(RunConfig(workload="mlp", world_size=1, steps=3, runs_dir=str(tmp_path)), OnNodes(node))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("rank, host, said", [
+    (0, "127.0.0.1", "port {port} on 127.0.0.1 is held by another process: node 0 could not serve the rendezvous"),
+    (1, "nonexistent.invalid", "'nonexistent.invalid' does not resolve on node 1"),
+])
+def test_a_fault_after_the_checks_is_named_from_torchrun_s_log(tmp_path, busy_port, rank, host, said):
+    t0 = time.monotonic()
+    run = _started_past_the_checks(tmp_path, rank, f"{host}:{busy_port}", "late")
+    assert run.wait(RUN_TIMEOUT_S, processes=False) == "failed"
+    took = time.monotonic() - t0
+    error = run.status_record()["error"]
+    assert said.format(port=busy_port) in error, error
+    print(f"node {rank}, {host}:{busy_port} after the checks: {error!r} {took:.1f} s after the start")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_node_1_at_a_port_that_never_answers_ends_within_its_join_timeout(tmp_path, busy_port):
+    """With --join-timeout 8 it took 101 s (here 300 s, the stall timeout before a first step):
+    torchrun's client waits without end on an endpoint that accepts and never answers."""
+    done, took = _run_cli(_node_cli(tmp_path, 1, f"127.0.0.1:{busy_port}", "unanswered", "--json"))
+    assert done.returncode == 1, done.stderr
+    said = json.loads(done.stdout)
+    assert said["status"] == "failed" and said["error"] == (
+        f"node 0 did not join within 8 s: 127.0.0.1:{busy_port} accepts connections but no rendezvous "
+        "answered there (another process holds that port, or node 0 has not started)"), said
+    up = json.loads((tmp_path / "unanswered" / "nodes" / "1" / "torchrun.json").read_text())["up_at"]
+    ended = json.loads((tmp_path / "unanswered" / "nodes" / "1" / "status.json").read_text())["ended_at"]
+    assert ended - up < 8 + 5 + 3, (ended - up)  # the join timeout, torchrun's grace, a few polls
+    print(f"node 1 at a port that never answers: failed {ended - up:.1f} s after torchrun was up, "
+          f"the command returned in {took:.1f} s")

@@ -216,6 +216,14 @@ class Watch:
         self.ranks_ended_at = self.ranks_ended_at or now
         return now - self.ranks_ended_at > ENDED_GRACE_S
 
+    def _past_join_deadline(self, now: float) -> bool:
+        """Whether the launcher's bound for the ranks to start has passed, counted from torchrun's
+        imports done (``torchrun.json``'s up_at)."""
+        if (deadline := self.launcher.join_deadline_s()) is None:
+            return False
+        up_at = store.read_json(self.folder.file("torchrun.json"), {}).get("up_at")
+        return isinstance(up_at, (int, float)) and now - up_at > deadline
+
     def _processes(self) -> list[psutil.Process]:
         """The run's processes: torchrun's descendants; on a pool, less the pool's ranks
         (torchrun's children), which fork each run's processes and are none of them."""
@@ -257,6 +265,9 @@ class Watch:
             self.ending = {"status": RunStatus.STOPPED, "error": (
                 f"its {self.owner['what']} ended (process {self.owner['pid']}), so the run was "
                 "stopped with it")}
+        elif not self.workers and self._past_join_deadline(now):
+            self.ending = self.launcher.never_started(self.run.path) or {  # the nodes did not meet in time
+                "status": RunStatus.FAILED, "error": f"the ranks did not start within {self.launcher.join_deadline_s():g} s"}
         elif now - self.last_progress > (cfg.stall_timeout_s if self.last_size else
                                          max(cfg.stall_timeout_s, STARTUP_ALLOWANCE_S)):
             self.ending = _stalled(self.run, cfg, now - self.last_progress)

@@ -84,3 +84,8 @@ class Launcher:
     def never_started(self, run_dir: Path) -> dict | None:
         """Why the run failed when its agent never started ranks, if this way knows; None here."""
         return None
+
+    def join_deadline_s(self) -> float | None:
+        """Seconds from its agent's start by which the run's ranks must have started (the nodes
+        met), else it ends as ``never_started`` says; None: no such bound (the stall timeout's)."""
+        return None
