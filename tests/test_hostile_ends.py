@@ -199,3 +199,84 @@ def test_node_1_at_a_port_that_never_answers_ends_within_its_join_timeout(tmp_pa
     assert ended - up < 8 + 5 + 3, (ended - up)  # the join timeout, torchrun's grace, a few polls
     print(f"node 1 at a port that never answers: failed {ended - up:.1f} s after torchrun was up, "
           f"the command returned in {took:.1f} s")
+
+
+# ---------------------------------------------------------------------------- item 10: Slurm's word on a job
+def slurm_test(f):
+    """Starts a real one-node Slurm (``tests/slurm_cluster.py``): slow, in the Slurm tests' xdist group."""
+    return pytest.mark.slow(pytest.mark.xdist_group("slurm")(f))
+
+
+def _submitted(slurm, runs: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "commlab", "run", "--launcher", "slurm", "--runs-dir", str(runs),
+                             "--json", *flags], env={**slurm.env, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _the_run(runs: Path, timeout: float = RUN_TIMEOUT_S):
+    from commlab.engine import procs
+
+    assert procs.wait_until(lambda: launch.list_runs(runs) and launch.list_runs(runs)[0].metrics_records(),
+                            timeout, 0.2)
+    return launch.list_runs(runs)[0]
+
+
+@slurm_test
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_a_percent_in_the_runs_folder_s_path_runs_on_slurm(slurm, tmp_path):
+    """Every Slurm run failed with "JobLaunchFailure, exit code 0:53" and no output: sbatch expands
+    % in --output."""
+    runs = tmp_path / "100%j runs"
+    cli_run = _submitted(slurm, runs, "--workload", "mlp", "--steps", "3")
+    out, err = cli_run.communicate(timeout=RUN_TIMEOUT_S)
+    assert cli_run.returncode == 0, (out, err)
+    said = json.loads(out)
+    assert said["status"] == "finished" and said["steps"] == 3, said
+    run = launch.open_run(said["run_dir"])
+    job = run.launch_info()["slurm"]["job_id"]
+    assert run.file(f"slurm-{job}.out").exists()  # the job's output where the lab reads it
+
+
+@slurm_test
+@pytest.mark.timeout(RUN_TIMEOUT_S + 120)
+def test_a_killed_slurmctld_leaves_the_run_training_to_its_own_end(slurm, tmp_path):
+    """The run was recorded failed ("ended GONE") at +57 s while it kept training, `commlab run`
+    exited 1, and the status flipped to finished later."""
+    cli_run = _submitted(slurm, tmp_path, "--workload", "tests.misbehaving_workloads:stubborn", "--steps", "300")
+    run = _the_run(tmp_path)
+    slurm.procs["slurmctld"].kill()
+    slurm.procs["slurmctld"].wait()
+    killed, seen = time.monotonic(), []
+    while cli_run.poll() is None:
+        seen.append((time.monotonic() - killed, run.status()))
+        time.sleep(0.5)
+    out, err = cli_run.communicate()
+    took = time.monotonic() - killed
+    said = json.loads(out)
+    assert cli_run.returncode == 0 and said["status"] == "finished" and said["steps"] == 300, (said, err)
+    assert {s for _, s in seen} <= {"running", "finished"}, seen
+    assert run.status_record()["slurm"] == {"job_id": run.launch_info()["slurm"]["job_id"], "state": "UNKNOWN",
+                                            "reason": "slurmctld did not answer"} or run.status() == "finished"
+    print(f"slurmctld killed: the run trained on, finished {took:.1f} s later; exit 0")
+    # slurmctld back (as an administrator restarts it): the job's srun reports its end and leaves
+    slurm._daemon("slurmctld", ["slurmctld", "-D", "-i", "-f", str(slurm.conf)])
+    from commlab.engine import procs
+
+    assert procs.wait_until(lambda: not slurm.jobs(), 120, 0.5), slurm.logs()
+
+
+@slurm_test
+@pytest.mark.timeout(RUN_TIMEOUT_S + 120)
+def test_a_slurm_time_limit_is_said_by_the_command_as_slurm_s(slurm, tmp_path):
+    """A TIMEOUT was reported by the command as "stopped by the user", and corrected in status.json
+    about 20 s later."""
+    cli_run = _submitted(slurm, tmp_path, "--workload", "mlp", "--steps", "1000000", "--time-limit", "00:01:00")
+    run = _the_run(tmp_path)
+    t0 = time.monotonic()
+    out, err = cli_run.communicate(timeout=RUN_TIMEOUT_S)
+    returned = time.monotonic()
+    said, job = json.loads(out), run.launch_info()["slurm"]["job_id"]
+    word = f"Slurm ended job {job}: TIMEOUT (time limit 00:01:00)"
+    assert cli_run.returncode == 1 and (said["status"], said["error"]) == ("stopped", word), (said, err)
+    assert run.status_record()["error"] == word  # status.json says the same at once
+    print(f"time limit: the command said {said['error']!r} {returned - t0:.1f} s after the first step")

@@ -255,7 +255,7 @@ class Watch:
             self.last_size, self.last_progress = size, now
         cfg = self.cfg
         if self.stop_requested:
-            self.ending = {"status": RunStatus.STOPPED, "error": "stopped by the user"}
+            self.ending = self.launcher.terminated(self.run.path)  # a Stop, or (a Slurm job's) Slurm's end
         elif asked := stop_request(self.run.path):  # a Stop pressed on any node, or on a pool's run
             self.ending = {"status": RunStatus.STOPPED, "error": f"{asked.get('error')} (on {asked.get('host')})"}
         elif elsewhere := self.launcher.ended_elsewhere(self.run.path):

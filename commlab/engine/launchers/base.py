@@ -14,6 +14,7 @@ from typing import ClassVar
 from commlab.devices import ranks_forkable
 from commlab.engine import procs, run_folder, store
 from commlab.engine.commands import LOOPBACK, run_argv, supervisor_argv, worker_env
+from commlab.engine.run_state import RunStatus
 
 
 class Launcher:
@@ -77,6 +78,10 @@ class Launcher:
         return f"{cfg.world_size} {info['backend']} rank(s)"
 
     # ------------------------------------------------------------------ what its supervisor asks
+    def terminated(self, run_dir: Path) -> dict:
+        """How the run ends when its supervisor is sent SIGTERM: here, a Stop."""
+        return {"status": RunStatus.STOPPED, "error": "stopped by the user"}
+
     def ended_elsewhere(self, run_dir: Path) -> dict | None:
         """An ending another part of the run calls for (a node's bad end); None here."""
         return None
