@@ -80,7 +80,7 @@ import json, sys
 rows = json.loads(sys.stdin.read())['rows']
 for r in rows:
     o = r['out_of_place']
-    print(f\"{r['collective']:<15} {r['size']:>6} {o['time_us']:>12.1f} us {o['algbw_gbps']:>9.2f} GB/s algbw\")
+    print(f\"{r['collective']:<15} {r['size']:>6} {o['time_us']:>12.1f} us {o['algbw_gbytes_s']:>9.2f} GB/s algbw\")
 wrong = [r for r in rows if r['out_of_place']['wrong'] or r['in_place']['wrong']]
 assert rows and not wrong, wrong
 print('bench: every collective exact on', len(rows), 'rows')"

@@ -34,7 +34,7 @@ def bandwidth_section() -> None:
             finished.append(row)
             progress.progress(len(finished) / (len(plan.sizes) * len(plan.collectives)),
                               text=f"{row.collective} {row.size}: busbw "
-                                   f"{row.out_of_place.busbw_gbps:.3f} GB/s")
+                                   f"{row.out_of_place.busbw_gbytes_s:.3f} GB/s")
 
         try:
             st.session_state["bench"] = bench.run_plan(plan, on_row=on_row)

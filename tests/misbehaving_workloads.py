@@ -104,3 +104,20 @@ def escaping(rank=0, seed=0):
         os._exit(0)
     os.waitpid(middle, 0)
     return w.model, w.batches
+
+
+LOUD_STEP, LOUD_BYTES = 3, 40 * 10**6
+
+
+def loud(rank=0, seed=0):
+    """Rank 0 prints 40 MB as it draws the batch of step 3 (a run of 4 steps ends right after)."""
+    w = mlp(rank=rank, seed=seed)
+
+    def batches():
+        for step, batch in enumerate(w.batches()):
+            if step == LOUD_STEP and _rank() == 0:
+                line = "x" * 999 + "\n"
+                for _ in range(LOUD_BYTES // len(line)):
+                    print(line, end="")
+            yield batch
+    return w.model, batches

@@ -247,17 +247,20 @@ def _tail_of(path) -> str:
 
 
 @cluster_test
-def test_a_job_slurm_refuses_is_a_run_failed_with_slurm_s_words(slurm, tmp_path, monkeypatch, capsys):
+def test_a_job_slurm_refuses_is_refused_with_slurm_s_words_and_leaves_nothing(slurm, tmp_path, monkeypatch,
+                                                                               capsys):
+    """It said "nothing was started" and left a failed run in the list (issue 40 leftover a)."""
     from commlab.api import launch, list_runs
     from commlab.engine.launchers.slurm import SlurmJob
 
     for k, v in _lab_env(slurm).items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ConfigError, match="sbatch refused the job: .*[Ii]nvalid partition") as refused:
-        launch(RunConfig(workload="mlp", runs_dir=str(tmp_path)), slurm=SlurmJob(partition="nosuch"))
+        launch(RunConfig(workload="mlp", runs_dir=str(tmp_path)), slurm=SlurmJob(partition="nosuch"),
+               request_id="twice")
     assert set(refused.value.errors) == {"launcher"}
-    (run,) = list_runs(tmp_path)
-    assert run.status() == "failed" and "sbatch refused the job" in run.status_record()["error"]
+    assert list_runs(tmp_path) == [] and not [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert not list(tmp_path.glob(".request-*"))  # the request id is free again
     # The command says it as it says any refusal: the field and why, no traceback.
     assert cli.main(["run", "--workload", "mlp", "--runs-dir", str(tmp_path), "--launcher", "slurm",
                      "--partition", "nosuch"]) == 2

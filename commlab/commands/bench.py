@@ -19,10 +19,10 @@ HEADER = (("#" + " " * 33 + f"{'out-of-place':^36}{'in-place':^36}").rstrip() + 
 
 def _line(row) -> str:
     def group(t) -> str:
-        return f"{t.time_us:>11.1f} {t.algbw_gbps:>8.3f} {t.busbw_gbps:>8.3f} {t.wrong:>6}"
+        return f"{t.time_us:>11.1f} {t.algbw_gbytes_s:>8.3f} {t.busbw_gbytes_s:>8.3f} {t.wrong:>6}"
 
     return (f"{row.collective:>14} {row.size:>8} {row.count:>9} {group(row.out_of_place)}"
-            f"{group(row.in_place)} {row.memcpy_gbps:>8.3f}")
+            f"{group(row.in_place)} {row.memcpy_gbytes_s:>8.3f}")
 
 
 def _failed(args: argparse.Namespace, e: Exception) -> int:

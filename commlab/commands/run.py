@@ -112,6 +112,9 @@ def _run(args: argparse.Namespace) -> int:
     if whole.path != run.path:  # node K: node 0 records the run's end
         whole.wait(timeout=60, processes=False)
     payload = result_payload(whole if whole.exists() else run)
+    if whole.path != run.path:  # this node's own end is the command's word (its record takes the run's when it ended well)
+        own = run.status_record()
+        payload |= {"status": own["status"], "error": own.get("error")}
     text = result_text(payload) + _heldout_text(payload)
     if payload["error"]:
         text += f"\n{payload['error']}"

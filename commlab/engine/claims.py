@@ -1,7 +1,7 @@
 """The runs folder's exclusive names and locks: the one way processes that share a runs folder
 (browser tabs, a sweep and its executor, the nodes of a run) keep out of each other's way.
 
-Two kinds, as the cases need:
+The lab's own folders (``LAB_FOLDERS``) are names no run takes.  Two kinds of claim, as the cases need:
   ``take(path)``     a name only one process ever creates (O_EXCL): a node's claim of its records
                      (``.node``), a request id's claim of its run (``Request``)
   ``locked(path)``   a lock held for a block (flock, released when the block or the process ends):
@@ -20,6 +20,11 @@ from pathlib import Path
 
 from commlab.engine import procs, store
 
+# The lab's own folders in the runs folder: no run id may name one (a run written into sweeps/ was
+# deleted with every sweep), and no deletion of a run removes one.
+SWEEPS = "sweeps"  # a sweep's folder each (``commlab.tune.sweep``)
+POOLS = ".pools"  # the warm ranks of a comparison or a headroom measurement (``launchers.warm``)
+LAB_FOLDERS = {SWEEPS: "the lab's folder of sweeps", POOLS: "the lab's folder of warm ranks"}
 LAUNCH_LOCK = ".launch.lock"  # in the runs folder: the Launch form's check for a twin run, then its start
 NODE_CLAIM = ".node"  # in a node's records folder: the run id is this node's
 SWEEP_CLAIM = ".claim.lock"  # in the sweeps folder: no sweep running, and the next one's claim, as one step

@@ -12,6 +12,7 @@ proven to be the run's (``procs.belonging``) are ever signalled.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -141,6 +142,11 @@ def start(cfg: RunConfig, launcher: Launcher | None = None, request_id: str | No
         claim.name(folder.path)
     try:
         launcher.start(folder, cfg)
+    except ConfigError:  # its launcher refused it (sbatch did): nothing was started, so nothing is left
+        shutil.rmtree(folder.path, ignore_errors=True)
+        if claim:
+            claim.release()
+        raise
     except BaseException as e:  # this process owns the starting run: it must not stay starting
         status_file.record(folder.path, RunStatus.FAILED, step=None, error=launcher.start_failure(e))
         raise

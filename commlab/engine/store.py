@@ -29,7 +29,8 @@ Layout of ``<runs_dir>/<run_id>/``:
   supervisor.json  the PIDs that own the run, written by the supervisor once it is up
   supervisor.log   the supervisor's output                launcher.log  torchrun's output
   rank<k>.error.json  a rank's traceback, written as it dies, with the ranks already gone then
-  torchrun.json    torchrun's record of how each failed rank ended (exit code or signal)
+  torchrun.json    torchrun's record: when its imports were done (up_at), how each failed rank
+                   ended (exit code or signal)
   .reserve/        preallocated slots: with the disk full, the files that record how a run ended
                    (status, supervisor, rank errors) are written into one (``write_json``)
 Small JSON files are replaced atomically; JSON-lines readers keep a byte offset and only ever

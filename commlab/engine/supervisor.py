@@ -45,8 +45,8 @@ RELIST_S = 5.0
 STARTUP_ALLOWANCE_S = 300.0
 ENDED_GRACE_S = 2.0  # after a run's ranks have exited, time for torchrun to end by itself
 CRASH_GRACE_S = 2.0  # after a rank's error file appears, time for torchrun to end the rest itself
-# torchrun's log holds what the workload prints: past LOG_LIMIT it keeps its last LOG_KEEP bytes
-# (a workload printing 40 MB made an 80 MB log).
+# torchrun's log holds what the workload prints: past LOG_LIMIT it keeps its last LOG_KEEP bytes,
+# cut while the run goes and once more as it ends (a workload printing 40 MB made an 80 MB log).
 LOG_LIMIT, LOG_KEEP = 16 * 2**20, 4 * 2**20
 
 
@@ -98,6 +98,8 @@ def _supervised(folder: run_folder.RunFolder, torchrun: Callable[[], subprocess.
     # what the run's processes started, however it detached (``adopt_orphans``); a pool's torchrun
     # and ranks go on to the next run
     procs.end_adopted(keep=[child.pid] if child is not None else [])
+    # what the ranks printed last, past the limit, was never cut while the run went
+    store.keep_tail((records or folder).file("launcher.log"), LOG_LIMIT, LOG_KEEP)
     _record_end(folder, ending, child.returncode if child else None, launcher, run,
                 started=bool(watch and watch.workers), records=records)
     return ended_well
@@ -130,6 +132,7 @@ def serve_pool(pool_dir: Path) -> int:
     if not (pool_dir / "close").exists() or not procs.wait_until(lambda: child.poll() is not None, 60):
         _end_all(child, {})
     child.wait(timeout=10)
+    store.keep_tail(pool_dir / "launcher.log", LOG_LIMIT, LOG_KEEP)
     for _, run_dir in iter(lambda: pool.take(pool_dir / "runs", lambda: True), None):
         folder = run_folder.RunFolder(run_dir)
         if folder.status() in GOING:
@@ -213,6 +216,14 @@ class Watch:
         self.ranks_ended_at = self.ranks_ended_at or now
         return now - self.ranks_ended_at > ENDED_GRACE_S
 
+    def _past_join_deadline(self, now: float) -> bool:
+        """Whether the launcher's bound for the ranks to start has passed, counted from torchrun's
+        imports done (``torchrun.json``'s up_at)."""
+        if (deadline := self.launcher.join_deadline_s()) is None:
+            return False
+        up_at = store.read_json(self.folder.file("torchrun.json"), {}).get("up_at")
+        return isinstance(up_at, (int, float)) and now - up_at > deadline
+
     def _processes(self) -> list[psutil.Process]:
         """The run's processes: torchrun's descendants; on a pool, less the pool's ranks
         (torchrun's children), which fork each run's processes and are none of them."""
@@ -244,7 +255,7 @@ class Watch:
             self.last_size, self.last_progress = size, now
         cfg = self.cfg
         if self.stop_requested:
-            self.ending = {"status": RunStatus.STOPPED, "error": "stopped by the user"}
+            self.ending = self.launcher.terminated(self.run.path)  # a Stop, or (a Slurm job's) Slurm's end
         elif asked := stop_request(self.run.path):  # a Stop pressed on any node, or on a pool's run
             self.ending = {"status": RunStatus.STOPPED, "error": f"{asked.get('error')} (on {asked.get('host')})"}
         elif elsewhere := self.launcher.ended_elsewhere(self.run.path):
@@ -254,6 +265,9 @@ class Watch:
             self.ending = {"status": RunStatus.STOPPED, "error": (
                 f"its {self.owner['what']} ended (process {self.owner['pid']}), so the run was "
                 "stopped with it")}
+        elif not self.workers and self._past_join_deadline(now):
+            self.ending = self.launcher.never_started(self.run.path) or {  # the nodes did not meet in time
+                "status": RunStatus.FAILED, "error": f"the ranks did not start within {self.launcher.join_deadline_s():g} s"}
         elif now - self.last_progress > (cfg.stall_timeout_s if self.last_size else
                                          max(cfg.stall_timeout_s, STARTUP_ALLOWANCE_S)):
             self.ending = _stalled(self.run, cfg, now - self.last_progress)

@@ -9,9 +9,10 @@ from the network.  A TCPStore server accepts a socket that is already listening
 (``commlab.engine.ranks.loopback_listener``) first; then this is ``torch.distributed.run.main``,
 unchanged.  Clients (the workers) are untouched.
 
-Two additions for the engine: the workers learn this process's PID (``procs.LAUNCHER_ENV``), so
-that each can die with it; and when the workers fail, torchrun's own record of how each one ended
-(exit code or signal, when it saw it) is written to the file ``procs.TORCHRUN_RECORD_ENV`` names, if it is set.
+Three additions for the engine: the workers learn this process's PID (``procs.LAUNCHER_ENV``), so
+that each can die with it; the file ``procs.TORCHRUN_RECORD_ENV`` names, if it is set, records when
+this process's imports were done (a join timeout counts from there) and, when the workers fail,
+torchrun's own record of how each one ended (exit code or signal, when it saw it).
 And one repair: torchrun's log folder, which it would leave in /tmp after every job, goes as it ends.
 
 ``--start-method fork`` (torchrun's own option, which it applies to a Python function only) with
@@ -27,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -95,6 +97,8 @@ def main() -> int:
     if not any(a.startswith(("--log-dir", "--log_dir")) for a in sys.argv[1:]):
         logs = tempfile.mkdtemp(prefix="torchelastic_")
         sys.argv[1:1] = ["--log-dir", logs]
+    if os.environ.get(procs.TORCHRUN_RECORD_ENV):  # its imports done: a join timeout counts from here
+        store.write_json(Path(os.environ[procs.TORCHRUN_RECORD_ENV]), {"up_at": time.time()})
     try:
         run.main()
     except ChildFailedError as e:
@@ -110,7 +114,7 @@ def main() -> int:
 def _write_record(path: str, e: ChildFailedError) -> None:
     failures = [{"rank": rank, "exitcode": f.exitcode, "signal": f.signal_name(), "pid": f.pid,
                  "time": f.timestamp} for rank, f in sorted(e.failures.items())]
-    store.write_json(Path(path), {"failures": failures})
+    store.write_json(Path(path), {**store.read_json(Path(path), {}), "failures": failures})
 
 
 if __name__ == "__main__":

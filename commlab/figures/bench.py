@@ -20,9 +20,9 @@ def bench_table(result: bench.BenchResult) -> pd.DataFrame:
                "count (float32)": r.count, "iters": r.iters}
         for attr, mode in MODES:
             t = getattr(r, attr)
-            row |= {f"{mode} time (µs)": t.time_us, f"{mode} algbw (GB/s)": t.algbw_gbps,
-                    f"{mode} busbw (GB/s)": t.busbw_gbps, f"{mode} #wrong": t.wrong}
-        rows.append(row | {"memcpy (GB/s)": r.memcpy_gbps})
+            row |= {f"{mode} time (µs)": t.time_us, f"{mode} algbw (GB/s)": t.algbw_gbytes_s,
+                    f"{mode} busbw (GB/s)": t.busbw_gbytes_s, f"{mode} #wrong": t.wrong}
+        rows.append(row | {"memcpy (GB/s)": r.memcpy_gbytes_s})
     return pd.DataFrame(rows)
 
 

@@ -111,8 +111,8 @@ class Timing:
     """One column group of nccl-tests' table: out-of-place or in-place."""
 
     time_us: float  # one call, averaged over iterations and ranks
-    algbw_gbps: float  # GB/s, 1e9 bytes per second, as nccl-tests prints
-    busbw_gbps: float
+    algbw_gbytes_s: float  # GB/s, 1e9 bytes per second, as nccl-tests prints
+    busbw_gbytes_s: float
     wrong: int  # elements that differ from the exact answer, summed over ranks
 
 
@@ -123,7 +123,7 @@ class BenchRow:
     iters: int
     out_of_place: Timing
     in_place: Timing
-    memcpy_gbps: float  # rank 0 copying the same number of bytes on its device
+    memcpy_gbytes_s: float  # rank 0 copying the same number of bytes on its device
 
     @property
     def size(self) -> str:

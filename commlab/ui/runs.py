@@ -13,8 +13,9 @@ import numpy as np
 
 from commlab.analysis import ledger, metrics
 from commlab.config import default_runs_dir, label_of
-from commlab.engine import run_folder, status_file, store
+from commlab.engine import claims, run_folder, status_file, store
 from commlab.engine.launch import open_run, workers_alive
+from commlab.engine.launchers.nodes import NODES
 from commlab.engine.run_state import FINAL, GOING
 from commlab.hook_specs import spec_of
 
@@ -305,17 +306,29 @@ def _thinned(df):
 
 def delete_run(path: str | Path, runs_dir: str | None = None) -> None:
     """Delete one run folder; refuses (ValueError) anything that is not a finished-with run
-    folder directly inside the runs folder."""
+    folder directly inside the runs folder, and a folder that holds what is not that run's."""
     p = Path(path)
     root = Path(runs_dir or default_runs_dir()).resolve()
     if p.is_symlink() or p.resolve().parent != root:
         raise ValueError(f"{p} is not a folder directly inside the runs folder {root}; "
                          "nothing was deleted")
+    if p.name in claims.LAB_FOLDERS:
+        raise ValueError(f"{p} is {claims.LAB_FOLDERS[p.name]}, not a run's; nothing was deleted")
     run = run_folder.RunFolder(p.resolve())
     if not run.exists():
         raise ValueError(f"{p} is not a commlab run folder (no config.json); nothing was deleted")
+    if others := _others_inside(run.path):
+        raise ValueError(f"{p} holds what is not its run's ({', '.join(others[:3])}: another run's "
+                         "or a sweep's); nothing was deleted")
     if run.status() in GOING:
         raise ValueError(f"run {run.id} is still running: stop it first")
     if workers_alive(store.read_json(run.file("supervisor.json"), {})):
         raise ValueError(f"run {run.id} has worker processes still alive: stop it first")
     shutil.rmtree(run.path)
+
+
+def _others_inside(path: Path) -> list[str]:
+    """The folders in a run folder that are another run's or a sweep's (their own config.json,
+    sweep.json or state.json); a run of several nodes keeps its nodes' records in nodes/."""
+    return sorted(d.name for d in path.iterdir() if d.is_dir() and not d.is_symlink() and d.name != NODES
+                  and any((d / name).exists() for name in ("config.json", "sweep.json", "state.json")))

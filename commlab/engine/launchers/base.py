@@ -14,6 +14,7 @@ from typing import ClassVar
 from commlab.devices import ranks_forkable
 from commlab.engine import procs, run_folder, store
 from commlab.engine.commands import LOOPBACK, run_argv, supervisor_argv, worker_env
+from commlab.engine.run_state import RunStatus
 
 
 class Launcher:
@@ -77,10 +78,19 @@ class Launcher:
         return f"{cfg.world_size} {info['backend']} rank(s)"
 
     # ------------------------------------------------------------------ what its supervisor asks
+    def terminated(self, run_dir: Path) -> dict:
+        """How the run ends when its supervisor is sent SIGTERM: here, a Stop."""
+        return {"status": RunStatus.STOPPED, "error": "stopped by the user"}
+
     def ended_elsewhere(self, run_dir: Path) -> dict | None:
         """An ending another part of the run calls for (a node's bad end); None here."""
         return None
 
     def never_started(self, run_dir: Path) -> dict | None:
         """Why the run failed when its agent never started ranks, if this way knows; None here."""
+        return None
+
+    def join_deadline_s(self) -> float | None:
+        """Seconds from its agent's start by which the run's ranks must have started (the nodes
+        met), else it ends as ``never_started`` says; None: no such bound (the stall timeout's)."""
         return None

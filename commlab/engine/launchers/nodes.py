@@ -26,6 +26,7 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from commlab import files
 from commlab.config import ConfigError
 from commlab.engine import claims, procs, run_folder, status_file, store
 from commlab.engine.launchers.base import Launcher
@@ -35,8 +36,18 @@ from commlab.engine.stop_request import STOP_GRACE_S, request_stop
 NODES = "nodes"  # in a run folder: node K's records, K > 0
 IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 JOIN_TIMEOUT_S = 600.0  # torchrun's own default for its c10d rendezvous
+JOIN_GRACE_S = 5.0  # past the join timeout (counted from torchrun's start), for torchrun to end by itself
+# What torchrun's log says when the nodes cannot meet, and what it means; read in its last CAUSE_BYTES.
+CAUSES = (("Address already in use", "port {port} on {host} is held by another process: node 0 could not serve "
+                                     "the rendezvous there (give a free port)"),
+          ("Name or service not known", "{host!r} does not resolve on node {rank}: give node 0's address as it "
+                                        "reaches it"))
+CAUSE_BYTES = 256 * 1024
 BAD_ENDS = (RunStatus.FAILED, RunStatus.STOPPED, RunStatus.STALLED)  # a node's end that ends the others (not finished, diverged)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# What node 0's run folder holds before its launch.json: its claim, its reserve, status starting, its
+# settings (a run from before the claim file)
+_PREPARING = {claims.NODE_CLAIM, store.RESERVE, "status.json", "config.json"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,9 @@ class Nodes:
         if not _ID.fullmatch(self.run_id):
             e["run_id"] = (f"give every node the same run id (letters, digits and . _ -; it names the "
                            f"run folder in the shared runs folder), got {self.run_id or 'none'!r}")
+        elif self.run_id in claims.LAB_FOLDERS:
+            e["run_id"] = (f"{self.run_id!r} names {claims.LAB_FOLDERS[self.run_id]} in the runs folder: "
+                           "give the run an id of its own")
         if not self.ifname:
             e["ifname"] = ("name the network interface the ranks talk on (--ifname or "
                            f"{IFNAME_ENV}; `ip -brief address` lists them): on several nodes the lab "
@@ -95,19 +109,25 @@ class Nodes:
             e["ifname"] = f"{self.ifname!r} has no IPv4 address: give this node's address (--local-addr)"
         if not self.join_timeout_s > 0:
             e["join_timeout_s"] = f"must be a positive number of seconds, got {self.join_timeout_s!r}"
-        if self.node_rank == 0 and not {"rdzv_endpoint", "ifname"} & e.keys():
-            e |= self._served_here_errors(host)
+        if "rdzv_endpoint" not in e:
+            if self.node_rank == 0 and "ifname" not in e:
+                e |= self._served_here_errors(host, int(port))
+            elif self.node_rank > 0 and not _resolves(host):
+                e["rdzv_endpoint"] = f"{host!r} does not resolve on this node: give node 0's address as it reaches it"
         return e
 
-    def _served_here_errors(self, host: str) -> dict[str, str]:
+    def _served_here_errors(self, host: str, port: int) -> dict[str, str]:
         """Node 0's rendezvous store listens on this node's address only (never on every
-        interface), so the endpoint every agent dials must be that address."""
+        interface), so the endpoint every agent dials must be that address, at a port no other
+        process holds (torchrun would fail there, and its agent's end read as node 1's absence)."""
         mine = self.local_addr or interface_address(self.ifname)
         try:
             theirs = socket.gethostbyname(host)
         except OSError:
             return {"rdzv_endpoint": f"{host!r} does not resolve here: give node 0's address ({mine})"}
         if theirs == mine:
+            if held := _held(mine, port):
+                return {"rdzv_endpoint": f"port {port} on {mine} is held by another process ({held}): give a free port"}
             return {}
         return {"rdzv_endpoint": (f"{host!r} is {theirs} here, but node 0 serves the rendezvous on "
                                   f"{mine} only (the address of {self.ifname!r}, or --local-addr): give "
@@ -132,6 +152,34 @@ class Nodes:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except OSError:
+        return False
+
+
+def _answers(host: str, port: int) -> bool:
+    """Whether a connection to ``host:port`` is accepted (within a second)."""
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _held(addr: str, port: int) -> str | None:
+    """Why ``port`` cannot be listened on at ``addr`` as torch's store does (SO_REUSEADDR), or None."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def records(run_dir: Path, node_rank: int) -> Path:
@@ -162,6 +210,19 @@ def ended_elsewhere(run_dir: Path, node: Nodes) -> dict | None:
                     **({"failed_rank": said["failed_rank"]} if "failed_rank" in said else {}),
                     **({"traceback": said["traceback"]} if said.get("traceback") else {})}
     return None
+
+
+def known_cause(log: Path, node: Nodes) -> str | None:
+    """Why the nodes could not meet, as torchrun's log says it (its last ``CAUSE_BYTES``), in a
+    person's words; None when it says nothing known."""
+    try:
+        with files.open_regular(log) as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - CAUSE_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    host, _, port = node.rdzv_endpoint.rpartition(":")
+    return next((said.format(host=host, port=port, rank=node.node_rank) for seen, said in CAUSES if seen in text), None)
 
 
 def not_joined(run_dir: Path, node: Nodes) -> list[int]:
@@ -220,15 +281,32 @@ class OnNodes(Launcher):
         return ended_elsewhere(run_dir, self.node)
 
     def never_started(self, run_dir: Path) -> dict | None:
-        missing = not_joined(run_dir, self.node)
+        """The cause torchrun's log names, when it names one it knows; else the nodes that never
+        came up, or for node K, that node 0 never answered in time."""
+        if cause := known_cause(records(run_dir, self.node.node_rank) / "launcher.log", self.node):
+            return {"status": RunStatus.FAILED, "error": cause}
+        wait, missing = f"{self.node.join_timeout_s:g} s", not_joined(run_dir, self.node)
+        if self.node.node_rank and 0 in missing:  # what node K can tell of node 0's endpoint
+            host, _, port = self.node.rdzv_endpoint.rpartition(":")
+            return {"status": RunStatus.FAILED, "error": (
+                f"node 0 did not join within {wait}: {self.node.rdzv_endpoint} accepts connections but no "
+                "rendezvous answered there (another process holds that port, or node 0 has not started)"
+                if _answers(host, int(port)) else f"node 0 did not join within {wait} (nothing listens at "
+                f"{self.node.rdzv_endpoint}: node 0 has not started, or its endpoint is another)")}
         return {"status": RunStatus.FAILED, "error": "; ".join(
-            f"node {k} did not join within {self.node.join_timeout_s:g} s" for k in missing)} if missing else None
+            f"node {k} did not join within {wait}" for k in missing)} if missing else None
+
+    def join_deadline_s(self) -> float | None:
+        # torchrun's client waits without end on an endpoint that accepts and never answers
+        return self.node.join_timeout_s + JOIN_GRACE_S
 
 
 def node_dir(cfg, node: Nodes, run_dir: Path) -> Path:
     """This node's records folder in ``run_dir``, the run folder named by the run id (made here if
     this node is first); ConfigError when this node's records are there already (an id used
     before), or when node 0's settings differ."""
+    if why := _not_this_run(run_dir, node):
+        raise ConfigError({"run_id": f"{node.run_id!r} is taken: {run_dir} {why} (give each run an id of its own)"})
     path = node.records(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     # Of two commands given one id at the same moment, one is refused; a run from before the claim
@@ -244,3 +322,27 @@ def node_dir(cfg, node: Nodes, run_dir: Path) -> Path:
     if node.node_rank == 0:
         store.make_reserve(path)
     return path
+
+
+def _not_this_run(run_dir: Path, node: Nodes) -> str | None:
+    """Why the folder the run id names is not this run's to write in, before anything is written
+    there; None when it is new, or holds only what this run's nodes wrote.  Node 0 makes a new
+    folder (other nodes' records aside); node K joins node 0's run of as many nodes (its launch.json
+    says so), one node 0 is preparing, or waits in a new folder for node 0."""
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        return "is not a folder of its own"
+    held = sorted(set(os.listdir(run_dir)) - {NODES}) if run_dir.exists() else []
+    if not held:
+        return None
+    if node.node_rank == 0:
+        if claims.NODE_CLAIM in held or "config.json" in held:
+            return "already holds node 0's records"
+        return f"holds what is not a run's ({', '.join(held[:3])})"
+    if "launch.json" not in held:
+        return None if set(held) <= _PREPARING else f"holds what is not a run's ({', '.join(held[:3])})"
+    nodes = store.read_json(run_dir / "launch.json", {}).get("nodes")
+    if not nodes:
+        return "holds a run on one node"
+    if nodes.get("nnodes") != node.nnodes:
+        return f"holds a run of {nodes.get('nnodes')} nodes, not {node.nnodes}"
+    return None

@@ -41,7 +41,9 @@ from commlab.engine.supervisor import supervise
 SCRIPT = "job.sbatch"
 POLL_S = 0.5
 RDZV_PORT = 29400  # the rendezvous port on the allocation's first node (torchrun's docs use it)
-UNANSWERED_S = 10.0  # Slurm not answering for this long: the job is taken as gone (its end then read from the run)
+# slurmctld not answering is not the job's end: its tasks train on under slurmd.  The follower waits,
+# and gives up only once the run recorded its own end, or the job's time limit is this far past.
+UNANSWERED_PAST_LIMIT_S = 300.0
 RECORD_WAIT_S = 20.0  # after the job ends: time for the supervisors to record the run's end
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED")
@@ -122,14 +124,18 @@ def script(run_dir: Path, cfg, job: SlurmJob, python: str = sys.executable, back
 
 def sbatch_argv(folder: run_folder.RunFolder) -> list[str]:
     """sbatch's own argv: what holds a path is given here, not in an #SBATCH line."""
+    # sbatch expands % in --output (%j the job id): a % of the path is written %%
+    output = str(folder.path).replace("%", "%%") + "/slurm-%j.out"
     return ["sbatch", "--parsable", f"--job-name=commlab-{folder.id}"[:100], f"--chdir={folder.path}",
-            f"--output={folder.path}/slurm-%j.out", str(folder.file(SCRIPT))]
+            f"--output={output}", str(folder.file(SCRIPT))]
 
 
-def submit(folder: run_folder.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
+def submit(folder: run_folder.RunFolder, cfg, job: SlurmJob, env: dict) -> str | None:
     """Write the script, submit it, record the job id and spawn the follower; returns the job id.
-    ConfigError (the launcher's) with sbatch's own words when it refuses; a job submitted but not
-    followed (the follower could not start) is cancelled."""
+    ConfigError (the launcher's) with sbatch's own words when it refuses: nothing was submitted.
+    When sbatch does not answer, the job may have been submitted: the run is recorded failed, saying
+    so, and None returned.  A job submitted but not followed (the follower could not start) is
+    cancelled."""
     from commlab.config import ConfigError
 
     folder.file(SCRIPT).write_text(script(folder.path.resolve(), cfg, job,
@@ -141,8 +147,9 @@ def submit(folder: run_folder.RunFolder, cfg, job: SlurmJob, env: dict) -> str:
         done = subprocess.run(sbatch_argv(run_folder.RunFolder(folder.path.resolve())), env=env,
                               capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        raise ConfigError({"launcher": "sbatch did not answer within 120 s (the job may have been "
-                                       "submitted all the same: see squeue)"}) from None
+        status_file.record(folder.path, RunStatus.FAILED, step=None, ended_at=time.time(), error=(
+            "sbatch did not answer within 120 s (the job may have been submitted all the same: see squeue)"))
+        return None
     if done.returncode:
         raise ConfigError({"launcher": f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}"})
     job_id = done.stdout.strip().split(";")[0]
@@ -183,16 +190,13 @@ def follow(run_dir: Path) -> int:
     info = folder.launch_info()
     job_id, owner = info["slurm"]["job_id"], info.get("owner")
     cancelled_for = None
-    unanswered_since = None
     while True:
         state = job_state(job_id)
-        if state is None:  # a blip of the controller is waited out; a controller gone is the job gone
-            unanswered_since = unanswered_since or time.monotonic()
-            if time.monotonic() - unanswered_since < UNANSWERED_S:
-                time.sleep(POLL_S)
-                continue
-            state = {}
-        unanswered_since = None
+        if state is None:
+            if unanswered(folder, job_id, info["slurm"]):
+                return 0
+            time.sleep(POLL_S)
+            continue
         js = state.get("JobState", "")
         said = status_file.said(folder.path)
         slurm = {"job_id": job_id, "state": js or "GONE", "reason": state.get("Reason")}
@@ -211,6 +215,53 @@ def follow(run_dir: Path) -> int:
         time.sleep(POLL_S)
 
 
+def unanswered(folder: run_folder.RunFolder, job_id: str, slurm: dict) -> bool:
+    """Slurm did not answer (slurmctld restarting, or gone while the job's tasks run on): whether
+    the following is over, because the run recorded its own end, or because the job's time limit is
+    long past with none recorded (then recorded failed, saying so).  Else the run goes on as it says."""
+    word = {"job_id": job_id, "state": "UNKNOWN", "reason": "slurmctld did not answer"}
+    if status_file.said(folder.path).get("status") in FINAL:
+        status_file.record(folder.path, slurm=word)
+        return True
+    limit = seconds(slurm["job"]["time_limit"])
+    if limit is None or time.time() < slurm["submitted_at"] + limit + UNANSWERED_PAST_LIMIT_S:
+        return False
+    status_file.record(folder.path, RunStatus.FAILED, slurm=word, ended_at=time.time(), error=(
+        f"Slurm did not answer for job {job_id}, and its time limit ({slurm['job']['time_limit']}) is past "
+        "with no end recorded by the run"))
+    return True
+
+
+def seconds(time_limit: str) -> float | None:
+    """An sbatch time limit ([D-]HH:MM:SS, MM:SS, MM) in seconds; None for one not read here."""
+    days, _, rest = time_limit.rpartition("-")
+    try:
+        parts = [int(x) for x in rest.split(":")]
+        if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+            h, m, sec = (parts + [0, 0])[:3]
+        else:  # MM, MM:SS, HH:MM:SS
+            h, m, sec = ([0, 0] + parts)[-3:] if len(parts) > 1 else (0, parts[0], 0)
+        return ((int(days) if days else 0) * 24 + h) * 3600 + m * 60 + sec
+    except ValueError:
+        return None
+
+
+def slurm_ended(job_id: str, state: dict, cancelled_for: str | None = None) -> dict | None:
+    """A run's end in Slurm's words when Slurm ended the job (cancelled, its time limit, a deadline,
+    preempted), from ``scontrol show job``'s fields; None when it did not say so.  While the job
+    completes, JobState says COMPLETING and its Reason says why (TimeLimit)."""
+    js = state.get("JobState", "GONE")
+    if js == "COMPLETING" and state.get("Reason") == "TimeLimit":
+        js = "TIMEOUT"
+    if js == "CANCELLED":
+        return {"status": RunStatus.STOPPED, "error": cancelled_for or (
+            f"Slurm cancelled job {job_id} (scancel, or the cluster's administrator)")}
+    if js in ("TIMEOUT", "DEADLINE", "PREEMPTED"):
+        return {"status": RunStatus.STOPPED, "error": f"Slurm ended job {job_id}: {js} "
+                                                      f"(time limit {state.get('TimeLimit', '?')})"}
+    return None
+
+
 def record_end(folder: run_folder.RunFolder, job_id: str, state: dict, cancelled_for: str | None = None,
                wait_s: float = RECORD_WAIT_S) -> None:
     """The run's end once the job has left (``state``: its last ``job_state``): what the
@@ -223,13 +274,10 @@ def record_end(folder: run_folder.RunFolder, job_id: str, state: dict, cancelled
     slurm = {"job_id": job_id, "state": js, "reason": state.get("Reason"), "exit_code": state.get("ExitCode")}
     ending: dict = {}
     if js == "CANCELLED":
-        why = cancelled_for or (asked or {}).get("error") or (
-            f"Slurm cancelled job {job_id} (scancel, or the cluster's administrator)")
         if said != RunStatus.FAILED:  # a failure is not renamed by the cancel that came after it
-            ending = {"status": RunStatus.STOPPED, "error": why}
-    elif js in ("TIMEOUT", "DEADLINE", "PREEMPTED"):
-        ending = {"status": RunStatus.STOPPED, "error": f"Slurm ended job {job_id}: {js} "
-                                                        f"(time limit {state.get('TimeLimit', '?')})"}
+            ending = slurm_ended(job_id, state, cancelled_for or (asked or {}).get("error"))
+    elif ended := slurm_ended(job_id, state):
+        ending = ended
     elif said not in FINAL:  # else the supervisors recorded the end, and Slurm's word adds no other
         ending = {"status": RunStatus.FAILED, "error": (
             f"Slurm job {job_id} ended {js} (reason {state.get('Reason')}, exit code "
@@ -284,6 +332,15 @@ class OnSlurm(Launcher):
 
     def ended_elsewhere(self, run_dir: Path) -> dict | None:
         return self.nodes.ended_elsewhere(run_dir)
+
+    def terminated(self, run_dir: Path) -> dict:
+        """A node's supervisor got SIGTERM: a Stop asked in the folder (then scancel), else Slurm's
+        own (the time limit, scancel, preemption), asked of Slurm from the node."""
+        if asked := stop_request(run_dir):
+            return {"status": RunStatus.STOPPED, "error": asked.get("error") or "stopped by the user"}
+        job_id = job_of_record(run_folder.RunFolder(run_dir).launch_info())
+        return slurm_ended(job_id, job_state(job_id) or {}) or {
+            "status": RunStatus.STOPPED, "error": f"Slurm ended job {job_id} (its tasks were sent SIGTERM)"}
 
     def never_started(self, run_dir: Path) -> dict | None:
         return self.nodes.never_started(run_dir)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from commlab.config import RunConfig
 from commlab.engine import procs, run_folder, store
+from commlab.engine.claims import POOLS
 from commlab.engine.commands import worker_env
 from commlab.engine.launch import Run, resolve_backend, start
 from commlab.engine.launchers.base import Launcher
@@ -18,8 +19,6 @@ from commlab.engine.pool import Pool, hand, supervisor_of, withdraw
 from commlab.engine.run_state import GOING, RunStatus
 from commlab.engine.status_file import record
 from commlab.engine.stop_request import STOP_GRACE_S, request_stop
-
-POOLS = ".pools"  # in the runs folder: the warm ranks of a comparison or a headroom measurement
 
 
 class Warm(Launcher):

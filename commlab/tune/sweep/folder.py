@@ -10,13 +10,13 @@ from pathlib import Path
 
 from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.engine import claims, procs, run_folder, store
+from commlab.engine.claims import SWEEPS
 from commlab.engine.run_state import RunStatus
 from commlab.tune import quality
 from commlab.tune.sweep import table
 from commlab.tune.sweep.progress import Progress, eta
 from commlab.tune.sweep.spec import SweepSpec, grid, more_seeds, next_seed, plan_label
 
-SWEEPS = "sweeps"
 RESULT = "result.json"  # what the sweep found, written as it ends (``Sweep.report``)
 
 
