@@ -118,7 +118,7 @@ def _setting_lines(s: dict, w: int, verdicts: dict, target) -> list[str]:
                           + (f", at step {s['reach_step']:.0f} (predicted {s['reach_predicted_s']:.3g} s)"
                              if s["reach_step"] is not None and s["reach_predicted_s"] is not None else ""), pad)
     if s.get("pays") and not s["baseline"]:
-        lines.append(f"{pad}pays here? it {s['pays']}")  # whole: one sentence, as the page has it
+        lines += _wrapped(f"pays here? it {s['pays']}", pad)
     return lines
 
 
