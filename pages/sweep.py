@@ -207,8 +207,9 @@ def results(sweep: sw.Sweep) -> None:
     against, tolerance = judging(sweep)
     cluster = cluster_inputs()
     runs = sweep.results(tolerance, cluster, against)
-    if not len(runs):
-        st.info("No run has started yet.")
+    if not len(runs):  # said as the sweep's state has it: an ended sweep never "has not started"
+        st.info("No run has started yet." if sweep.status() == RunStatus.RUNNING else
+                f"This sweep ({lab_widgets.literal(sweep.status())}) recorded no run.")
         return
     title = baselines.title(against)
     table = pareto.by_setting(runs)
