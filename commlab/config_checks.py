@@ -16,6 +16,7 @@ from commlab.config_fields import (
     MAX_TRACED_STEPS,
     REPLICA_HOOKS,
     choice_error,
+    lab_between_replicas,
     shown,
 )
 from commlab.hook_specs import BASELINE, SPECS
@@ -46,13 +47,6 @@ def _needs_instrument(name: str) -> Rule:
                 lambda c: f"needs instrument on: the instrumentation carries it out (got {getattr(c, name)})")
 
 
-def _not_sharded(name: str) -> Rule:
-    # Carried out by the instrumentation's wrapper around DDP's hook, which a sharded run has none of.
-    return Rule(name, ("sharding", name), lambda c: c.sharding != "ddp" and bool(getattr(c, name)),
-                lambda c: (f"is not carried out on a {c.sharding} run (got {shown(getattr(c, name))}): the "
-                           "instrumentation measures DDP's hook, and FSDP calls none; use sharding ddp"))
-
-
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
@@ -75,7 +69,16 @@ SHARDING_RULES: tuple[Rule, ...] = (
     Rule("wrapper", ("sharding", "wrapper"), lambda c: c.sharding != "ddp" and c.wrapper != "none",
          lambda c: (f"a compress wrapper casts DDP's gradient buckets, and a {c.sharding} run has none: "
                     "use wrapper none (reduce_dtype bf16 reduces the gradients in bf16)")),
-    *map(_not_sharded, ("error_every", "save_grads_at")),
+    # Measured around the lab's hook between HSDP's replicas, on each rank's shards
+    # (``commlab.engine.measurement.ShardProbe``): FSDP alone and native HSDP run none of the lab's.
+    *(Rule(name, ("sharding", "hook", name),
+           lambda c, name=name: c.sharding != "ddp" and not lab_between_replicas(c) and bool(getattr(c, name)),
+           lambda c, name=name: (
+               f"is not carried out on a {c.sharding} run with hook {c.hook} (got {shown(getattr(c, name))}): "
+               "it is measured around a hook, DDP's or the lab's between HSDP's replicas, and FSDP's own "
+               "reduce-scatter and all-reduce are none; use sharding hsdp with hook "
+               f"{', '.join(h for h in REPLICA_HOOKS if h != BASELINE)} (on each rank's shards), or sharding ddp"))
+      for name in ("error_every", "save_grads_at")),
     Rule("trace_steps", ("sharding", "trace_steps"),
          lambda c: c.sharding != "ddp" and c.trace_steps != list(DEFAULT_TRACE_STEPS) and bool(c.trace_steps),
          lambda c: (f"is not carried out on a {c.sharding} run (got {shown(c.trace_steps)}): the "

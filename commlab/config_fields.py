@@ -23,6 +23,12 @@ REDUCE_DTYPES = ("fp32", "bf16")  # MixedPrecisionPolicy's reduce_dtype, as the 
 # The hooks with a sharded form: what HSDP's all-reduce between replicas may be (on each rank's
 # shard); the others send what only DDP's buckets give them.
 REPLICA_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
+
+
+def lab_between_replicas(cfg: Any) -> bool:
+    """Whether the lab's hook runs between HSDP's replicas (``commlab.hooks.replica``): any but plain
+    allreduce, which FSDP's own HSDP all-reduce runs."""
+    return cfg.sharding == "hsdp" and cfg.hook != BASELINE
 # The sections of the settings table, in the Launch form's order: group -> its heading.
 GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
           "workload": "Workload", "instrument": "Instrumentation and an emulated link",

@@ -93,6 +93,37 @@ def apply_rule(named_shapes: Iterable[tuple[str, Sequence[int]]], matrix_approxi
     return RuleSummary(layers, sum(d.numel_before for d in layers), sum(d.numel_after for d in layers))
 
 
+def shard_name(name: str, shard: int, shards: int) -> str:
+    """How a run names one rank's dim-0 shard of a parameter: ``0.weight [shard 0 of 2]``."""
+    return f"{name} [shard {shard} of {shards}]"
+
+
+def dim0_shard(shape: Sequence[int], shard: int, shards: int) -> tuple[int, ...]:
+    """The shape of shard ``shard`` of ``shards`` of a tensor cut on dim 0 as FSDP2 cuts it
+    (``torch.chunk``: ceil(rows / shards) rows each, the last ones short, or empty where the rows
+    run out).  PowerSGD sees a shard as the matrix it is: its rows x the rest."""
+    shape = tuple(int(s) for s in shape)
+    if not shape:  # a scalar is held whole by the first shard
+        return shape if shard == 0 else (0,)
+    per = math.ceil(shape[0] / shards)
+    return (max(0, min(per, shape[0] - shard * per)), *shape[1:])
+
+
+def on_shards(named: Iterable[tuple[str, Sequence[int]]], shards: int,
+              layouts: dict[str, str] | None = None) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """(named shapes, layouts) of every dim-0 shard of each parameter, shard by shard within a
+    parameter: what the lab's hook between HSDP's replicas applies the rule to (each rank its own
+    shards)."""
+    layouts = layouts or {}
+    out, out_layouts = [], {}
+    for name, shape in named:
+        for k in range(shards):
+            out.append((shard_name(name, k, shards), dim0_shard(shape, k, shards)))
+            if name in layouts:
+                out_layouts[out[-1][0]] = layouts[name]
+    return out, out_layouts
+
+
 def named_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
     """Shapes of a model's trainable parameters, in registration order (works on meta tensors)."""
     return [(name, tuple(p.shape)) for name, p in model.named_parameters() if p.requires_grad]

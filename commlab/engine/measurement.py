@@ -9,14 +9,18 @@ measured (``commlab.engine.rank0``).
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from commlab.analysis import ring
+from commlab.analysis.metrics import relative_error
 from commlab.analysis.ring import wire_bytes
+from commlab.analysis.rule import shard_name
 from commlab.hooks.instrument import (
+    MEASURE,
     OTHER,
     SHARDING,
     CollectiveCounter,
@@ -140,12 +144,22 @@ class ShardedMeasurement(Unmeasured):
     whole model would (its fp32 gradients), so that a sharded run's bytes read beside a DDP run's.
     No hook is wrapped: FSDP calls no DDP hook."""
 
-    def __init__(self, cfg, world: int, replica, model_bytes: int):
-        self.world, self.replica, self.replicas, self.model_bytes = world, replica, cfg.replicas, model_bytes
+    def __init__(self, cfg, world: int, sharded, model_bytes: int, rank: int, compressed: set[str]):
+        self.cfg, self.world, self.rank, self.model_bytes = cfg, world, rank, model_bytes
+        self.replica, self.replicas = sharded.replica, cfg.replicas
         self.counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us),
                                          world).install()
         super().__init__(None)
         self.sent_total = self.plain_total = 0
+        self.probe = None
+        if self.replica and (cfg.error_every > 0 or cfg.save_grads_at):
+            self.probe = ShardProbe(self.replica, self.counter, sharded, compressed)
+            self.replica.hook = self.probe
+
+    def begin(self, step: int) -> None:
+        if self.probe:
+            self.probe.begin_step(self.cfg.error_every > 0 and step % self.cfg.error_every == 0,
+                                  step in self.cfg.save_grads_at)
 
     def not_the_hooks(self):
         """Collectives issued here are the lab's own, not the hook's traffic."""
@@ -167,7 +181,10 @@ class ShardedMeasurement(Unmeasured):
         sent = replica + nbytes[SHARDING]
         self.sent_total += sent
         self.plain_total += self.model_bytes
-        return Measured({"payload_bytes": sent, "wire_bytes": wire_bytes(sent, self.world),
+        errors, grads = self.probe.take(step, state, self.rank) if self.probe else (None, {})
+        if errors:
+            errors["measure_bytes"] = nbytes["measure"]
+        return Measured(errors=errors, grads=grads, row={"payload_bytes": sent, "wire_bytes": wire_bytes(sent, self.world),
                          "plain_bytes": self.model_bytes, "collectives": calls["hook"] + calls[SHARDING],
                          "hook_s": hook_s,
                          "compression_ratio": self.plain_total / self.sent_total if self.sent_total else None,
@@ -179,3 +196,87 @@ class ShardedMeasurement(Unmeasured):
 
     def close(self) -> None:
         self.counter.uninstall()
+
+
+class ShardProbe:
+    """The lab's hook between HSDP's replicas (``ReplicaAllReduce.hook``), measured at the steps told
+    as ``HookInstrument`` measures DDP's: before the hook, the exact mean of the unit's shards over
+    the replicas (one extra all-reduce on the replica group, its bytes counted apart as
+    measurement), after it the hook's result against it, per unit (its "bucket") and per shard the
+    rule compressed (named ``rule.shard_name``); at the steps that save gradients, that exact mean
+    of each shard.  Each rank holds its own shards: ``take`` gathers them over the shard group, so
+    that rank 0 records every shard of its replica (the replicas of a shard get the same result)."""
+
+    def __init__(self, replica, counter: CollectiveCounter, sharded, compressed: set[str]):
+        self.hook, self.counter, self.compressed = replica.hook, counter, compressed
+        self.layouts = replica.layouts
+        self.group, self.replicas = sharded.mesh["replicate"].get_group(), sharded.mesh["replicate"].size()
+        self.shard_group, self.shard, self.shards = sharded.mesh["shard"].get_group(), sharded.shard, sharded.shards
+        self.begin_step(False, False)
+
+    def begin_step(self, measure: bool, save: bool) -> None:
+        self.measure, self.save = measure, save
+        self.units: list[dict] = []  # this rank's, per call: unit, |out - exact|², |exact|²
+        self.layers: list[dict] = []
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def __call__(self, state, bucket):  # a DDP hook's signature: ``ReplicaAllReduce`` calls it so
+        if not (self.measure or self.save):
+            return self.hook(state, bucket)
+        exact = bucket.buffer().detach().clone()
+        with self.counter.category(MEASURE):  # before the hook's own: every rank in the same order
+            dist.all_reduce(exact, group=self.group)
+        exact.div_(self.replicas)
+        out = self.hook(state, bucket).wait()
+        got, want = out.detach().double(), exact.double()
+        index, offset = bucket.index(), 0
+        self.units.append({"bucket": index, "diff_sq": float((got - want).pow(2).sum()),
+                           "exact_sq": float(want.pow(2).sum())})
+        for region in self.layouts[index]:
+            n = region.shape.numel()
+            name = shard_name(region.name, self.shard, self.shards)
+            if self.measure and name in self.compressed:
+                self.layers.append({"bucket": index, "layer": name, "rel_error": relative_error(
+                    out[offset:offset + n].float(), exact[offset:offset + n].float())})
+            if self.save:
+                self.grads[name] = exact[offset:offset + n].reshape(region.shape).float().clone()
+            offset += n
+        done = torch.futures.Future()
+        done.set_result(out)
+        return done
+
+    def take(self, step: int, state, rank: int) -> tuple[dict | None, dict]:
+        """(errors, grads) of the step, every shard of rank 0's replica on rank 0, (None, {})
+        elsewhere and at the steps that measure nothing; a collective on each shard group at the
+        steps that measure (every rank takes them at the same step)."""
+        if not (self.measure or self.save):
+            return None, {}
+        memory = error_feedback_norm(state)
+        mine = (self.units, self.layers, self.grads, None if memory is None else memory ** 2)
+        gathered: list = [None] * self.shards
+        with self.counter.category(OTHER):
+            dist.all_gather_object(gathered, mine, group=self.shard_group)
+        measure, self.measure, self.save = self.measure, False, False
+        if rank != 0:
+            return None, {}
+        grads = {name: g for _, _, saved, _ in gathered for name, g in saved.items()}
+        if not measure:
+            return None, grads
+        by_unit: dict[int, list[float]] = {}
+        for units, _, _, _ in gathered:
+            for u in units:
+                sums = by_unit.setdefault(u["bucket"], [0.0, 0.0])
+                sums[0] += u["diff_sq"]
+                sums[1] += u["exact_sq"]
+        buckets = [{"bucket": i, "rel_error": _ratio(d, e)} for i, (d, e) in sorted(by_unit.items())]
+        memories = [m for *_, m in gathered if m is not None]
+        return {"step": step, "measure_bytes": 0, "buckets": buckets,  # ``ShardedMeasurement`` counts them
+                "layers": [row for _, layers, _, _ in gathered for row in layers],
+                "ef_residual_norm": math.sqrt(sum(memories)) if memories else None}, grads
+
+
+def _ratio(diff_sq: float, exact_sq: float) -> float:
+    """``metrics.relative_error`` from the squared norms summed over a unit's shards."""
+    if exact_sq > 0:
+        return math.sqrt(diff_sq / exact_sq)
+    return 0.0 if diff_sq == 0 else float("inf")

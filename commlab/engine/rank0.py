@@ -91,8 +91,10 @@ class Rank0Record(NoRecord):
             "checkpoint": job.checkpoint_note, "phases": job.phases, "started_at": time.time()}
         store.write_json(folder.file("meta.json"), self.meta)
         store.write_json(folder.file("layers.json"), [
-            # a sharded run's hook compresses shards, not these whole layers
-            {**d.as_dict(), "applies": job.choice.spec.layerwise and not job.sharded} for d in job.rule.layers])
+            # the rule applies where the hook runs it: DDP's buckets, or on HSDP the shards the lab's
+            # hook between replicas gets (the rule's rows are those shards: ``worker.setup``)
+            {**d.as_dict(), "applies": job.choice.spec.layerwise and (not job.sharded or bool(job.sharded.replica))}
+            for d in job.rule.layers])
         self.metrics = store.JsonlWriter(folder.file("metrics.jsonl"))
         self.errors = store.JsonlWriter(folder.file("errors.jsonl"))
         self.pitfalls = None  # made with the first pitfall: most runs have none

@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from commlab import workloads
 from commlab.config import RunConfig
-from commlab.hook_specs import BASELINE
+from commlab.config_fields import lab_between_replicas
 from commlab.hooks import registry
 from commlab.hooks.replica import ReplicaAllReduce
 
@@ -42,6 +42,16 @@ class Sharded:
     units: list[str]  # the modules sharded one by one, by name
     choice: registry.HookChoice  # the run's hook: what runs between replicas, if the lab runs it
     replica: ReplicaAllReduce | None  # the lab's all-reduce between replicas; None: FSDP's own or none
+
+    @property
+    def shards(self) -> int:
+        """The ranks a replica shards the model over."""
+        return self.mesh["shard"].size()
+
+    @property
+    def shard(self) -> int:
+        """Which of them this rank is: the dim-0 shard of every parameter it holds."""
+        return self.mesh["shard"].get_local_rank()
 
     def record(self) -> dict:
         return {"mesh": dict(zip(self.mesh.mesh_dim_names, self.mesh.shape)), "units": self.units,
@@ -64,7 +74,7 @@ def shard(model: torch.nn.Module, cfg: RunConfig, world: int, device: torch.devi
     if not units:  # refused before the run started (workloads.check); a changed workload gets here
         raise ValueError(f"workload {cfg.workload!r}: the model has no layer to shard")
     mesh = mesh_of(cfg, world, device.type)
-    ours = cfg.sharding == "hsdp" and cfg.hook != BASELINE
+    ours = lab_between_replicas(cfg)
     options = {"mesh": mesh["shard"] if ours else mesh, "reshard_after_forward": cfg.reshard_after_forward,
                "mp_policy": MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[cfg.reduce_dtype])}
     for _, unit in units:
@@ -76,7 +86,7 @@ def shard(model: torch.nn.Module, cfg: RunConfig, world: int, device: torch.devi
     choice = registry.choose(dataclasses.replace(cfg, overlap=False), backend,
                              process_group=mesh["replicate"].get_group())
     replica = ReplicaAllReduce(choice.hook, choice.state, [unit for _, unit in units] + [model],
-                               mesh["shard"].size())
+                               mesh["shard"].size(), [name for name, _ in units] + [""])
     return Sharded(mesh, [name for name, _ in units], choice, replica)
 
 

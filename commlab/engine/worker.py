@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from commlab import model_io, workloads
-from commlab.analysis.rule import RuleSummary, apply_rule, layouts, named_shapes
+from commlab.analysis.rule import RuleSummary, apply_rule, layouts, named_shapes, on_shards
 from commlab.analysis.units import human_bytes
 from commlab.config import RunConfig
 from commlab.engine import checkpoint, procs, run_folder, sharding, store
@@ -169,21 +169,24 @@ def setup(run_dir: Path) -> Job:
     torch.manual_seed(stream_seed(cfg.seed, rank))  # each rank its own randomness from here on
     saved = checkpoint.load(launch["resumed_from"], rank) if launch.get("resumed_from") else None
     model = work.model.to(device)
-    shapes = named_shapes(model)
-    rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate, layouts(model))
+    shapes, held_as = named_shapes(model), layouts(model)
     sharded = sharding.shard(model, cfg, world, device, backend) if cfg.sharding != "ddp" else None
+    if sharded and sharded.replica:  # the lab's hook between replicas sees each rank's shards, not the layers
+        shapes, held_as = on_shards(shapes, sharded.shards, held_as)
+    rule = apply_rule(shapes, cfg.matrix_approximation_rank, cfg.min_compression_rate, held_as)
     trained = model if sharded else DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                                         bucket_cap_mb=cfg.bucket_cap_mb)
     choice = sharded.choice if sharded else registry.choose(cfg, backend)
     first = saved["step"] + 1 if saved else 0  # a resumed run goes on with the first one's steps
     measure = Unmeasured(choice.hook)
+    # the layers (on HSDP with the lab's hook, the shards) whose approximation error is measured
+    compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()
     if cfg.instrument and sharded:
         # DDP's plain allreduce of the whole model, the ruler a sharded run's bytes are read against
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a DTensor's whole
-        measure = ShardedMeasurement(cfg, world, sharded.replica, model_bytes)
+        measure = ShardedMeasurement(cfg, world, sharded, model_bytes, rank, compressed)
     elif cfg.instrument:
         names = {p.data_ptr(): n for n, p in model.named_parameters()}
-        compressed = {d.name for d in rule.layers if d.compressed} if choice.spec.layerwise else set()
         measure = Measurement(cfg, choice, names, compressed, world, first, device, rank)
     optimizer = make_optimizer(cfg, trained.parameters())
     batches = (resume(saved, trained, optimizer, choice, work, device, launch["resumed_from"] if sharded else None)

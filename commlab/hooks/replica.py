@@ -68,24 +68,26 @@ class Region:
     """One parameter's shard in the reduce-scatter's output: where it starts, its rows and shape."""
 
     offset: int
+    name: str  # the parameter's, in the model (a unit's are prefixed with the unit's name)
     shape: torch.Size  # this rank's shard, unpadded
     padded_numel: int  # what the output holds for it: its rows padded to ceil(rows / shards)
 
 
-def regions(module: nn.Module, shards: int) -> list[Region]:
+def regions(module: nn.Module, shards: int, prefix: str = "") -> list[Region]:
     """Where each parameter of ``module``'s param group lies in the flat tensor its hook gets: its
     own parameters (those of no FSDP module below it) in ``parameters()`` order, as FSDP collects
-    them, each padded on dim 0 to a multiple of ``shards`` (``_get_dim0_padded_size``)."""
+    them, each padded on dim 0 to a multiple of ``shards`` (``_get_dim0_padded_size``); named as
+    the model names them, ``module`` being the model's ``prefix``."""
     below = {id(p) for name, m in module.named_modules() if name and isinstance(m, FSDPModule)
              for p in m.parameters()}
     out, offset = [], 0
-    for p in module.parameters():
+    for name, p in module.named_parameters():  # parameters()'s order, and its names
         if id(p) in below:
             continue
         shape = p.to_local().shape if isinstance(p, DTensor) else p.shape
         rows = p.shape[0] if p.dim() else 1  # the global shape: a DTensor's is the whole parameter's
         padded = math.ceil(rows / shards) * math.prod(p.shape[1:])
-        out.append(Region(offset, shape, padded))
+        out.append(Region(offset, f"{prefix}.{name}" if prefix else name, shape, padded))
         offset += padded
     return out
 
@@ -101,9 +103,10 @@ class ReplicaAllReduce:
                          [*units, model], mesh["shard"].size())
     """
 
-    def __init__(self, hook, state, modules: list[nn.Module], shards: int):
+    def __init__(self, hook, state, modules: list[nn.Module], shards: int, names: list[str] | None = None):
         self.hook, self.state = hook, state
-        self.layouts = [regions(u, shards) for u in modules]
+        # ``names``: the modules' in the model ("" the root's), so that a shard is named as its parameter
+        self.layouts = [regions(u, shards, prefix) for u, prefix in zip(modules, names or [""] * len(modules))]
         self.held = [i for i, layout in enumerate(self.layouts) if layout]  # units with a param group
         self.calls = 0  # this step's so far
         self.handed: list[int] = []  # since ``take``: each call's bytes, what a plain all-reduce would carry
