@@ -1,18 +1,22 @@
-"""PowerSGD's compression rule on any model's shapes: which layers it compresses and what a step
-sends.  Thin: widgets in, commlab.analysis.shapes and commlab.analysis.rule, commlab.figures.rule out."""
+"""PowerSGD's compression rule on any model's shapes, or a run's (on HSDP, each rank's shards): which
+layers it compresses and what a step sends.  Thin: widgets in, commlab.analysis.shapes,
+commlab.ui.rule_view and commlab.analysis.rule, commlab.figures.rule out."""
 import os
 import tempfile
 
 import streamlit as st
 
+import lab_widgets
 from commlab.analysis import shapes, units
 from commlab.analysis.rule import IN_BY_OUT_NOTE, apply_rule
+from commlab.config import default_runs_dir
 from commlab.engine import workload_probe
 from commlab.figures import rule as figs
+from commlab.ui import rule_view
 from commlab.workload_names import DESCRIPTIONS
 from commlab.workloads import CONTRACT, MODELS
 
-SOURCES = ("Built-in workload", "Reference model", "Your module:function", "Uploaded checkpoint")
+SOURCES = ("Built-in workload", "Reference model", "Your module:function", "Uploaded checkpoint", "A run")
 
 
 @st.cache_data(show_spinner="Building the model on the meta device…")
@@ -40,28 +44,49 @@ def checkpoint_shapes(file_id: str, _upload) -> list:
         return shapes.from_checkpoint(path)
 
 
-def chosen_shapes() -> tuple[list, dict]:
-    """The shapes of whatever the person picked, and the layouts of a person's model
-    (``analysis.rule.layouts``); stops the page with a message when there are none."""
+def run_shapes() -> tuple[list, dict, rule_view.Recorded]:
+    """The rows a run recorded the rule on (its layers, or on HSDP its shards); stops the page
+    with a message when no run recorded one."""
+    choices = rule_view.choices()
+    if not choices:
+        st.info(f"No run in `{default_runs_dir()}` has recorded its rule yet: a run writes it as it starts.")
+        st.stop()
+    run = rule_view.recorded(lab_widgets.pick_run(choices)["path"])
+    if run.on_shards:
+        st.caption("This run's hook between HSDP's replicas applied the rule to each rank's dim-0 shard "
+                   "of every parameter (a shard of a weight is still a matrix: its rows × the rest), so the "
+                   "rows below are those shards, as the run recorded them.")
+    elif not run.applied:
+        st.caption("This run's hook does not apply PowerSGD's rule: the rows below are its layers, "
+                   "as PowerSGD would see them.")
+    return run.shapes, run.layouts, run
+
+
+def chosen_shapes() -> tuple[list, dict, rule_view.Recorded | None]:
+    """The shapes of whatever the person picked, the layouts of a person's model
+    (``analysis.rule.layouts``) and, for a run, what it recorded; stops the page with a message when
+    there are none."""
     source = st.radio("Shapes from", SOURCES, horizontal=True)
+    if source == SOURCES[4]:
+        return run_shapes()
     if source == SOURCES[0]:
         spec = st.selectbox("Workload", list(MODELS), format_func=lambda k: f"{k} — {DESCRIPTIONS[k]}")
-        return workload_shapes(spec), {}
+        return workload_shapes(spec), {}, None
     if source == SOURCES[1]:
-        return reference_shapes(st.selectbox("Reference model", list(shapes.REFERENCE_MODELS))), {}
+        return reference_shapes(st.selectbox("Reference model", list(shapes.REFERENCE_MODELS))), {}, None
     if source == SOURCES[2]:
         spec = st.text_input("module:function", placeholder="mypackage.train:workload", help=CONTRACT)
         if not spec.strip():
             st.info("Name a function in an importable module (the folder the lab started in is on "
                     "the path). Its model is built once, in a separate process, for its shapes.")
             st.stop()
-        return own_shapes(spec.strip(), workload_probe.source_stamp(spec.strip()))
+        return (*own_shapes(spec.strip(), workload_probe.source_stamp(spec.strip())), None)
     upload = st.file_uploader("A state_dict checkpoint", type=["pt", "pth", "bin", "ckpt"])
     if upload is None:
         st.info("Upload a checkpoint saved with torch.save(model.state_dict(), path); only its "
                 "tensors' shapes are read.")
         st.stop()
-    return checkpoint_shapes(upload.file_id, upload), {}
+    return checkpoint_shapes(upload.file_id, upload), {}, None
 
 
 st.title("Compression rule")
@@ -73,7 +98,7 @@ st.markdown(
     "A compressed layer sends P and Q, (n + m)·r elements.")
 
 try:
-    named, layouts = chosen_shapes()
+    named, layouts, run = chosen_shapes()
 except ValueError as e:
     st.error(str(e))
     st.stop()
@@ -81,9 +106,14 @@ if layouts:
     st.info(IN_BY_OUT_NOTE)
 
 c1, c2 = st.columns(2)
-rank = c1.slider("matrix_approximation_rank", 1, 64, 1)
-rate = c2.slider("min_compression_rate", 0.1, 10.0, 2.0, 0.1)
+# A run's own settings to start from: at them the table is the rule the run recorded.
+rank = c1.slider("matrix_approximation_rank", 1, 64, min(run.rank, 64) if run else 1)
+rate = c2.slider("min_compression_rate", 0.1, 10.0, min(max(run.rate, 0.1), 10.0) if run else 2.0, 0.1)
 summary = apply_rule(named, rank, rate, layouts)
+if run and (rank, rate) == (run.rank, run.rate) and any(
+        run.decisions[d.name] != d.compressed for d in summary.layers):
+    st.warning("At the run's own settings this table differs from the decisions the run recorded "
+               "(layers.json): the folder was written by another version of the rule.")
 sent = figs.step_bytes(summary)
 
 m1, m2, m3, m4 = st.columns(4)
@@ -94,7 +124,9 @@ m1.metric("Predicted compression ratio", f"{summary.predicted_ratio:.2f}×",
 m2.metric("Layers compressed", f"{summary.compressed_count:,} / {len(summary.layers):,}")
 m3.metric("PowerSGD sends per step", units.human_bytes(sent["powersgd"]))
 m4.metric("Plain allreduce sends", units.human_bytes(sent["allreduce"]))
-st.caption(f"Per rank and step, in fp32: {summary.numel_after:,} elements × {figs.FP32_BYTES} B = "
+# On shards the rows are every rank's of a replica: together they are the replica's, each rank its own.
+whose = "Per replica (its ranks' shards together) and step" if run and run.on_shards else "Per rank and step"
+st.caption(f"{whose}, in fp32: {summary.numel_after:,} elements × {figs.FP32_BYTES} B = "
            f"{sent['powersgd']:,} bytes with PowerSGD, against {summary.numel_before:,} elements × "
            f"{figs.FP32_BYTES} B = {sent['allreduce']:,} bytes with plain allreduce.")
 

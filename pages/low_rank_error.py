@@ -103,6 +103,10 @@ st.caption(lab_widgets.literal(
     f"start_powerSGD_iter {cfg.get('start_powerSGD_iter')} · error feedback "
     f"{cfg.get('use_error_feedback')} · warm start {cfg.get('warm_start')} · "
     f"workload {cfg.get('workload')} · saved steps {run.steps or 'none'}"))
+if run.on_shards:
+    st.caption(f"Sharded (HSDP, {cfg.get('replicas')} replicas): the lab's hook between the replicas "
+               "compressed each rank's dim-0 shard of every parameter, so the layers here are those "
+               "shards, and a bucket is a unit `fully_shard` went on.")
 if caught := lowrank_view.pitfalls(path):
     st.warning(lab_widgets.literal("PowerSGD's pitfalls caught in this run:\n\n" + "\n\n".join(caught)))
 try:

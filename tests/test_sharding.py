@@ -54,6 +54,11 @@ def test_what_only_ddps_hook_carries_out_is_refused_on_a_sharded_run():
                        trace_steps=[3]).errors(gpu_count=0)
     assert set(errors) == {"wrapper", "error_every", "save_grads_at", "trace_steps"}
     assert all("fsdp run" in m for m in errors.values())
+    # the lab's hook between HSDP's replicas is measured on the shards; FSDP's own all-reduce is no hook
+    measured = {"sharding": "hsdp", "world_size": 4, "error_every": 5, "save_grads_at": [1]}
+    assert RunConfig(**measured, hook="powersgd").errors(gpu_count=0) == {}
+    native = RunConfig(**measured).errors(gpu_count=0)
+    assert set(native) == {"error_every", "save_grads_at"} and "hook allreduce" in native["error_every"]
 
 
 def test_a_sharded_runs_label_says_how_it_was_sharded():
@@ -181,15 +186,29 @@ def test_sharding_divides_what_each_rank_holds(three_ways):
         assert sum(held) == copies * n_bytes and max(held) <= copies * n_bytes / 4 + 3 * 257 * 4, held
 
 
-@pytest.mark.slow
-def test_a_launched_hsdp_powersgd_run_records_its_loss_evaluations_memory_and_bytes(tmp_path):
+# The one launched HSDP + PowerSGD run the tests below read (about 15 s): it also measures the
+# approximation error on the shards every 2 steps and saves their exact mean gradient at 3 and 4.
+LAUNCHED = {"steps": 6, "start_powerSGD_iter": 2, "error_every": 2, "save_grads_at": [3, 4],
+            "matrix_approximation_rank": 1, "min_compression_rate": 2.0}
+
+
+@pytest.fixture(scope="module")
+def hsdp_powersgd_run(tmp_path_factory):
     from commlab import cli
 
+    runs_dir = tmp_path_factory.mktemp("hsdp_powersgd")
     code = cli.main(["run", "--workload", "mlp", "--sharding", "hsdp", "--world-size", "4", "--steps", "6",
                      "--hook", "powersgd", "--start-powersgd-iter", "2", "--emulate-bandwidth-gbps", "1",
-                     "--eval-every", "3", "--runs-dir", str(tmp_path)])
+                     "--eval-every", "3", "--error-every", "2", "--save-grads-at", "3,4",
+                     "--runs-dir", str(runs_dir)])
     assert code == 0
-    (run,) = tmp_path.iterdir()
+    (run,) = runs_dir.iterdir()
+    return run
+
+
+@pytest.mark.slow
+def test_a_launched_hsdp_powersgd_run_records_its_loss_evaluations_memory_and_bytes(hsdp_powersgd_run):
+    run = hsdp_powersgd_run
     meta = json.loads((run / "meta.json").read_text())
     assert meta["sharding"] == "hsdp" and meta["sharded"] == {
         "mesh": {"replicate": 2, "shard": 2}, "units": ["0", "2", "4"], "between_replicas": "lab"}
@@ -216,6 +235,70 @@ def test_a_launched_hsdp_powersgd_run_records_its_loss_evaluations_memory_and_by
     assert [m["powersgd_iter"] for m in metrics] == [1, 2, 3, 4, 5, 6]
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
     assert (run / "ledger.json").exists()
+
+
+def _shard_rows(shards: int) -> list[tuple[str, tuple]]:
+    """The mlp's parameters cut on dim 0 as FSDP2 cuts them, named as a run names a shard; built
+    here, not with ``commlab.analysis.rule.on_shards``: torch.chunk's sizes, padded with empty shards."""
+    rows = []
+    for name, p in workloads.mlp_model().named_parameters():
+        chunks = list(torch.chunk(torch.empty(p.shape), shards, dim=0))
+        chunks += [torch.empty(0, *p.shape[1:])] * (shards - len(chunks))
+        rows += [(f"{name} [shard {k} of {shards}]", tuple(c.shape)) for k, c in enumerate(chunks)]
+    return rows
+
+
+def test_the_rule_on_shards_cuts_each_parameter_as_fsdp2_does():
+    from commlab.analysis.rule import on_shards
+
+    named = [(n, tuple(p.shape)) for n, p in workloads.mlp_model().named_parameters()]
+    for shards in (2, 3, 4, 7):  # 7: the 10-row layer leaves the last shard empty
+        assert on_shards(named, shards)[0] == _shard_rows(shards), shards
+    assert on_shards([("w", (4, 3))], 2, {"w": "in × out"})[1] == {
+        "w [shard 0 of 2]": "in × out", "w [shard 1 of 2]": "in × out"}
+
+
+@pytest.mark.slow
+def test_a_sharded_powersgd_run_records_powersgds_rule_on_its_shards(hsdp_powersgd_run):
+    """layers.json: a row per rank's shard of each parameter, decided by PowerSGD's rule on the
+    shard's shape, n·m against (n+m)·r·min_compression_rate, as the hook between replicas decides."""
+    layers = json.loads((hsdp_powersgd_run / "layers.json").read_text())
+    assert [(d["name"], tuple(d["shape"])) for d in layers] == _shard_rows(2)
+    rank, rate = LAUNCHED["matrix_approximation_rank"], LAUNCHED["min_compression_rate"]
+    for d in layers:
+        n, m = d["shape"][0], math.prod(d["shape"][1:])
+        r = min(n, m, rank)
+        assert (d["n"], d["m"], d["r"], d["rhs"]) == (n, m, r, n * m), d
+        assert d["lhs"] == (n + m) * r * rate and d["compressed"] == ((n + m) * r * rate < n * m), d
+        assert d["applies"] is True
+    # the weights' shards (128 x 64, 128 x 256, 5 x 256) are compressed, the biases' never
+    assert [d["name"] for d in layers if d["compressed"]] == [
+        f"{w}.weight [shard {k} of 2]" for w in (0, 2, 4) for k in (0, 1)]
+
+
+@pytest.mark.slow
+def test_a_sharded_powersgd_run_measures_the_error_and_saves_the_gradient_of_each_shard(hsdp_powersgd_run):
+    from commlab.engine.run_folder import RunFolder
+
+    run = RunFolder(hsdp_powersgd_run)
+    compressed = [f"{w}.weight [shard {k} of 2]" for w in (0, 2, 4) for k in (0, 1)]
+    records = run.error_records()
+    assert [r["step"] for r in records] == [0, 2, 4] and all(r["measure_bytes"] > 0 for r in records)
+    for r in records:
+        assert sorted(x["layer"] for x in r["layers"]) == sorted(compressed)
+        assert [b["bucket"] for b in r["buckets"]] == [0, 1, 2]  # the units
+        errors = [x["rel_error"] for x in r["layers"] + r["buckets"]]
+        # a plain average before start_powerSGD_iter; rank 1 of a noisy gradient after it
+        assert all(e == 0 for e in errors) if r["step"] < 2 else all(0 < e < 2 for e in errors), r
+    assert records[0]["ef_residual_norm"] is None and records[-1]["ef_residual_norm"] > 0
+    assert run.grad_steps() == [3, 4]
+    for step in (3, 4):
+        grads = run.grads(step)
+        assert sorted(grads) == sorted(name for name, _ in _shard_rows(2))
+        # each parameter's shards, put back together on dim 0, are its whole mean gradient
+        for name, p in workloads.mlp_model().named_parameters():
+            whole = torch.cat([grads[f"{name} [shard {k} of 2]"] for k in (0, 1)])
+            assert whole.shape == p.shape and whole.abs().sum() > 0
 
 
 # --------------------------------------------------------------------------- between replicas
@@ -332,6 +415,12 @@ def test_hsdp_powersgd_between_replicas_equals_a_float64_reference_on_the_shards
                 worst = max(worst, (got - expected).abs().max().item())
             compressed_calls += k >= 3 * PSGD["start_powerSGD_iter"]
     assert compressed_calls == 2 * 3 * (PSGD_STEPS - PSGD["start_powerSGD_iter"])
+    # the shards the hook got are those the run's rule is recorded on (``rule.on_shards``)
+    rows = dict(_shard_rows(2))
+    for rank, (_, log, *_) in reports.items():
+        for call in log[:3]:
+            layer = ("0", "2", "4")[call["index"]]
+            assert call["shapes"] == [rows[f"{layer}.{p} [shard {rank % 2} of 2]"] for p in ("weight", "bias")]
     assert worst < PSGD_TOL, worst
     # not a plain average: PowerSGD changed what the replicas got
     last = reports[0][1][-1]
@@ -517,3 +606,64 @@ def test_a_sharded_run_exports_as_fsdp_code_not_as_ddp_code():
         export.render(cfg, "torchrun", export.Target(nproc_per_node=3))
     native = export.render(RunConfig(sharding="hsdp", world_size=4), "fsdp").text  # FSDP's own all-reduce
     assert "ReplicaAllReduce" not in native and "options = dict(mesh=mesh," in native
+
+
+# --------------------------------------------------------------------------- the pages, on shards
+def _page(monkeypatch, runs_dir, page: str, run_path):
+    import os
+
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs_dir))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    at = AppTest.from_file(os.path.join(root, "app.py"), default_timeout=300).run()
+    at.switch_page(page).run()
+    if page.endswith("compression_rule.py"):
+        next(w for w in at.radio if w.label == "Shapes from").set_value("A run").run()
+    assert next(w for w in at.selectbox if w.label == "Run").value == str(run_path)
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.slow
+def test_the_rule_and_low_rank_pages_show_a_sharded_run_on_its_shards(monkeypatch, hsdp_powersgd_run):
+    """The Compression rule page's "A run" source and the Low-rank error page on the HSDP +
+    PowerSGD run: every number as the run folder says it (the low-rank comparisons recomputed
+    from its saved shards by commlab.analysis.lowrank)."""
+    from commlab.analysis import lowrank
+    from commlab.analysis.rule import apply_rule
+    from commlab.engine.run_folder import RunFolder
+    from commlab.figures import lowrank as lowrank_figs
+    from commlab.figures import rule as rule_figs
+
+    run = RunFolder(hsdp_powersgd_run)
+    layers = run.layers()
+    at = _page(monkeypatch, hsdp_powersgd_run.parent, "pages/compression_rule.py", hsdp_powersgd_run)
+    # the sliders start at the run's settings, where the table is the rule the run recorded
+    rank = next(w for w in at.slider if w.label == "matrix_approximation_rank").value
+    rate = next(w for w in at.slider if w.label == "min_compression_rate").value
+    assert (rank, rate) == (LAUNCHED["matrix_approximation_rank"], LAUNCHED["min_compression_rate"])
+    table = at.dataframe[0].value
+    assert list(table["layer"]) == [d["name"] for d in layers]
+    assert list(table["decision"]) == [rule_figs.DECISIONS[d["compressed"]] for d in layers]
+    assert list(table["n·m"]) == [d["rhs"] for d in layers] and list(table["r"]) == [d["r"] for d in layers]
+    summary = apply_rule([(d["name"], d["shape"]) for d in layers], rank, rate)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Layers compressed"] == "6 / 12"
+    assert metrics["Predicted compression ratio"] == f"{summary.predicted_ratio:.2f}×"
+    assert any("each rank's dim-0 shard" in c.value for c in at.caption) and not at.warning
+
+    at = _page(monkeypatch, hsdp_powersgd_run.parent, "pages/low_rank_error.py", hsdp_powersgd_run)
+    cfg, names = run.config_dict(), lowrank.compressed_names(layers)
+    assert next(w for w in at.selectbox if w.label == "Saved step").value == 4
+    want = lowrank_figs.error_table(lowrank.step_errors(run.grads(4), names, cfg["random_seed"], lowrank.MAX_RANK,
+                                                        cfg["orthogonalization_epsilon"]), 1)
+    got = at.dataframe[0].value
+    assert list(got["layer"]) == names == list(want["layer"])
+    for col in ("optimum (SVD)", "PowerSGD (1 power iteration)"):
+        assert list(got[col]) == pytest.approx(list(want[col]), rel=1e-9)
+    measured = at.dataframe[2].value
+    rows = lowrank.measured_rows(run.error_records())
+    assert list(measured["name"]) == [r["name"] for r in rows]
+    assert list(measured["rel_error"]) == [r["rel_error"] for r in rows]
+    assert any("the layers here are those shards" in c.value for c in at.caption)

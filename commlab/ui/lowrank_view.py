@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from commlab.analysis import lowrank
+from commlab.config_fields import lab_between_replicas
 from commlab.engine import run_folder
 from commlab.ui import runs
 
@@ -34,6 +35,7 @@ class Inputs:
     rank: int  # the run's matrix_approximation_rank
     random_seed: int
     epsilon: float  # orthogonalization_epsilon
+    on_shards: bool = False  # HSDP with the lab's hook: the layers are each rank's shards
 
 
 def inputs(run_dir: str) -> Inputs:
@@ -41,7 +43,8 @@ def inputs(run_dir: str) -> Inputs:
     cfg = run.config_dict()
     names, all_matrices = lowrank.layers_to_analyse(run.layers())
     return Inputs(cfg, run.grad_steps(), names, all_matrices,
-                  int(cfg.get("matrix_approximation_rank", 1)), *_drawn_with(cfg))
+                  int(cfg.get("matrix_approximation_rank", 1)), *_drawn_with(cfg),
+                  lab_between_replicas(run.config()))
 
 
 def _drawn_with(cfg: dict) -> tuple[int, float]:
