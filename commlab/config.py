@@ -205,7 +205,7 @@ class RunConfig:
         "past the model's size it makes one bucket"), lo_open=True), export=True, label="bucket cap (MiB)", help=(
         "DDP's bucket_cap_mb: it starts a new bucket once one reaches this many MiB."))
     # -- sharding (commlab.engine.sharding): FSDP2's fully_shard in place of DDP
-    sharding: str = setting("ddp", choices=SHARDINGS, group="sharding", help=(
+    sharding: str = setting("ddp", choices=SHARDINGS, group="sharding", sweep=(), help=(
         "ddp: every rank holds the whole model and DDP all-reduces the gradients through the hook. "
         "fsdp: FSDP2's fully_shard per layer of the workload (every direct child module that holds "
         "parameters, or the model's own fsdp_units()), then on the root: each rank holds a shard, "

@@ -43,6 +43,8 @@ def hook_picker() -> str:
 def spec_form(hook: str) -> sw.SweepSpec | None:
     slots: dict = {}
     hook_axes = sw.hook_axes(hook)
+    # the job's axes (sharding) beside the hook's: the baselines too run at each value picked
+    drawn = (*hook_axes, *sw.JOB_AXES)
     with st.form("sweep_form"):
         job = {}
         for col, name in zip(st.columns(len(JOB)), JOB):
@@ -52,7 +54,7 @@ def spec_form(hook: str) -> sw.SweepSpec | None:
         axes = {}
         if not hook_axes:
             st.caption(f"{hook} has no settings to sweep: each seed runs it once beside the baseline.")
-        for col, s in zip(st.columns(len(hook_axes)) if hook_axes else (), hook_axes):
+        for col, s in zip(st.columns(len(drawn)), drawn):
             axes[s.name] = form.axis_widget(s, PRESET).draw(col)
             slots[s.name] = col.empty()
         c1, c2, c3, c4 = st.columns(4)
@@ -74,7 +76,7 @@ def spec_form(hook: str) -> sw.SweepSpec | None:
         return None
     errors: dict[str, str] = {}
     values = {}
-    for s in hook_axes:  # several choices picked, or comma-separated text
+    for s in drawn:  # several choices picked, or comma-separated text
         try:
             values[s.name] = axes[s.name] if s.choices else sw.axis_values(s, axes[s.name])
         except ConfigError as e:

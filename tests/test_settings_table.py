@@ -146,10 +146,12 @@ def test_every_sweepable_setting_is_an_axis_of_the_sweep_and_its_cli():
     for s in axes:
         assert s.kind in sw.AXIS_TYPES, f"{s.name}: a sweep axis is a number or a name"
         values = [other_value(s), s.default]
-        # An axis is swept with a hook that reads it (another hook's axis is refused by name).
-        spec = spec_from_args(parse("--hook", sw.axis_hooks(s.name)[0], s.flag,
+        # An axis is swept with a hook that reads it (another hook's axis is refused by name); the
+        # job's (no hook reads them: sharding) with any hook, the baselines too at each value.
+        job = s in sw.JOB_AXES
+        spec = spec_from_args(parse("--hook", sw.DEFAULT_HOOK if job else sw.axis_hooks(s.name)[0], s.flag,
                                     ",".join(map(str, values)), command="sweep"))
-        assert spec.axes()[s.name] == values
+        assert (spec.job_axes() if job else spec.axes())[s.name] == values
         assert all(getattr(c, s.name) in values for c in sw.grid(spec)[1:])
         w = form.axis_widget(s, RunConfig())
         assert w.kwargs["help"] == form.help_text(s) and w.kwargs["help"].startswith(s.help)

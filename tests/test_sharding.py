@@ -667,3 +667,40 @@ def test_the_rule_and_low_rank_pages_show_a_sharded_run_on_its_shards(monkeypatc
     assert list(measured["name"]) == [r["name"] for r in rows]
     assert list(measured["rel_error"]) == [r["rel_error"] for r in rows]
     assert any("the layers here are those shards" in c.value for c in at.caption)
+
+
+# --------------------------------------------------------------------------- the sweep's job axis
+SWEEP = ["sweep", "--workload", "mlp", "--world-size", "4", "--hook", "powersgd", "--sharding", "hsdp,fsdp",
+         "--matrix-approximation-rank", "1", "--start-powersgd-iter", "2", "--steps", "4", "--eval-every", "0",
+         "--repeats", "1", "--max-repeats", "1", "--json"]
+SWEPT = ["hsdp×2 allreduce", "hsdp×2 powersgd r=1 start=2", "fsdp allreduce"]
+
+
+def test_a_sweep_over_sharding_plans_the_baselines_at_each_and_the_hook_where_it_runs(capsys):
+    from commlab import cli
+
+    assert cli.main([*SWEEP, "--dry-run"]) == 0
+    # plain HSDP (the first listed: the baseline), PowerSGD between its replicas, FSDP (no replicas
+    # for a hook: its plain run only)
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["runs"] == SWEPT
+    assert cli.main([*SWEEP[:8], "fsdp", *SWEEP[9:], "--dry-run"]) == 2
+    refused = json.loads(capsys.readouterr().out.splitlines()[-1])["errors"]
+    assert list(refused) == ["sharding"] and refused["sharding"].startswith("powersgd runs at none of fsdp")
+
+
+@pytest.mark.slow
+def test_a_sweep_of_powersgd_between_replicas_against_plain_hsdp_and_fsdp_runs_and_names_each(tmp_path, capsys):
+    from commlab import cli
+
+    assert cli.main([*SWEEP, "--runs-dir", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    settings = {s["label"]: s for s in report["settings"]}
+    assert list(settings) == SWEPT and all(s["finished"] == 1 for s in settings.values())
+    assert [s["sharding"] for s in settings.values()] == ["hsdp", "hsdp", "fsdp"]
+    assert [s["baseline"] for s in settings.values()] == [True, False, False]  # the first sharding's
+    hsdp, psgd, fsdp = (settings[label]["bytes_per_step"] for label in SWEPT)
+    # FSDP gathers twice and scatters once over 4 ranks; HSDP over 2 and all-reduces half the model;
+    # PowerSGD (from step 2 of 4) sends less between the replicas
+    assert fsdp == 513096 and hsdp == 453348 and psgd < hsdp
+    assert settings[SWEPT[2]]["bytes_ratio"] == pytest.approx(hsdp / fsdp)
+    assert {v["setting"] for v in report["recommendation"]["verdicts"]} == set(SWEPT[1:])

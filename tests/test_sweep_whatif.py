@@ -88,8 +88,9 @@ def test_each_hook_sweeps_its_own_axes(hook):
     assert len(set(labels)) == len(labels), labels  # each setting says its values
 
 
-def test_every_axis_of_the_table_belongs_to_some_hook():
-    assert all(sw.axis_hooks(s.name) for s in sw.AXES)
+def test_every_axis_of_the_table_belongs_to_some_hook_or_to_the_job():
+    # the job's axes are those no hook reads: every run, the baselines too, runs at their values
+    assert [s.name for s in sw.AXES if not sw.axis_hooks(s.name)] == [s.name for s in sw.JOB_AXES] == ["sharding"]
     assert sw.axis_hooks("compress_ratio") == ["topk", "randomk", "dgc"]
     assert "topk" not in sw.axis_hooks("wrapper") and "powersgd" in sw.axis_hooks("wrapper")
 
@@ -668,6 +669,13 @@ def test_the_sweep_page_offers_the_chosen_hook_s_own_axes_and_names_a_bad_value(
     at.selectbox(key="sweep_hook").set_value("signsgd").run()  # a hook with nothing to sweep
     assert not at.exception, [e.value for e in at.exception]
     assert any("signsgd has no settings to sweep" in c.value for c in at.caption)
+    # the job's axis, beside any hook's: the sharding every run (the baselines too) runs at
+    assert at.multiselect(key="sweep_sharding").value == ["ddp"]
+    at.multiselect(key="sweep_sharding").set_value(["fsdp"])
+    next(b for b in at.button if b.label == "Start sweep").click().run()
+    errors = [e.value.replace("\\_", "_") for e in at.error]
+    assert any("signsgd runs at none of fsdp" in e for e in errors), errors
+    assert sw.list_sweeps(tmp_path) == []
 
 
 def test_the_what_if_measures_a_baseline_with_the_runs_by_default(tmp_path):

@@ -30,7 +30,7 @@ import sys
 
 from commlab.commands import Progress
 from commlab.commands.run import add_launcher_options, add_run_options, config_from_args, slurm_from_args
-from commlab.config import ConfigError, default_runs_dir
+from commlab.config import ConfigError, RunConfig, default_runs_dir
 from commlab.engine.run_state import RunStatus
 from commlab.hook_specs import BASELINE
 from commlab.tune import baseline as baselines
@@ -125,6 +125,9 @@ def _setting_lines(s: dict, w: int, verdicts: dict, target) -> list[str]:
 def _text(p: dict) -> str:
     w = max([7, *(len(s["label"]) for s in p["settings"])])  # labels whole: they name the values
     against = baselines.title(p.get("against", baselines.DEFAULT))  # result.json of older sweeps: fp32
+    # a sweep over the job's sharding judges against the baseline at the first value it lists
+    sharded = next((s.get("sharding") for s in p["settings"] if s["baseline"] and s.get("sharding")), None)
+    against += f" ({sharded})" if sharded and sharded != RunConfig().sharding else ""
     verdicts = {v["setting"]: v for v in p["recommendation"].get("verdicts", [])}
     lines = [f"sweep {p['sweep_id']}: {p['status']} ({p['sweep_dir']})",
              *([f"error: {p['error']}"] if p.get("error") else []), *_legend(p, against), "",

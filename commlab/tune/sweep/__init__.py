@@ -83,6 +83,7 @@ from commlab.tune.sweep.spec import (
     DEFAULT_MAX_REPEATS,
     DEFAULT_REPEATS,
     DEFAULT_TOLERANCE_PCT,
+    JOB_AXES,
     MAX_REPEATS,
     SWEPT_HOOKS,
     SweepSpec,
@@ -98,7 +99,7 @@ from commlab.tune.sweep.table import FINAL_WINDOW, REACH_COLUMNS, ROW_COLUMNS, n
 
 __all__ = [
     "ADOPT_WAIT_S", "AXES", "AXIS_TYPES", "DEFAULT_HOOK", "DEFAULT_MAX_REPEATS", "DEFAULT_REPEATS", "DEFAULT_TOLERANCE_PCT",
-    "FINAL_WINDOW", "MAX_REPEATS", "PLAN", "REACH_COLUMNS", "RESULT", "ROW_COLUMNS", "STATE",
+    "FINAL_WINDOW", "JOB_AXES", "MAX_REPEATS", "PLAN", "REACH_COLUMNS", "RESULT", "ROW_COLUMNS", "STATE",
     "SWEEPS", "SWEPT_HOOKS", "Executor", "add_seeds", "Progress", "Sweep", "SweepSpec", "_write_state",
     "axis_hooks", "axis_values", "create", "eta", "execute", "grid", "hook_axes", "list_sweeps", "more_seeds", "next_step",
     "one_at_a_time", "parse_list", "plan_label", "resume", "run_sweep", "start", "start_resume",

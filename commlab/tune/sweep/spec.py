@@ -41,6 +41,12 @@ def axis_hooks(name: str) -> list[str]:
     return [h for h in SWEPT_HOOKS if any(s.name == name for s in hook_axes(h))]
 
 
+# The job's axes: the sweepable settings no hook reads (``sharding``).  They change how every run
+# trains, so the whole grid, the baselines included, runs at each of their values: a sweep of PowerSGD
+# between HSDP's replicas over sharding fsdp,hsdp runs FSDP and plain HSDP beside it.
+JOB_AXES = tuple(s for s in AXES if not axis_hooks(s.name))
+
+
 @dataclass(init=False)
 class SweepSpec:
     """The grid: every combination of the values listed per axis of the hook swept, each on top of
@@ -82,6 +88,22 @@ class SweepSpec:
     def hook(self) -> str:
         """The hook swept."""
         return DEFAULT_HOOK if self.base.hook == BASELINE else self.base.hook
+
+    def job_axes(self) -> dict[str, list]:
+        """The job's axes given (``JOB_AXES``), repeats dropped; {} when none is."""
+        return {s.name: _unique(self.values[s.name]) for s in JOB_AXES if self.values.get(s.name)}
+
+    def jobs(self) -> list[dict]:
+        """Each combination of the job's axes, in the order given ([{}] without any): the grid
+        runs the baselines at each, the hook's settings at each where the settings let the hook run
+        (``runs_hook``).  The first job's baseline is the one the others are judged against."""
+        job = self.job_axes()
+        return [dict(zip(job, values)) for values in itertools.product(*job.values())]
+
+    def runs_hook(self, job: dict) -> bool:
+        """Whether the settings table lets the hook swept run at ``job`` (FSDP has no all-reduce
+        between replicas for one): its rules, not a list here, say so."""
+        return "hook" not in self.base.with_overrides(hook=self.hook, **job).errors()
 
     def axes(self) -> dict[str, list]:
         """The hook's axes with their values, repeats dropped; an axis with no table values falls
@@ -142,10 +164,11 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     for name, values in axes.items():
         if not values:
             errs[name] = "give at least one value"
-    for name in spec.values.keys() - axes.keys():
+    job_axes = spec.job_axes()
+    for name in spec.values.keys() - axes.keys() - job_axes.keys():
         errs[name] = _not_an_axis(name, hook)
     for s in AXES:
-        bad = [v for v in axes.get(s.name, []) if s.choices and v not in s.choices]
+        bad = [v for v in {**axes, **job_axes}.get(s.name, []) if s.choices and v not in s.choices]
         if bad:
             errs[s.name] = f"unknown {s.name}(s) {bad}; valid {s.name}s are: {', '.join(s.choices)}"
     if not (math.isfinite(spec.tolerance_pct) and spec.tolerance_pct >= 0):
@@ -164,14 +187,23 @@ def grid(spec: SweepSpec) -> list[RunConfig]:
     except ConfigError as e:
         errs |= e.errors
     errs = {**spec.base.with_overrides(hook=BASELINE, wrapper="none").errors(), **errs}
-    # fp32 allreduce first in every seed: it calibrates the what-if model and prices PowerSGD's
-    # allreduce steps; a 16-bit baseline after it.
-    one_seed = [spec.base.with_overrides(hook=b, wrapper="none") for b in baseline_hooks(spec)]
-    for combination in itertools.product(*axes.values()):
-        try:
-            one_seed.append(spec.base.with_overrides(hook=hook, **dict(zip(axes, combination))))
-        except ConfigError as e:  # a value of the wrong type, given through the API
-            errs = {**e.errors, **errs}
+    # fp32 allreduce first in every seed (and job): it calibrates the what-if model and prices
+    # PowerSGD's allreduce steps; a 16-bit baseline after it.
+    one_seed, jobs = [], spec.jobs() if not errs.keys() & job_axes.keys() else [{}]
+    for job in jobs:
+        one_seed += [spec.base.with_overrides(hook=b, wrapper="none", **job) for b in baseline_hooks(spec)]
+        if not spec.runs_hook(job):
+            continue
+        for combination in itertools.product(*axes.values()):
+            try:
+                one_seed.append(spec.base.with_overrides(hook=hook, **job, **dict(zip(axes, combination))))
+            except ConfigError as e:  # a value of the wrong type, given through the API
+                errs = {**e.errors, **errs}
+    for name, values in job_axes.items():
+        if name not in errs and not any(spec.runs_hook(job) for job in jobs):
+            why = spec.base.with_overrides(hook=hook, **jobs[0]).errors()["hook"]
+            errs[name] = (f"{hook} runs at none of {', '.join(map(str, values))} ({why}): list a value "
+                          "where it runs beside them")
     for cfg in one_seed:
         for key, msg in cfg.errors().items():
             errs.setdefault(key, f"{label_of(cfg.to_dict(), link=True)}: {msg}")

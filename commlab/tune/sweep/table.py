@@ -3,14 +3,13 @@ the recommendation (``report``, what result.json holds).  Pure but for reading t
 from __future__ import annotations
 
 import collections
-import itertools
 
 from commlab.analysis import metrics
 from commlab.config import RunConfig, label_of, link_of
 from commlab.engine.run_state import RunStatus
 from commlab.tune import baseline as baselines
 from commlab.tune import pareto, payoff, quality, whatif
-from commlab.tune.sweep.spec import baseline_hooks, grid, hook_axes, missing, per_seed
+from commlab.tune.sweep.spec import JOB_AXES, baseline_hooks, grid, hook_axes, missing, per_seed
 
 FINAL_WINDOW = quality.WINDOW  # final loss: mean over this many last steps
 REACH_COLUMNS = ["reach_step", "reach_time_s", "reach_predicted_s", "reach_bytes"]
@@ -40,7 +39,8 @@ def summarize(records: list[dict], cfg: dict, status: str, run_id: str = "", run
     """
     figures = metrics.headline(records, cfg, final_window, bytes_over_run=True)
     c = quality.curve(evals, records, final_window)
-    own = {s.name for s in hook_axes(cfg.get("hook"))}  # the other axes' values are not this run's
+    # the other hooks' axes' values are not this run's; the job's are every run's
+    own = {s.name for s in (*hook_axes(cfg.get("hook")), *JOB_AXES)}
     return {
         "label": label_of(cfg, link=True), "seed": cfg.get("seed"), "run_id": run_id, "run_dir": run_dir, "status": status,
         "diverged": status == RunStatus.DIVERGED or quality.diverged(c, records),
@@ -79,6 +79,11 @@ def results(sweep, tolerance_pct: float | None = None, cluster: quality.Cluster 
                      **payoff.judged(based[seed], profiles.get(r.id), cluster, against)})
         extra.append((recs, per_step))
     table = _frame(rows)
+    # With a job axis (sharding) a seed runs the baseline at each of its values: the first planned is
+    # the one judged against, the others are settings like any (FSDP's plain run judged against
+    # plain HSDP's), so that every figure has one baseline.
+    first = next(iter(table.loc[table["baseline"], "label"]), None)
+    table["baseline"] = table["baseline"] & (table["label"] == first)
     table["against"] = against
     goal = pareto.target(table, sweep.spec().tolerance_pct if tolerance_pct is None else tolerance_pct)
     for i, (recs, per_step) in enumerate(extra):
@@ -148,6 +153,7 @@ def _longer(sweep, rec: pareto.Recommendation) -> dict:
     spec = sweep.spec()
     open_ = [c for c in grid(spec)[:per_seed(spec)] if label_of(c.to_dict(), link=True) in rec.open]
     axes = {name: list(dict.fromkeys(getattr(c, name) for c in open_)) for name in spec.axes()}
+    axes |= spec.job_axes()  # the baselines run at each job again
     default, base = RunConfig(), spec.base.with_overrides(steps=2 * spec.base.steps)
     flags = [_flag(st, getattr(base, st.name)) for st in settings()
              if st.name not in axes and st.name != "runs_dir" and getattr(base, st.name) != getattr(default, st.name)]
@@ -156,7 +162,7 @@ def _longer(sweep, rec: pareto.Recommendation) -> dict:
     flags += [_flag(next(st for st in settings() if st.name == name), values) for name, values in axes.items()]
     seeds = len({c.seed for c in grid(spec)})
     command = " ".join(["commlab sweep", *flags, f"--repeats {seeds}", f"--runs-dir {sweep.runs_root}"])
-    runs = (len(baseline_hooks(spec)) + len(list(itertools.product(*axes.values())))) * seeds
+    runs = (len(baseline_hooks(spec)) * len(spec.jobs()) + len(open_)) * seeds
     pace = sweep.seconds_per_run()
     took = f", about {seconds(2 * pace * runs)} at this sweep's pace" if pace else ""
     return {"text": f"more seeds would not decide within {pareto.MAX_SEEDS_ASKED} per setting: the gap to "
@@ -176,8 +182,10 @@ def _flag(setting, value) -> str:
 def _by_seed(loaded, profiles: dict, against: str) -> collections.defaultdict:
     """The profile of the baseline ``against``'s run of each seed; a seed without one gets the
     first seed's that has one (None when no seed has)."""
-    found = {cfg.get("seed"): profiles.get(r.id) for r, cfg, _, _ in loaded
-             if baselines.is_baseline(cfg, against)}
+    found: dict = {}
+    for r, cfg, _, _ in loaded:  # the first of a seed's, in plan order: the first job's (``results``)
+        if baselines.is_baseline(cfg, against):
+            found.setdefault(cfg.get("seed"), profiles.get(r.id))
     fallback = next((p for p in found.values() if p), None)
     return collections.defaultdict(lambda: fallback, {k: v for k, v in found.items() if v})
 
