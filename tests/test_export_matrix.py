@@ -1,4 +1,5 @@
-"""Every export run as pasted: format × hook/wrapper × one or several buckets, on two Gloo ranks.
+"""Every export run as pasted: format × hook/wrapper × one or several buckets, on two Gloo ranks;
+and every sharded (FSDP2, HSDP) export on four, under its own exported one-node torchrun line.
 
 One job runs the whole matrix, launched by the exported several-nodes torchrun line itself, run
 as two agents on 127.0.0.1 (two nodes of one process): each plain-DDP and Accelerate snippet (every
@@ -22,6 +23,7 @@ import ast
 import dataclasses
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -430,6 +432,143 @@ def test_every_snippet_runs_as_pasted_under_the_two_node_torchrun_line(tmp_path)
             assert r["iter"] == STEPS and r["after"] < r["before"]
     seconds = {name: results[name]["seconds"] for name in results}
     print(f"\ncells: {len(results)}, seconds in cells: {sum(seconds.values()):.1f}", seconds)
+
+
+# --------------------------------------------------------------------------- FSDP2 and HSDP, 4 ranks
+# Every sharded export (``--format fsdp``): the lab's hook between HSDP's replicas for each hook with
+# a sharded form, native HSDP, and FSDP alone in bf16 without resharding; each pasted as it is into
+# one training script launched by the exported one-node torchrun line on 4 Gloo ranks.
+FSDP_CELLS = [dict(sharding="hsdp", hook="powersgd"), dict(sharding="hsdp", hook="fp16"),
+              dict(sharding="hsdp", hook="bf16"), dict(sharding="hsdp", hook="allreduce"),
+              dict(sharding="fsdp", reduce_dtype="bf16", reshard_after_forward=False)]
+FSDP_RANKS = 4
+FSDP_NODE = Target(backend="gloo", nproc_per_node=FSDP_RANKS, script="train.py")
+
+FSDP_PRELUDE = '''
+import json, sys
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+# the replica hook and PowerSGD's state as a library, none of the lab
+from commlab.hooks import PowerSGDState, ReplicaAllReduce
+LIBRARY = {"lab_modules": sorted(m for m in ("streamlit", "plotly", "pandas", "commlab.engine") if m in sys.modules),
+           "replica_hook": ReplicaAllReduce.__module__}
+
+
+def tiny():  # three units: fully_shard on each, then on the root
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+
+
+def batches(n):
+    g = torch.Generator().manual_seed(dist.get_rank())
+    return [torch.randn(16, 32, generator=g) for _ in range(n)]
+
+
+def shards(model):
+    """This rank's shard of every parameter, and whether the replicas of each shard hold the same."""
+    local = torch.cat([(p.to_local() if isinstance(p, DTensor) else p).detach().flatten() for p in model.parameters()])
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, local)
+    return every
+
+
+def run_cell(fn):
+    try:
+        return fn()
+    except Exception as e:  # every rank fails alike; the test reports the cell
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+'''
+
+FSDP_CELL = '''
+def fsdp_{i}():
+    model = tiny()
+{snippet}
+    state, hook = locals().get("state"), locals().get("replicas_hook")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses, calls = [], 0
+    for x in batches({steps}):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), x[:, :8].argmax(1))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if hook is not None:
+            calls += len(hook.take()[0])  # one call per unit and step
+    out = {{"losses": losses, "calls": calls, "mesh": list(model.parameters())[0].device_mesh.shape,
+           "shards": [t.numel() for t in shards(model)], "every": [t.tolist() for t in shards(model)]}}
+    if state is not None and hasattr(state, "iter"):
+        out.update(iter=state.iter, before=state.total_numel_before_compression,
+                   after=state.total_numel_after_compression)
+    return out
+'''
+
+
+FSDP_EPILOGUE = '''
+if __name__ == "__main__":
+    results = {{"cells": [run_cell(fn) for fn in ({names})], "library": LIBRARY}}
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+'''
+TINY_NUMEL = 32 * 64 + 64 + 64 * 64 + 64 + 64 * 8 + 8  # the script's model, which the shards add up to
+
+
+def fsdp_cfg(settings: dict) -> RunConfig:
+    return RunConfig(world_size=FSDP_RANKS, start_powerSGD_iter=2, steps=STEPS, **settings)
+
+
+def fsdp_script() -> str:
+    parts = [FSDP_PRELUDE, "dist.init_process_group('gloo')\n"]
+    for i, settings in enumerate(FSDP_CELLS):
+        text = export.render(fsdp_cfg(settings), "fsdp", FSDP_NODE).text
+        parts.append(FSDP_CELL.format(i=i, snippet=_indent(text), steps=STEPS))
+    names = ", ".join(f"fsdp_{i}" for i in range(len(FSDP_CELLS)))
+    parts.append(FSDP_EPILOGUE.format(names=names) + END)
+    return "\n".join(parts)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_every_fsdp_export_runs_as_pasted_under_its_torchrun_line_on_4_gloo_ranks(tmp_path):
+    (tmp_path / "train.py").write_text(fsdp_script())
+    out = tmp_path / "out.json"
+    launch = export.render(fsdp_cfg(FSDP_CELLS[0]), "torchrun",
+                           dataclasses.replace(FSDP_NODE, script_args=[str(out)])).text
+    one_node = launch.split("# One node")[1].split("\n\n")[0].split("\n", 1)[1]  # the line under it
+    assert "--nproc-per-node 4" in one_node and "--standalone" in one_node
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(["bash", "-c", _bash_torchrun() + "export OMP_NUM_THREADS=1\n" + one_node],
+                                stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path, start_new_session=True)
+        try:
+            proc.wait(timeout=JOB_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    results = json.loads(out.read_text())
+    assert results["library"] == {"lab_modules": [], "replica_hook": "commlab.hooks.replica"}
+    for settings, r in zip(FSDP_CELLS, results["cells"]):
+        assert "error" not in r, (settings, r)
+        assert len(r["losses"]) == STEPS and all(map(math.isfinite, r["losses"])), (settings, r)
+        every = r["every"]
+        native = settings.get("hook", "allreduce") == "allreduce"  # FSDP's own all-reduce between replicas
+        if settings["sharding"] == "hsdp":  # 2 replicas of 2 shards: the replicas of a shard agree
+            # native HSDP shards on the 2-D mesh; the lab's on its 'shard' dimension, the hook on the other
+            assert r["mesh"] == ([2, 2] if native else [2]) and r["shards"][:2] == r["shards"][2:], (settings, r)
+            assert sum(r["shards"][:2]) == TINY_NUMEL, (settings, r)
+            assert max(abs(a - b) for a, b in zip(every[0], every[2])) < 1e-6, settings
+            assert max(abs(a - b) for a, b in zip(every[1], every[3])) < 1e-6, settings
+        else:  # one shard group of 4
+            assert r["mesh"] == [FSDP_RANKS] and sum(r["shards"]) == TINY_NUMEL, (settings, r)
+        # the lab's hook between replicas ran on each of the 3 units at every step; FSDP's own none
+        assert r["calls"] == (0 if native else 3 * STEPS), (settings, r)
+        if settings.get("hook") == "powersgd":
+            assert r["iter"] == STEPS and r["after"] < r["before"], r  # it compressed from step 2
 
 
 # --------------------------------------------------------------------------- the text of every cell

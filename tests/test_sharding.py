@@ -549,9 +549,15 @@ def test_hsdp_keeps_its_shard_group_and_adds_replicas_at_scale():
 
 
 # --------------------------------------------------------------------------- the export
-def _exported(rank: int, world: int, report, cfg: RunConfig, text: str) -> None:
-    """The fsdp export pasted as it is after the model is built, trained as the lab trains, beside
-    the lab's own sharding of the same model: the same losses, bit for bit."""
+def _exported(rank: int, world: int, report, cases: list) -> None:
+    """Each fsdp export pasted as it is after the model is built, trained as the lab trains, beside
+    the lab's own sharding of the same model: the same losses, bit for bit (``cases``: (config,
+    text) pairs, in one process group: one start of 4 ranks for them all)."""
+    for cfg, text in cases:
+        _exported_one(rank, world, report, cfg, text)
+
+
+def _exported_one(rank: int, world: int, report, cfg: RunConfig, text: str) -> None:
     from commlab.engine import sharding
     from commlab.engine.worker import make_optimizer
 
@@ -573,20 +579,23 @@ def _exported(rank: int, world: int, report, cfg: RunConfig, text: str) -> None:
             loss.backward()
             optimizer.step()
             losses[how].append(loss.item())
-    report((rank, losses, getattr(pasted.get("state"), "iter", None)))
+    report((rank, cfg.hook, losses, getattr(pasted.get("state"), "iter", None)))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("settings", [{"sharding": "hsdp", "hook": "powersgd", "start_powerSGD_iter": 2},
-                                      {"sharding": "fsdp", "reduce_dtype": "bf16", "reshard_after_forward": False}])
-def test_the_fsdp_export_runs_as_pasted_on_4_gloo_ranks_as_the_lab_ran(settings):
+def test_the_fsdp_export_runs_as_pasted_on_4_gloo_ranks_as_the_lab_ran():
     from commlab.tune import export
 
-    cfg = RunConfig(workload="mlp", world_size=4, steps=5, batch_size=BATCH, seed=SEED, **settings)
-    text = export.render(cfg, "fsdp", export.Target(backend="gloo")).text
-    for rank, losses, iters in run_ranks(_exported, 4, (cfg, text), timeout_s=600):
-        assert losses["exported"] == losses["lab"], rank
-        assert iters == (5 if cfg.hook == "powersgd" else None)
+    cases = []
+    for settings in ({"sharding": "hsdp", "hook": "powersgd", "start_powerSGD_iter": 2},
+                     {"sharding": "fsdp", "reduce_dtype": "bf16", "reshard_after_forward": False}):
+        cfg = RunConfig(workload="mlp", world_size=4, steps=5, batch_size=BATCH, seed=SEED, **settings)
+        cases.append((cfg, export.render(cfg, "fsdp", export.Target(backend="gloo")).text))
+    reports = run_ranks(_exported, 4, (cases,), timeout_s=600)
+    assert len(reports) == 4 * len(cases)
+    for rank, hook, losses, iters in reports:
+        assert losses["exported"] == losses["lab"], (rank, hook)
+        assert iters == (5 if hook == "powersgd" else None)
 
 
 def test_a_sharded_run_exports_as_fsdp_code_not_as_ddp_code():
