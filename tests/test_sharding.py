@@ -67,6 +67,33 @@ def test_a_sharded_runs_label_says_how_it_was_sharded():
     assert label_of(RunConfig().to_dict()) == "allreduce"
 
 
+BAD = {"replicas": (["--sharding", "hsdp", "--world-size", "6", "--replicas", "4"], "6 ranks cannot form 4 replicas"),
+       "hook": (["--sharding", "hsdp", "--world-size", "4", "--hook", "topk"], "topk has no sharded form"),
+       "workload": (["--sharding", "fsdp", "--world-size", "4", "--workload", "tests.test_sharding:bare_linear"],
+                    "the model has no layer to shard")}
+
+
+def _refused(field: str, runs_dir, capsys) -> None:
+    """``commlab run`` with one bad sharding: exit 2, the field named with its reason, no run folder."""
+    from commlab import cli
+
+    flags, reason = BAD[field]
+    assert cli.main(["run", *flags, "--runs-dir", str(runs_dir)]) == 2, field
+    err = capsys.readouterr().err
+    assert "nothing was started" in err and f"  {field}: " in err and reason in err, (field, err)
+    assert not any(runs_dir.iterdir())
+
+
+@pytest.mark.parametrize("field", ["replicas", "hook"])
+def test_commlab_run_refuses_a_bad_sharding_by_name_and_starts_nothing(field, tmp_path, capsys):
+    _refused(field, tmp_path, capsys)
+
+
+@pytest.mark.slow  # the workload is probed in a child process before anything starts
+def test_commlab_run_refuses_a_workload_with_no_layer_to_shard_and_starts_nothing(tmp_path, capsys):
+    _refused("workload", tmp_path, capsys)
+
+
 # --------------------------------------------------------------------------- the units
 def test_the_units_are_the_direct_children_that_hold_parameters():
     assert [n for n, _ in workloads.shard_units(workloads.mlp_model())] == ["0", "2", "4"]
