@@ -142,7 +142,8 @@ class ShardedMeasurement(Unmeasured):
     reduce-scatters are the sharding's (``sharding_bytes``), by the same ruler.  ``payload_bytes``
     is both, what the run put on the wire, against ``plain_bytes``, what DDP's plain allreduce of the
     whole model would (its fp32 gradients), so that a sharded run's bytes read beside a DDP run's.
-    No hook is wrapped: FSDP calls no DDP hook."""
+    No DDP hook is wrapped: FSDP calls none.  The lab's hook between HSDP's replicas is, at the steps
+    that measure the approximation error or save gradients (``ShardProbe``)."""
 
     def __init__(self, cfg, world: int, sharded, model_bytes: int, rank: int, compressed: set[str]):
         self.cfg, self.world, self.rank, self.model_bytes = cfg, world, rank, model_bytes

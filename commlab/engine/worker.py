@@ -153,7 +153,8 @@ class Job:
 
 def setup(run_dir: Path) -> Job:
     """In the process group joined: the workload, DDP (or FSDP2's ``fully_shard``: ``sharding``),
-    the hook (measured, unless instrument is off or the run is sharded), the optimizer, and a
+    the hook (measured, unless instrument is off; on a sharded run its collectives counted, and the
+    lab's hook between HSDP's replicas measured on the shards, ``ShardProbe``), the optimizer, and a
     resumed run's checkpoint, then the hook registered; and whether the disk has room for the
     checkpoint."""
     folder = run_folder.RunFolder(run_dir)
