@@ -16,7 +16,8 @@ from commlab.ui import form
 # What the form shows first: a short job, PowerSGD from step 10, held out every 10 steps, three seeds.
 PRESET = RunConfig(workload="mlp", steps=60, start_powerSGD_iter=10, eval_every=10)
 # The job every run of the sweep shares (the rest keeps its defaults); the axes come from the table.
-JOB = ("workload", "steps", "world_size", "eval_every", "emulate_bandwidth_gbps", "emulate_latency_us")
+# (replicas: HSDP's, read when the job's sharding axis lists hsdp)
+JOB = ("workload", "steps", "world_size", "replicas", "eval_every", "emulate_bandwidth_gbps", "emulate_latency_us")
 # The sweep shown, kept across reruns; no widget has this key (Streamlit refuses to set one that has).
 CHOSEN = "chosen_sweep"
 TABLE = {s.name: s for s in settings()}
