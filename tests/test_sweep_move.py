@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,3 +131,6 @@ def test_the_table_explains_itself_and_its_next_step_runs(moved, tmp_path, monke
     assert all(len(line) <= 100 for line in lines), max(lines, key=len)
     assert [line.split(":")[0] for line in said if not line.startswith(" ")][1:] == ["powersgd r=1 start=2"]
     assert "#" not in "".join(said)
+    # ... and its measured table too: one line per setting with its seeds counted, no "#2" per run.
+    measured = lines[2:lines.index("")]
+    assert [re.split(r"\s{2,}", line)[:2] for line in measured] == [["allreduce", "3"], ["powersgd r=1 start=2", "3"]]

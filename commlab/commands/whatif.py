@@ -62,11 +62,22 @@ def _short(p) -> str:
 def _text(profiles, folded, best, even: dict, latency_us: float, against: str) -> list[str]:
     from commlab.tune import baseline as baselines
 
-    w = max(len(p.label) for p in profiles)
-    lines = ["measured, one line per run:", f"{'run':<{w}} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} "
+    import statistics
+
+    settings: dict[str, list] = {}
+    for p in profiles:
+        settings.setdefault(p.setting or p.label, []).append(p)
+    w = max(len(name) for name in settings)
+    lines = ["measured, one line per setting (median over its seeds):",
+             f"{'setting':<{w}} {'seeds':>5} {'compute ms':>10} {'arith ms':>9} {'bytes/step':>12} "
              f"{'calls':>6}  measured over"]
-    lines += [f"{p.label:<{w}} {p.compute_s * 1e3:>10.2f} {p.arithmetic_s * 1e3:>9.2f} "
-              f"{p.payload_bytes:>12,.0f} {p.collectives:>6g}  {p.measured_over}" for p in profiles]
+    for name, group in settings.items():
+        med = {k: statistics.median(getattr(p, k) for p in group)
+               for k in ("compute_s", "arithmetic_s", "payload_bytes", "collectives")}
+        over = sorted({p.measured_over for p in group})
+        lines.append(f"{name:<{w}} {len(group):>5} {med['compute_s'] * 1e3:>10.2f} "
+                     f"{med['arithmetic_s'] * 1e3:>9.2f} {med['payload_bytes']:>12,.0f} "
+                     f"{med['collectives']:>6g}  {', '.join(over)}")
     lines += ["", *_wrapped(f"predicted step (ms), latency {latency_us:g} µs per hop, one entry per "
                             "setting (median over its seeds); fastest marked *")]
     for cell in best:
