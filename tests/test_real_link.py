@@ -276,3 +276,28 @@ def test_without_namespaces_the_classroom_says_why_by_name_and_starts_nothing(tm
     said = [w.value for w in at.warning if w.value.startswith("Not on this machine")]
     assert len(said) == 1 and "unshare, ip, tc not on PATH" in said[0], said
     assert "real_link" not in at.session_state and not (tmp_path / "runs").exists()
+
+
+
+# ---------------------------------------------------------------------------- the models' distance, said beside them
+def test_the_models_distance_from_a_real_link_is_said_beside_them_from_one_table():
+    from commlab.tune import held_to_real
+
+    hooks = {h for h, _ in held_to_real.RATIOS}
+    assert hooks == {"allreduce", "fp16", "powersgd", "topk", "diloco"}  # benchmarks/real_link.py's HOOKS
+    assert all(set(m) == set(held_to_real.MODELS) and all(lo <= mid <= hi for lo, mid, hi in m.values())
+               for m in held_to_real.RATIOS.values())
+    for (hook, rate), models in held_to_real.RATIOS.items():
+        for model, (lo, _, hi) in models.items():
+            said = held_to_real.beside(hook, rate, model)
+            assert said.startswith("held to a real link: ") and "docs/tuning.md" in said and hook in said
+            assert ("within 20%" in said) == (0.8 <= lo and hi <= 1.2), said
+    # a rate never measured: what was, at every rate; a hook never measured: which were
+    far = held_to_real.beside("powersgd", 10_000, "whatif")
+    assert "10 Gb/s was not measured" in far and all(r in far for r in ("at 50 Mb/s", "at 200 Mb/s", "at 1 Gb/s"))
+    assert "was not held to a real link for qsgd" in held_to_real.beside("qsgd", 1000, "emulated")
+    rows = held_to_real.table(["powersgd", "qsgd"])
+    assert [(r["hook"], r["rate"]) for r in rows] == [("powersgd", "50 Mb/s"), ("powersgd", "200 Mb/s"),
+                                                     ("powersgd", "1 Gb/s")]
+    with pytest.raises(ValueError, match="model must be one of"):
+        held_to_real.held("powersgd", "guess")
