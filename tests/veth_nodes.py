@@ -29,35 +29,70 @@ from commlab.engine import procs, store
 from commlab.engine.launchers import reallink
 
 SUBNET = "10.213.0.{}"
+HOST = 254  # the caller's address on the bridge's /24, where it has one (host_ifname)
 HERE = Path(__file__).resolve()
 
 
-def address(k: int) -> str:
+def address(k: int, subnet: str = SUBNET) -> str:
     """Node K's address on the bridge's /24 (node 0's serves the rendezvous)."""
-    return SUBNET.format(k + 1)
+    return subnet.format(k + 1)
+
+
+def free_subnet() -> str:
+    """A 10.213.X.0/24 that no interface of this (the caller's) namespace is in: for a bridge the
+    caller joins (``host_ifname``), which another cluster of another test suite may be holding."""
+    held = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+    start = os.getpid() % 200
+    for x in (1 + (start + i) % 250 for i in range(250)):
+        if f" 10.213.{x}." not in held:
+            return f"10.213.{x}.{{}}"
+    raise RuntimeError("no free 10.213.X.0/24 in this namespace")
 
 
 class VethNodes:
     """Node K runs ``commands[K]`` in its own namespace on its veth ``ifnames[K]`` at ``address(K)``.
-    A context manager: at its end every process still in one of its namespaces is ended (a run's
-    detached supervisor included), which removes them."""
+    ``host_ifname``: the caller joins the bridge too, on a veth of that name in its own namespace at
+    ``subnet``'s .254 (a daemon here that the nodes must reach, as a cluster's controller); that
+    veth goes with the hub's namespace, as the nodes' do.  A context manager: at its end every
+    process still in one of its namespaces is ended (a run's detached supervisor included), which
+    removes them and their veths."""
 
-    def __init__(self, folder: Path, commands: list[list[str]], ifnames: list[str], env: dict | None = None):
+    def __init__(self, folder: Path, commands: list[list[str]], ifnames: list[str], env: dict | None = None,
+                 subnet: str = SUBNET, host_ifname: str | None = None):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.spec = self.folder / "veth-nodes.json"
+        self.subnet, self.host_ifname = subnet, host_ifname
         store.write_json(self.spec, {
-            "nodes": [{"address": address(k), "ifname": ifnames[k], "command": list(argv),
+            "nodes": [{"address": address(k, subnet), "ifname": ifnames[k], "command": list(argv),
                        "log": str(self.folder / f"node{k}.out")} for k, argv in enumerate(commands)],
+            "host": {"ifname": host_ifname, "pid": os.getpid()} if host_ifname else None,
             "result": str(self.folder / "veth-counters.json"),
             "namespaces": str(self.folder / "veth-namespaces.json")})
-        self.hub = subprocess.Popen(["unshare", "--net", sys.executable, str(HERE), "hub", str(self.spec)],
-                                    env={**(env or os.environ)}, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
+        with open(self.folder / "hub.out", "w") as out:
+            self.hub = subprocess.Popen(["unshare", "--net", sys.executable, str(HERE), "hub", str(self.spec)],
+                                        env={**(env or os.environ)}, stdout=out, stderr=subprocess.STDOUT)
+        if host_ifname:
+            self._join_here(host_ifname)
+
+    @property
+    def host_address(self) -> str:
+        return self.subnet.format(HOST)
+
+    def _join_here(self, ifname: str) -> None:
+        if not procs.wait_until(lambda: reallink.counters(ifname) is not None or self.hub.poll() is not None,
+                                reallink.SETTLE_S, 0.02) or self.hub.poll() is not None:
+            raise RuntimeError(f"the hub gave no veth {ifname}: {(self.folder / 'hub.out').read_text()}")
+        for args in (["addr", "add", f"{self.host_address}/24", "dev", ifname], ["link", "set", ifname, "up"]):
+            subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    @property
+    def hub_output(self) -> str:
+        return (self.folder / "hub.out").read_text()
 
     def wait(self, timeout: float) -> list[int]:
         """Every node's exit code (the hub's, then each node's as it recorded them)."""
-        self.hub_output = self.hub.communicate(timeout=timeout)[0]
+        self.hub.wait(timeout=timeout)
         return store.read_json(Path(store.read_json(self.spec)["result"]))["codes"]
 
     def output(self, k: int) -> str:
@@ -97,6 +132,11 @@ class VethNodes:
 def hub(spec_path: Path) -> int:
     spec = store.read_json(spec_path)
     reallink.bridge_up()
+    if host := spec["host"]:  # the caller's veth: its end here on the bridge, the other in the caller's namespace
+        subprocess.run(["ip", "link", "add", "vhost", "type", "veth", "peer", "name", host["ifname"], "netns",
+                        str(host["pid"])], check=True, capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "set", "vhost", "master", reallink.BRIDGE, "up"], check=True,
+                       capture_output=True, timeout=30)
     children = []
     for k, node in enumerate(spec["nodes"]):
         children.append(reallink.in_namespace([sys.executable, str(HERE), "node", str(spec_path), str(k)],
