@@ -204,6 +204,9 @@ class SlurmCluster:
                 time.sleep(0.3)
         if self.veths is not None:  # the nodes' slurmd and job steps, then their namespaces and veths
             self.veths.__exit__(None, None, None)
+            # this namespace's veth goes with the hub's namespace: nothing of the cluster stays in the kernel
+            if not self.veths.host_gone(30):
+                raise RuntimeError(f"the veth {self.veths.host_ifname} outlived the test cluster's namespaces")
         for name in reversed(self.procs):
             p = self.procs[name]
             if p.poll() is not None:

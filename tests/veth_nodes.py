@@ -86,6 +86,10 @@ class VethNodes:
         for args in (["addr", "add", f"{self.host_address}/24", "dev", ifname], ["link", "set", ifname, "up"]):
             subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
+    def host_gone(self, timeout: float) -> bool:
+        """Whether this namespace's veth (``host_ifname``) is gone, as it goes with the hub's namespace."""
+        return not self.host_ifname or procs.wait_until(lambda: reallink.counters(self.host_ifname) is None, timeout)
+
     @property
     def hub_output(self) -> str:
         return (self.folder / "hub.out").read_text()
