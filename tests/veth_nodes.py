@@ -70,7 +70,12 @@ class VethNodes:
             "result": str(self.folder / "veth-counters.json"),
             "namespaces": str(self.folder / "veth-namespaces.json")})
         with open(self.folder / "hub.out", "w") as out:
-            self.hub = subprocess.Popen(["unshare", "--net", sys.executable, str(HERE), "hub", str(self.spec)],
+            # as root a network namespace, else one in an unprivileged user namespace (as the real link's)
+            prefix, why = reallink.privilege()
+            if prefix is None or (host_ifname and os.geteuid() != 0):
+                raise RuntimeError(f"no network namespaces for the nodes here: {why}" if prefix is None else
+                                   "a veth into this namespace (host_ifname) needs root")
+            self.hub = subprocess.Popen([*prefix, sys.executable, str(HERE), "hub", str(self.spec)],
                                         env={**(env or os.environ)}, stdout=out, stderr=subprocess.STDOUT)
         if host_ifname:
             self._join_here(host_ifname)
