@@ -142,7 +142,10 @@ def summary(rows: list[dict]) -> dict:
     for key in ("emulated", "whatif"):
         ratios = [r[key] / r["real"] for r in rows]
         out[f"{key}_ratio"] = statistics.median(ratios)
+        out[f"{key}_ratios"] = ratios  # every pass's, in order
+        out[f"{key}_steps"] = [r[key] for r in rows]
         out[f"{key}_range"] = (min(ratios), max(ratios))
+    out["real_steps"] = [r["real"] for r in rows]
     return out
 
 
