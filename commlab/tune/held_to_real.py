@@ -17,27 +17,28 @@ from dataclasses import dataclass
 MODELS = {"emulated": "the emulated link", "whatif": "the what-if"}
 WITHIN = 0.20
 SOURCE = "docs/tuning.md"
-MEASURED = ("benchmarks/real_link.py --steps 150 --passes 3 (2026-12-05): mlp, 2 Gloo ranks on a 2-core "
-            "machine shared with other work (load average 2.1–11.9), the models given no latency")
+MEASURED = ("benchmarks/real_link.py --steps 150 --passes 3, run twice (2026-12-05, six passes): mlp, 2 Gloo "
+            "ranks on a 2-core machine shared with other work (load average 2.1–11.9, then 0.8–3.5), "
+            "the models given no latency")
 # (hook, rate in Mb/s) -> model -> (lowest, median, highest) of the model's step / the real link's
-# over the passes.  The hooks as benchmarks/real_link.py sets them: PowerSGD rank 2, top-k 0.1,
+# over the six passes.  The hooks as benchmarks/real_link.py sets them: PowerSGD rank 2, top-k 0.1,
 # DiLoCo every 8 steps.
 RATIOS: dict[tuple[str, float], dict[str, tuple[float, float, float]]] = {
-    ("allreduce", 50): {"emulated": (0.93, 0.93, 0.96), "whatif": (0.93, 0.93, 0.95)},
-    ("allreduce", 200): {"emulated": (1.04, 1.05, 1.13), "whatif": (1.02, 1.05, 1.13)},
-    ("allreduce", 1000): {"emulated": (0.89, 1.42, 1.45), "whatif": (1.04, 1.17, 1.46)},
-    ("fp16", 50): {"emulated": (0.86, 0.94, 0.98), "whatif": (0.86, 0.95, 0.99)},
-    ("fp16", 200): {"emulated": (0.99, 1.16, 1.23), "whatif": (0.97, 1.28, 1.36)},
-    ("fp16", 1000): {"emulated": (0.68, 0.82, 0.96), "whatif": (0.77, 1.05, 1.20)},
-    ("powersgd", 50): {"emulated": (0.64, 0.81, 1.20), "whatif": (0.71, 0.75, 0.85)},
-    ("powersgd", 200): {"emulated": (0.84, 0.98, 1.20), "whatif": (0.89, 0.97, 1.05)},
-    ("powersgd", 1000): {"emulated": (0.73, 0.75, 0.78), "whatif": (0.81, 0.84, 0.97)},
-    ("topk", 50): {"emulated": (0.88, 0.91, 1.11), "whatif": (1.00, 1.06, 1.25)},
-    ("topk", 200): {"emulated": (0.50, 1.46, 2.02), "whatif": (0.69, 2.13, 2.33)},
-    ("topk", 1000): {"emulated": (0.91, 1.00, 1.10), "whatif": (1.22, 1.39, 1.88)},
-    ("diloco", 50): {"emulated": (0.74, 0.80, 1.06), "whatif": (0.87, 0.89, 1.09)},
-    ("diloco", 200): {"emulated": (0.84, 0.93, 1.03), "whatif": (0.99, 1.04, 1.22)},
-    ("diloco", 1000): {"emulated": (0.71, 1.10, 1.17), "whatif": (0.84, 1.44, 2.10)},
+    ("allreduce", 50): {"emulated": (0.926, 0.964, 0.974), "whatif": (0.927, 0.947, 0.957)},
+    ("allreduce", 200): {"emulated": (1.042, 1.088, 1.133), "whatif": (1.015, 1.060, 1.132)},
+    ("allreduce", 1000): {"emulated": (0.857, 1.438, 1.523), "whatif": (0.852, 1.199, 1.525)},
+    ("fp16", 50): {"emulated": (0.856, 0.991, 1.024), "whatif": (0.858, 0.968, 0.987)},
+    ("fp16", 200): {"emulated": (0.992, 1.237, 1.357), "whatif": (0.970, 1.172, 1.355)},
+    ("fp16", 1000): {"emulated": (0.682, 0.888, 1.245), "whatif": (0.774, 0.913, 1.199)},
+    ("powersgd", 50): {"emulated": (0.546, 0.799, 1.204), "whatif": (0.674, 0.799, 1.044)},
+    ("powersgd", 200): {"emulated": (0.675, 0.876, 1.198), "whatif": (0.641, 0.920, 1.048)},
+    ("powersgd", 1000): {"emulated": (0.730, 0.779, 1.010), "whatif": (0.782, 0.902, 1.005)},
+    ("topk", 50): {"emulated": (0.878, 1.013, 1.109), "whatif": (0.945, 0.993, 1.254)},
+    ("topk", 200): {"emulated": (0.503, 1.452, 2.025), "whatif": (0.688, 1.199, 2.333)},
+    ("topk", 1000): {"emulated": (0.906, 0.993, 1.824), "whatif": (0.633, 1.067, 1.879)},
+    ("diloco", 50): {"emulated": (0.738, 1.001, 1.229), "whatif": (0.843, 0.935, 1.085)},
+    ("diloco", 200): {"emulated": (0.698, 0.978, 1.112), "whatif": (0.710, 1.014, 1.218)},
+    ("diloco", 1000): {"emulated": (0.710, 1.139, 1.252), "whatif": (0.815, 1.095, 2.099)},
 }
 RATES_MBPS = sorted({rate for _, rate in RATIOS})
 
@@ -57,6 +58,18 @@ class Held:
     def within(self) -> bool:
         """Within ``WITHIN`` of the real link over every pass."""
         return 1 - WITHIN <= self.low and self.high <= 1 + WITHIN
+
+    @property
+    def median_within(self) -> bool:
+        """The median pass within ``WITHIN`` of the real link (single passes may not be)."""
+        return 1 - WITHIN <= self.median <= 1 + WITHIN
+
+    def verdict(self) -> str:
+        if self.within:
+            return f"within {WITHIN:.0%} in every pass"
+        if self.median_within:
+            return f"within {WITHIN:.0%} at the median, single passes outside with the machine's load"
+        return f"outside {WITHIN:.0%}: the difference stays"
 
     def range_text(self) -> str:
         return f"{self.low:.2f}×" if self.low == self.high else f"{self.low:.2f}–{self.high:.2f}×"
@@ -85,9 +98,8 @@ def beside(hook: str, rate_mbps: float | None, model: str) -> str:
                 f"{', '.join(sorted({h for h, _ in RATIOS}))}; {SOURCE})")
     at = next((r for r in rows if rate_mbps is not None and abs(r.rate_mbps - rate_mbps) < 1e-6), None)
     if at is not None:
-        verdict = f"within {WITHIN:.0%}" if at.within else "outside 20%: the difference stays"
         return (f"held to a real link: {at.median:.2f}× the real step for {hook} at {_rate(at.rate_mbps)}, "
-                f"{at.range_text()} over the passes ({verdict}; {SOURCE})")
+                f"{at.range_text()} over the passes ({at.verdict()}; {SOURCE})")
     spans = "; ".join(f"{r.range_text()} at {_rate(r.rate_mbps)}" for r in rows)
     where = "" if rate_mbps is None else f"{_rate(rate_mbps)} was not measured; "
     return f"held to a real link: {where}{hook}'s step on {name} was {spans} the real one ({SOURCE})"
@@ -104,6 +116,7 @@ def table(hooks: list[str] | None = None) -> list[dict]:
         for model in MODELS:
             h = Held(hook, model, rate, *models[model])
             row[f"{model} / real"] = f"{h.median:.2f} ({h.range_text()})"
-            row[f"{model} within {WITHIN:.0%}"] = h.within
+            row[f"{model} within {WITHIN:.0%}"] = ("every pass" if h.within else "median" if h.median_within
+                                                    else "no")
         out.append(row)
     return out
