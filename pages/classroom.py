@@ -9,7 +9,7 @@ import lab_widgets
 from commlab.analysis import ring as ring_cost
 from commlab.config import ConfigError
 from commlab.figures import classroom as figs
-from commlab.teach import averaging, classroom
+from commlab.teach import averaging, classroom, real_link
 
 # Large text for a projector: Streamlit's own elements by CSS, the figures by figs.present, the
 # tables as HTML (a dataframe draws on a canvas: zoomed, it outgrows its column and the page).
@@ -212,6 +212,47 @@ def gradient_averaging() -> None:
         table(rows)
 
 
+def real_link_section() -> None:
+    st.markdown(
+        f"The same training ({real_link.WORKLOAD}, {real_link.WORLD_SIZE} ranks, "
+        f"{real_link.STEPS} steps) with plain **allreduce** and with **PowerSGD** (rank 2), each on a "
+        f"real **{real_link.RATE_MBPS:g} Mb/s** link: every rank in a network namespace of its own, "
+        "joined by veths to a bridge that the kernel's token bucket slows to the rate. Real TCP "
+        "through the kernel; the kernel counts the bytes, and they are held to the lab's ledger.")
+    # Whether namespaces can be made is asked on the press, not on every rerun: the probe makes one.
+    if st.button(f"Run allreduce and PowerSGD on a real {real_link.RATE_MBPS:g} Mb/s link", type="primary"):
+        if reason := real_link.why_not():
+            st.warning(f"Not on this machine: {reason}.")
+        else:
+            bar = st.progress(0.0, "starting")
+            try:
+                st.session_state["real_link"] = real_link.demonstrate(progress=lambda f, what: bar.progress(f, what))
+            except ConfigError as e:
+                lab_widgets.show_errors(e)
+            except (RuntimeError, TimeoutError) as e:
+                st.error(f"The demonstration failed: {e}")
+            bar.empty()
+    demo = st.session_state.get("real_link")
+    if demo:
+        for column, side in zip(side_by_side(len(demo.sides)), demo.sides):
+            with column:
+                st.subheader(side.hook)
+                st.metric("step", f"{side.step_s * 1e3:.1f} ms")
+                st.metric("on the wire a step", f"{side.wire_bytes / 1e3:.1f} KB",
+                          help="what each rank sends a step, by the ledger: 2(N−1)/N of the hook's payload")
+                (st.success if side.agree else st.error)(
+                    f"The kernel counted {side.kernel[0]['kernel_bytes']:,} bytes leaving rank 0: the "
+                    f"ledger's {side.kernel[0]['ledger_bytes']:,.0f}, DDP's broadcast, TCP/IP headers and "
+                    f"{side.kernel[0]['control']:,.0f} of Gloo's control traffic"
+                    + ("" if side.agree else " — more or less than the control traffic can be"))
+        chart(figs.real_link_chart(demo))
+        table(figs.real_link_table(demo))
+        st.caption(f"Median of the steady steps; runs {', '.join(s.run_id for s in demo.sides)} (on the "
+                   "Runs page). The two ran at the same time, each on a link of its own, sharing this "
+                   "machine's cores; a step is more than its bytes at the rate by the computation "
+                   "and PowerSGD's compression.")
+
+
 st.title("Classroom: allreduce")
 large = st.toggle("Presentation mode", key="presentation",
                   help="Large text and figures, for a projector in front of a class")
@@ -219,12 +260,15 @@ if large:
     st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)
 st.caption("Every number here comes from real processes on this machine, except the ring "
            "walk-through, which is checked against them.")
-real_tab, ring_tab, grad_tab = st.tabs(["1 · Real collectives",
-                                        "2 · Ring allreduce, step by step",
-                                        "3 · Where gradient averaging sits"])
+real_tab, ring_tab, grad_tab, link_tab = st.tabs(["1 · Real collectives",
+                                                  "2 · Ring allreduce, step by step",
+                                                  "3 · Where gradient averaging sits",
+                                                  "4 · On a real 100 Mb/s link"])
 with real_tab:
     job = real_collectives()
 with ring_tab:
     ring_walkthrough(job)
 with grad_tab:
     gradient_averaging()
+with link_tab:
+    real_link_section()

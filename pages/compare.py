@@ -7,7 +7,7 @@ from commlab.api import RunStatus, open_run
 from commlab.figures import compare as figs
 from commlab.figures.whatif import ASSUMPTION
 from commlab.tune import baseline as baselines
-from commlab.tune import compare, whatif
+from commlab.tune import compare, held_to_real, whatif
 from commlab.tune.quality import Cluster
 from commlab.ui import definitions, runs
 
@@ -49,6 +49,8 @@ title = baselines.title(against)
 
 st.caption(f"Quality: {basis} (lower is better). Predicted on {cluster.text()}: {ASSUMPTION}. "
            f"Ratio, speed-up and *pays here?* against **{title}**.")
+st.caption("The predicted steps " + "; ".join(held_to_real.beside(h, bandwidth * 1000, "whatif")
+                                            for h in dict.fromkeys(r["hook"] for r in rows)) + ".")
 if why := compare.missing(rows, against):
     st.warning(lab_widgets.literal(why))
 number = st.column_config.NumberColumn

@@ -6,6 +6,7 @@ from commlab import api
 from commlab.analysis import metrics, units
 from commlab.config import ConfigError
 from commlab.figures import runs as figures
+from commlab.tune import held_to_real
 from commlab.ui import definitions, form, runs
 
 REFRESH_S = 0.5
@@ -133,7 +134,11 @@ def panel(view: runs.LiveView, was_running: bool) -> None:
         return
     cols = st.columns(4)
     cols[0].metric("loss", f"{h['loss']:.4f}")
-    cols[1].metric("median step time", units.seconds(h["median_step_s"]))
+    ran = view.run.config_dict()
+    # over the emulated link, the step is a model's: say how far it was from a real link
+    cols[1].metric("median step time", units.seconds(h["median_step_s"]), help=held_to_real.beside(
+        ran.get("hook", ""), ran["emulate_bandwidth_gbps"] * 1000, "emulated")
+        if ran.get("emulate_bandwidth_gbps") else None)
     if h["bytes_per_step"] is not None:
         cols[2].metric("bytes per step (median)", units.human_bytes(h["bytes_per_step"]),
                        help=f"{h['bytes_per_step']:,.0f} bytes per rank and step handed to the "

@@ -8,7 +8,7 @@ from commlab.analysis import metrics
 from commlab.api import open_run
 from commlab.figures import whatif as figs
 from commlab.tune import baseline as baselines
-from commlab.tune import payoff, whatif
+from commlab.tune import held_to_real, payoff, whatif
 from commlab.tune.sweep import list_sweeps
 from commlab.ui import runs
 
@@ -56,6 +56,18 @@ st.dataframe(pd.DataFrame([{
 if any(p.measured_over != "loopback" for p in profiles):
     st.caption("Rows measured over an emulated link: the emulated link's time was taken off the "
                "hook's time to leave its arithmetic.")
+
+held = held_to_real.table(sorted({p.hook for p in profiles}))
+st.subheader("The model held to a real link")
+if held:
+    st.dataframe(pd.DataFrame(held), hide_index=True)
+    st.caption(f"The what-if's (and the emulated link's) step over a real link's of the same rate, "
+               f"median and range over the passes of {held_to_real.MEASURED} ({held_to_real.SOURCE}). "
+               "Below 1 the model is faster than the real link; outside 20% the difference stays, "
+               "and the predictions below carry it.")
+else:
+    st.caption("None of these hooks was held to a real link: "
+               + held_to_real.beside(profiles[0].hook, None, "whatif") + ".")
 
 c0, c1, c2, c3 = st.columns(4)
 against = c0.selectbox("Judged against", baselines.BASELINES, format_func=baselines.title,

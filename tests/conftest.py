@@ -240,7 +240,7 @@ def allreduce_run(runs_dir):
 def slurm(tmp_path_factory, request):
     """A real one-node Slurm cluster (``tests/slurm_cluster.py``), started for the test and torn
     down after it with every job: skipped without Debian's slurm-wlm and munge, failed under CI.
-    ``@pytest.mark.slurm_nodes(2)``: two nodes (the second at 127.0.0.2)."""
+    ``@pytest.mark.slurm_nodes(2)``: two nodes, each in a network namespace of its own on a veth."""
     from slurm_cluster import SlurmCluster, skip_or_fail
 
     skip_or_fail()

@@ -222,3 +222,83 @@ def test_a_qdisc_the_kernel_lacks_is_named_by_the_kernel_and_leaves_nothing():
     said = reallink.qdisc_error(prefix, ["no_such_qdisc"])
     assert said and "unknown" in said.lower()
     assert _ip_state() == before
+
+
+# ---------------------------------------------------------------------------- the classroom's demonstration
+CLASSROOM = str(Path(__file__).resolve().parents[1] / "pages" / "classroom.py")
+DEMO_BUTTON = "Run allreduce and PowerSGD on a real 100 Mb/s link"
+
+
+def _classroom(monkeypatch, runs_dir):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("COMMLAB_RUNS_DIR", str(runs_dir))
+    at = AppTest.from_file(CLASSROOM, default_timeout=RUN_TIMEOUT_S).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.slow
+def test_the_classroom_runs_allreduce_beside_powersgd_on_a_real_link_and_the_kernel_counts_their_bytes(
+        tmp_path, monkeypatch):
+    _privileged()
+    before = _ip_state()
+    at = _classroom(monkeypatch, tmp_path / "runs")
+    next(b for b in at.button if b.label == DEMO_BUTTON).click().run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    demo = at.session_state["real_link"]
+    allreduce, powersgd = demo.sides
+    assert (allreduce.hook, powersgd.hook, demo.rate_mbps) == ("allreduce", "powersgd", 100)
+    for side in demo.sides:  # real runs on the real link, their whole length, listed as runs
+        run = launch.open_run(tmp_path / "runs" / side.run_id)
+        assert run.status() == "finished" and side.steps == run.config().steps
+        assert run.launch_info()["real_link"]["rate_mbps"] == 100
+        assert side.agree and [r["rank"] for r in side.kernel] == [0, 1]
+    # mlp's 340 KB of gradients a step against PowerSGD's rank-2 factors: what a teacher shows
+    assert allreduce.wire_bytes == 340_008 and powersgd.wire_bytes < allreduce.wire_bytes / 10
+    # at 100 Mb/s allreduce's bytes take 27 ms a step: the link is its floor; PowerSGD runs faster
+    assert allreduce.step_s >= 0.9 * demo.link_s(allreduce) and powersgd.step_s < allreduce.step_s
+    assert [m.value for m in at.metric if m.label == "step"] == [f"{s.step_s * 1e3:.1f} ms" for s in demo.sides]
+    assert sum("The kernel counted" in m.value for m in at.success) == 2
+    assert at.get("plotly_chart") and "runs " + allreduce.run_id in at.caption[-1].value
+    # both ended (a real-link run's namespaces go with its processes): nothing left in the kernel
+    assert procs.wait_until(lambda: not any(launch.open_run(tmp_path / "runs" / s.run_id).is_running()
+                                            for s in demo.sides), 30)
+    assert _ip_state() == before
+
+
+@pytest.mark.slow
+def test_without_namespaces_the_classroom_says_why_by_name_and_starts_nothing(tmp_path, monkeypatch):
+    at = _classroom(monkeypatch, tmp_path / "runs")
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no unshare, ip or tc
+    next(b for b in at.button if b.label == DEMO_BUTTON).click().run()
+    assert not at.exception and not at.error
+    said = [w.value for w in at.warning if w.value.startswith("Not on this machine")]
+    assert len(said) == 1 and "unshare, ip, tc not on PATH" in said[0], said
+    assert "real_link" not in at.session_state and not (tmp_path / "runs").exists()
+
+
+
+# ---------------------------------------------------------------------------- the models' distance, said beside them
+def test_the_models_distance_from_a_real_link_is_said_beside_them_from_one_table():
+    from commlab.tune import held_to_real
+
+    hooks = {h for h, _ in held_to_real.RATIOS}
+    assert hooks == {"allreduce", "fp16", "powersgd", "topk", "diloco"}  # benchmarks/real_link.py's HOOKS
+    assert all(set(m) == set(held_to_real.MODELS) and all(lo <= mid <= hi for lo, mid, hi in m.values())
+               for m in held_to_real.RATIOS.values())
+    for (hook, rate), models in held_to_real.RATIOS.items():
+        for model, (lo, _, hi) in models.items():
+            said = held_to_real.beside(hook, rate, model)
+            assert said.startswith("held to a real link: ") and "docs/tuning.md" in said and hook in said
+            assert ("within 20% in every pass" in said) == (0.8 <= lo and hi <= 1.2), said
+            assert ("outside 20%: the difference stays" in said) == (not 0.8 <= models[model][1] <= 1.2), said
+    # a rate never measured: what was, at every rate; a hook never measured: which were
+    far = held_to_real.beside("powersgd", 10_000, "whatif")
+    assert "10 Gb/s was not measured" in far and all(r in far for r in ("at 50 Mb/s", "at 200 Mb/s", "at 1 Gb/s"))
+    assert "was not held to a real link for qsgd" in held_to_real.beside("qsgd", 1000, "emulated")
+    rows = held_to_real.table(["powersgd", "qsgd"])
+    assert [(r["hook"], r["rate"]) for r in rows] == [("powersgd", "50 Mb/s"), ("powersgd", "200 Mb/s"),
+                                                     ("powersgd", "1 Gb/s")]
+    with pytest.raises(ValueError, match="model must be one of"):
+        held_to_real.held("powersgd", "guess")

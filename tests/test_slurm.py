@@ -8,7 +8,6 @@ sacct record; slurmctld keeps a finished job for MinJobAge seconds).
 from __future__ import annotations
 
 import json
-import socket
 import stat
 import subprocess
 import sys
@@ -202,15 +201,14 @@ def test_the_launch_and_sweep_pages_submit_to_slurm_and_follow_the_jobs(slurm, t
 @pytest.mark.slurm_nodes(2)
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_a_lab_run_on_two_slurm_nodes_is_one_run_of_both(slurm, tmp_path):
-    """Two slurmd on this machine (the second at 127.0.0.2): one srun task on each, each its node's
-    supervisor, one rendezvous on the allocation's first node."""
+    """Two slurmd on this machine, each in a network namespace of its own on a veth ``eth0`` to a
+    bridge (``tests/slurm_cluster.py``): one srun task on each, each its node's supervisor, one
+    rendezvous at the allocation's first node's address, the ranks talking through their veths."""
     from commlab.api import list_runs, open_run
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = 29511  # the nodes' own namespaces: nothing else listens there
     done = subprocess.run([sys.executable, "-m", "commlab", "run", "--launcher", "slurm", "--nodes", "2",
-                           "--ifname", "lo", "--rdzv-port", str(port), "--world-size", "1", "--workload", "mlp",
+                           "--ifname", "eth0", "--rdzv-port", str(port), "--world-size", "1", "--workload", "mlp",
                            "--steps", "8", "--runs-dir", str(tmp_path), "--json"], env=_lab_env(slurm),
                           capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     (run,) = list_runs(tmp_path)
@@ -218,9 +216,12 @@ def test_a_lab_run_on_two_slurm_nodes_is_one_run_of_both(slurm, tmp_path):
                                   _tail_of(run.path / f"slurm-{run.launch_info()['slurm']['job_id']}.out"))
     assert json.loads(done.stdout)["status"] == "finished"
     assert run.meta()["world_size"] == 2 and len(run.metrics_records()) == 8  # 2 nodes x 1 rank
-    assert run.launch_info()["nodes"]["rdzv_endpoint"] == f"127.0.0.1:{port}"  # n1's NodeAddr
+    n1, n2 = (addr for _, addr in slurm.nodes)
+    assert run.launch_info()["nodes"]["rdzv_endpoint"] == f"{n1}:{port}"  # n1's NodeAddr, on its veth
+    assert (run.launch_info()["nodes"]["ifname"], run.launch_info()["nodes"]["local_addr"]) == ("eth0", n1)
     node1 = open_run(run.path / "nodes" / "1")  # node 1's supervisor, ending a moment after node 0's
     assert node1.wait(60) == "finished", node1.status_record()
+    assert node1.launch_info()["nodes"]["local_addr"] == n2  # its veth's address, read from eth0 there
     job = run.launch_info()["slurm"]["job_id"]
     state = _wait_gone(slurm, job)  # the tasks end a moment after the run recorded its end
     assert (state["JobState"], state["NumNodes"]) == ("COMPLETED", "2"), state

@@ -500,6 +500,9 @@ def test_cli_whatif_on_the_sweep(stopped_sweep, capsys):
     payload = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert rc == 0 and len(payload["profiles"]) == 2 and len(payload["predictions"]) == 8
     assert len(payload["break_even"]) == 2
+    # the model's measured distance from a real link travels with its figures (commlab.tune.held_to_real)
+    assert {r["hook"] for r in payload["held_to_real"]} == {p["hook"] for p in payload["profiles"]} & {
+        "allreduce", "powersgd"}
 
 
 @pytest.mark.slow
@@ -518,6 +521,9 @@ def test_pages_show_the_sweep_and_the_model(stopped_sweep, monkeypatch):
     at.switch_page("pages/what_if.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert len(at.get("plotly_chart")) == 3
+    assert "The model held to a real link" in [h.value for h in at.subheader]
+    held = next(d.value for d in at.dataframe if "whatif / real" in d.value.columns)
+    assert "powersgd" in set(held["hook"]) and len(held) % 3 == 0  # three measured rates a hook
 
 
 @pytest.mark.slow

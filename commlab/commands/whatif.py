@@ -100,7 +100,7 @@ def _whatif(args: argparse.Namespace) -> int:
     from commlab.commands import emit
     from commlab.config import ConfigError
     from commlab.tune import baseline as baselines
-    from commlab.tune import payoff, whatif
+    from commlab.tune import held_to_real, payoff, whatif
 
     baselines.check(args.against)
     world_sizes = parse_list(args.world_sizes, int, "world_sizes")
@@ -119,8 +119,12 @@ def _whatif(args: argparse.Namespace) -> int:
         for p in payoff.by_setting(profiles, n, args.latency_us, args.against):
             even.setdefault(p.label, []).append(p)
     lines = _text(profiles, folded, best, even, args.latency_us, args.against)
+    # the model's measured distance from a real link, beside its figures: a difference that stays is said
+    hooks = list(dict.fromkeys(p.hook for p in profiles))
+    lines += ["", *[line for h in hooks for line in _wrapped(held_to_real.beside(h, None, "whatif"))]]
     emit(args, {"profiles": [p.to_dict() for p in profiles], "predictions": rows, "settings": folded,
-                "winners": best, "break_even": [p.to_dict() for cells in even.values() for p in cells]},
+                "winners": best, "break_even": [p.to_dict() for cells in even.values() for p in cells],
+                "held_to_real": held_to_real.table(hooks)},
          "\n".join(lines))
     return 0
 

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from commlab.teach import classroom
+from commlab.teach import real_link as real_link_demo
 
 PRESENTATION_FONT = 22  # px: legible from the back of a classroom on a projector
 FRAME_MS = 1500  # how long the diagram shows each step when it plays
@@ -207,4 +208,40 @@ def distance_chart(rows: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="How far apart the ranks' models are", xaxis_title="step",
                       yaxis_title="‖params(rank r) − params(rank 0)‖, farthest rank",
                       height=380, margin=dict(t=40, b=10))
+    return fig
+
+
+# ---------------------------------------------------------------------------- the real link
+def real_link_table(demo: real_link_demo.Demonstration) -> pd.DataFrame:
+    """One row per hook: its step, its bytes a step and what they take at the rate, and the kernel's
+    count of rank 0's bytes against the ledger's (with DDP's broadcast, the headers and Gloo's
+    control traffic, the terms ``commlab.analysis.kernel_bytes`` adds)."""
+    rows = []
+    for s in demo.sides:
+        r0 = s.kernel[0]
+        rows.append({"hook": s.hook, "ms per step": s.step_s * 1e3,
+                     "KB on the wire a step (ledger)": s.wire_bytes / 1e3,
+                     f"ms those bytes take at {demo.rate_mbps:g} Mb/s": demo.link_s(s) * 1e3,
+                     "compression": f"{s.compression_ratio:.1f}x" if s.compression_ratio else "–",
+                     "rank 0 sent, kernel (KB)": r0["kernel_bytes"] / 1e3,
+                     "ledger + broadcast + headers (KB)": (r0["ledger_bytes"] + r0["ddp_broadcast"]
+                                                           + r0["headers"]) / 1e3,
+                     "control (KB)": r0["control"] / 1e3,
+                     "kernel = ledger?": "yes" if s.agree else "NO"})
+    return pd.DataFrame(rows)
+
+
+def real_link_chart(demo: real_link_demo.Demonstration) -> go.Figure:
+    """Each hook's median step on the real link, and beneath it what its bytes alone take at the
+    rate: the part of the step the link costs."""
+    hooks = [s.hook for s in demo.sides]
+    step = [s.step_s * 1e3 for s in demo.sides]
+    link = [demo.link_s(s) * 1e3 for s in demo.sides]
+    fig = go.Figure([go.Bar(x=hooks, y=step, name="measured step", text=[f"{v:.1f} ms" for v in step],
+                            textposition="outside"),
+                     go.Bar(x=hooks, y=link, name=f"its bytes at {demo.rate_mbps:g} Mb/s",
+                            text=[f"{v:.1f} ms" for v in link], textposition="outside")])
+    fig.update_layout(title=f"One training step on a real {demo.rate_mbps:g} Mb/s link",
+                      yaxis_title="median ms per step", yaxis_range=[0, max(step + link) * 1.25],
+                      barmode="group", height=380, margin=dict(t=60, b=10))
     return fig

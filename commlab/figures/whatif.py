@@ -10,9 +10,10 @@ from commlab.figures import style
 
 ASSUMPTION = ("α-β ring model (allgather N−1 hops), communication hidden behind backward by the "
               "share each run measured (none where it traced no step), per-worker batch fixed; held "
-              "to a real tbf-shaped link here (docs/tuning.md): within 20% where bytes dominate, "
-              "hooks of few bytes (PowerSGD) up to 2× slower there, a cost per collective that only α "
-              "stands for")
+              "to a real tbf-shaped link here (commlab.tune.held_to_real, docs/tuning.md): within 20% "
+              "where bytes dominate; for hooks of few bytes (PowerSGD) the real link ran up to 1/0.64 "
+              "= 1.6× slower, a cost per collective that only α stands for; steps of a few ms moved "
+              "by up to 2× with the machine's load")
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, height: int = 420) -> go.Figure:

@@ -195,17 +195,35 @@ def serve(run_dir: Path) -> int:
     rank with its veth; waits for every rank's node and exits as the first that fails, else 0."""
     folder = run_folder.RunFolder(run_dir)
     link = folder.launch_info()["real_link"]
-    _ip("link", "set", "lo", "up")
-    _ip("link", "add", BRIDGE, "type", "bridge")
-    _ip("link", "set", BRIDGE, "up")
+    bridge_up()
     children = []
     for k in range(len(link["nodes"])):
         env = dict(os.environ)
         if k:  # torchrun's record of failed ranks is node 0's (the ranks' own reports name the rest)
             env.pop(procs.TORCHRUN_RECORD_ENV, None)
-        children.append(procs.spawn(["unshare", "--net", sys.executable, "-m", MODULE, "--node", str(run_dir),
-                                     str(k)], env=env, die_with_caller=True))
-        _connect(k, children[-1], link["tc"])
+        children.append(in_namespace([sys.executable, "-m", MODULE, "--node", str(run_dir), str(k)], env=env))
+        connect(k, children[-1], link["tc"])
+    return first_failure(children)
+
+
+# The pieces of a link, each run in the namespace it configures; the launcher's processes above and
+# below use them, and so do the tests that put nodes of a run on several nodes on veths
+# (tests/veth_nodes.py): one way of making the link.
+def bridge_up() -> None:
+    """This (the hub's) namespace's loopback and its bridge, up."""
+    _ip("link", "set", "lo", "up")
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("link", "set", BRIDGE, "up")
+
+
+def in_namespace(argv: list[str], env: dict | None = None, log: str | os.PathLike | None = None):
+    """``argv`` in a network namespace of its own (``unshare --net`` execs it: the PID is argv's),
+    killed when this process ends, however it ends: the namespace goes with its last process."""
+    return procs.spawn(["unshare", "--net", *argv], env=env, log=log, die_with_caller=True)
+
+
+def first_failure(children: list) -> int:
+    """Waits for every child; as the first fails, ends the others and returns its code; else 0."""
     while True:
         codes = [c.poll() for c in children]
         if failed := [c for c in codes if c]:
@@ -216,16 +234,31 @@ def serve(run_dir: Path) -> int:
         time.sleep(0.2)
 
 
-def _connect(k: int, child, tc: list[str]) -> None:
-    """Rank K's veth: its hub end on the bridge, its other end moved into the rank's namespace as
-    ``eth0`` once the child is in it (before its unshare the child is still in the hub's)."""
+def connect(k: int, child, tc: list[str] | None, ifname: str = NODE_IF) -> str:
+    """Node K's veth: its hub end (``vK``, returned) on the bridge, shaped by ``tc`` (None: not
+    shaped), its other end moved into the child's namespace as ``ifname`` once the child is in it
+    (before its unshare the child is still in the hub's)."""
     hub = _netns(os.getpid())
     if not procs.wait_until(lambda: child.poll() is not None or _netns(child.pid) != hub, SETTLE_S, 0.01):
-        raise RuntimeError(f"rank {k}'s network namespace did not appear within {SETTLE_S:g} s")
+        raise RuntimeError(f"node {k}'s network namespace did not appear within {SETTLE_S:g} s")
     veth = f"v{k}"
-    _ip("link", "add", veth, "type", "veth", "peer", "name", NODE_IF, "netns", str(child.pid))
+    _ip("link", "add", veth, "type", "veth", "peer", "name", ifname, "netns", str(child.pid))
     _ip("link", "set", veth, "master", BRIDGE, "up")
-    _shape(veth, tc)
+    if tc:
+        _shape(veth, tc)
+    return veth
+
+
+def join(address: str, ifname: str = NODE_IF, tc: list[str] | None = None) -> None:
+    """In a node's namespace: its veth ``ifname`` once the hub has given it, addressed in the /24
+    and up, shaped by ``tc`` (None: not shaped); its loopback up."""
+    if not procs.wait_until(lambda: counters(ifname) is not None, SETTLE_S, 0.01):
+        raise RuntimeError(f"the veth {ifname} did not arrive within {SETTLE_S:g} s")
+    _ip("link", "set", "lo", "up")
+    _ip("addr", "add", f"{address}/24", "dev", ifname)
+    _ip("link", "set", ifname, "up")
+    if tc:
+        _shape(ifname, tc)
 
 
 def node(run_dir: Path, k: int) -> int:
@@ -234,12 +267,7 @@ def node(run_dir: Path, k: int) -> int:
     folder = run_folder.RunFolder(run_dir)
     link, cfg = folder.launch_info()["real_link"], folder.config()
     me = link["nodes"][k]
-    if not procs.wait_until(lambda: counters() is not None, SETTLE_S, 0.01):
-        raise RuntimeError(f"rank {k}'s veth did not arrive within {SETTLE_S:g} s")
-    _ip("link", "set", "lo", "up")
-    _ip("addr", "add", f"{me['address']}/24", "dev", NODE_IF)
-    _ip("link", "set", NODE_IF, "up")
-    _shape(NODE_IF, link["tc"])
+    join(me["address"], NODE_IF, link["tc"])
     place = RealLink.node(cfg, folder.id, k)
     child = procs.spawn(me["command"], env=worker_env(cfg, dict(os.environ), place), die_with_caller=True)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())  # a Stop reaches torchrun, then the counters
