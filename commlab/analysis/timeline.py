@@ -38,6 +38,8 @@ without ``clock`` is the host's.
 """
 from __future__ import annotations
 
+from commlab.analysis import ring
+
 COMPUTE, COMM = "compute", "comm"  # the two threads of a rank in the Chrome trace
 PHASES = ("forward", "backward", "optimizer", "averaging", "hook")  # drawn on the compute thread; the rest on comm
 
@@ -158,7 +160,7 @@ def where(e: dict) -> str:
 def _name(e: dict) -> str:
     at = f" {where(e)}" if where(e) else ""
     if e["kind"] == "collective":
-        return f"{e.get('collective', 'all_reduce')} ({e.get('category')}){at}"
+        return f"{e.get('collective', ring.ALLREDUCE)} ({e.get('category')}){at}"
     return f"{e['kind']}{at}"
 
 
