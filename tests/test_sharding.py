@@ -1,6 +1,7 @@
 """Sharded training (``sharding`` fsdp and hsdp): the settings refused before anything starts, the
 rule that picks the units ``fully_shard`` goes on, and real Gloo ranks on which an fp32 FSDP2 run
-ends where the DDP run does and HSDP with a plain all-reduce where FSDP does."""
+ends where the DDP run does and HSDP with a plain all-reduce where FSDP does, and whose traced
+steps' timeline names each unit's collectives as the ledger counts them."""
 import json
 import math
 
@@ -456,41 +457,46 @@ def test_hsdp_powersgd_between_replicas_equals_a_float64_reference_on_the_shards
 
 
 # --------------------------------------------------------------------------- the ledger
-def _one_step_ledger(rank: int, world: int, report, reshard: bool) -> None:
-    """One traced FSDP step measured as the worker measures it (``ShardedMeasurement``): its counts,
-    its ledger and its timeline, every rank's."""
+# One traced step of each, in one process group: FSDP resharded after forward (FSDP2's default) and
+# not, and native HSDP 2 x 2 (FSDP's own all-reduce between the replicas)
+ONE_STEP = {"resharded": {"reshard_after_forward": True}, "kept": {"reshard_after_forward": False},
+            "hsdp": {"sharding": "hsdp", "replicas": 2}}
+
+
+def _one_step_ledger(rank: int, world: int, report) -> None:
+    """One traced step of each of ``ONE_STEP`` measured as the worker measures it
+    (``ShardedMeasurement``): its counts, its ledger and its timeline, every rank's."""
     from commlab.engine import sharding
     from commlab.engine.measurement import ShardedMeasurement
     from commlab.engine.worker import make_optimizer
 
-    cfg = RunConfig(workload="mlp", world_size=world, sharding="fsdp", reshard_after_forward=reshard,
-                    batch_size=BATCH, trace_steps=[0])
-    torch.manual_seed(cfg.seed)
-    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
-    cpu = torch.device("cpu")
-    sharded = sharding.shard(work.model, cfg, world, cpu, "gloo")
-    measure = ShardedMeasurement(cfg, world, sharded, 0, rank, set(), cpu)
-    try:
-        optimizer = make_optimizer(cfg, work.model.parameters())
-        measure.begin(0)
-        with measure.phase("forward"):
-            loss = work.loss_of(work.model, next(work.batches()))
-        with measure.phase("backward"):
-            loss.backward()
-        optimizer.step()
-        timeline = measure.timeline()
-        report((rank, reshard, measure.counter.take()[:2], measure.ledger(), timeline))
-    finally:
-        measure.close()
+    for name, settings in ONE_STEP.items():
+        cfg = RunConfig(**{"workload": "mlp", "world_size": world, "sharding": "fsdp", "batch_size": BATCH,
+                           "trace_steps": [0], **settings})
+        torch.manual_seed(cfg.seed)
+        work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+        cpu = torch.device("cpu")
+        sharded = sharding.shard(work.model, cfg, world, cpu, "gloo")
+        measure = ShardedMeasurement(cfg, world, sharded, 0, rank, set(), cpu)
+        try:
+            optimizer = make_optimizer(cfg, work.model.parameters())
+            measure.begin(0)
+            with measure.phase("forward"):
+                loss = work.loss_of(work.model, next(work.batches()))
+            with measure.phase("backward"):
+                loss.backward()
+            optimizer.step()
+            timeline = measure.timeline()
+            report((rank, name, measure.counter.take()[:2], measure.ledger(), timeline))
+        finally:
+            measure.close()
 
 
 @pytest.fixture(scope="module")
-def one_fsdp_step():
-    """Rank 0's report of one traced FSDP step of the mlp on 4 ranks, resharded after forward (True)
-    and not (False)."""
-    reports = run_ranks(_one_step_ledger, 4, (True,), timeout_s=600) + run_ranks(
-        _one_step_ledger, 4, (False,), timeout_s=600)
-    return {reshard: (taken, rows, timeline) for rank, reshard, taken, rows, timeline in reports if rank == 0}
+def one_step():
+    """Rank 0's report of one traced step of each of ``ONE_STEP``, the mlp on 4 ranks, by name."""
+    reports = run_ranks(_one_step_ledger, 4, timeout_s=600)
+    return {name: (taken, rows, timeline) for rank, name, taken, rows, timeline in reports if rank == 0}
 
 
 # each unit's flat parameters padded to 4 shards: 3 x 257 (unit 4, 10 rows), 256 x 65 (unit 0), 256 x 257 floats (unit 2)
@@ -498,11 +504,10 @@ LAYER_BYTES = [3 * 4 * 257 * 4, 256 * 65 * 4, 256 * 257 * 4]
 
 
 @pytest.mark.slow
-def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer(one_fsdp_step):
-    by = {reshard: (taken, rows) for reshard, (taken, rows, _) in one_fsdp_step.items()}
+def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer(one_step):
     layer_bytes = LAYER_BYTES
-    for reshard, gathers in ((True, 2), (False, 1)):  # resharded after forward: gathered again in backward
-        (nbytes, calls), rows = by[reshard]
+    for name, gathers in (("resharded", 2), ("kept", 1)):  # resharded after forward: gathered again in backward
+        (nbytes, calls), rows, _ = one_step[name]
         got = sorted((r["traffic"], r["collective"], r["ranks"], r["size_bytes"], r["count"]) for r in rows)
         assert got == sorted([("sharding", "all_gather", 4, b, gathers) for b in layer_bytes]
                              + [("sharding", "reduce_scatter", 4, b, 1) for b in layer_bytes])
@@ -533,8 +538,21 @@ def _ordered(events: list[dict], categories=("sharding", "hook", "measure")) -> 
 
 
 @pytest.mark.slow
-def test_a_traced_fsdp_step_holds_each_units_gathers_and_scatters_with_the_ledgers_bytes(one_fsdp_step):
-    for reshard, ((nbytes, _), rows, timeline) in one_fsdp_step.items():
+def _as_the_ledger(rows: list[dict], events: list[dict]) -> None:
+    """A step's collectives (one step: the whole ledger) filed as the ledger files them: by traffic,
+    kind, ranks and size, with their calls and counted bytes."""
+    def key(e):
+        return e["category"], e["collective"], e["ranks"], e["size_bytes"]
+    mine = [e for e in events if e["kind"] == "collective"]
+    filed = {k: [e for e in mine if key(e) == k] for k in map(key, mine)}
+    assert sorted((r["traffic"], r["collective"], r["ranks"], r["size_bytes"], r["count"], r["counted_bytes"])
+                  for r in rows) == sorted((*k, len(same), sum(e["bytes"] for e in same)) for k, same in filed.items())
+
+
+@pytest.mark.slow
+def test_a_traced_fsdp_step_holds_each_units_gathers_and_scatters_with_the_ledgers_bytes(one_step):
+    for name in ("resharded", "kept"):
+        (nbytes, _), rows, timeline = one_step[name]
         assert len(timeline) == 4  # every rank's events, gathered to rank 0
         for events in timeline:
             _ordered(events)
@@ -542,18 +560,32 @@ def test_a_traced_fsdp_step_holds_each_units_gathers_and_scatters_with_the_ledge
             # after forward; one reduce-scatter per unit, as its gradients are ready
             assert _units(_within(events, "forward"), "all_gather") == ["0", "2", "4"]
             backward = _within(events, "backward")
-            assert _units(backward, "all_gather") == (["4", "2", "0"] if reshard else [])
+            assert _units(backward, "all_gather") == (["4", "2", "0"] if name == "resharded" else [])
             assert _units(backward, "reduce_scatter") == ["4", "2", "0"]
             sizes = dict(zip(["4", "0", "2"], LAYER_BYTES))
             assert all(e["size_bytes"] == sizes[e["unit"]] and e["ranks"] == 4 for e in events
                        if e["kind"] == "collective")
-        # rank 0's: the ledger's calls (one step: the whole ledger) and the step's counted bytes
-        mine = [e for e in timeline[0] if e["kind"] == "collective"]
-        assert sum(e["bytes"] for e in mine) == nbytes["sharding"]
-        assert sorted((r["collective"], r["size_bytes"], r["count"], r["counted_bytes"]) for r in rows) == sorted(
-            (kind, size, len(same), sum(e["bytes"] for e in same))
-            for kind, size in {(e["collective"], e["size_bytes"]) for e in mine}
-            for same in [[e for e in mine if (e["collective"], e["size_bytes"]) == (kind, size)]])
+        _as_the_ledger(rows, timeline[0])  # rank 0's
+        assert sum(e["bytes"] for e in timeline[0] if e["kind"] == "collective") == nbytes["sharding"]
+
+
+@pytest.mark.slow
+def test_a_traced_native_hsdp_step_all_reduces_each_units_shard_between_replicas(one_step):
+    (nbytes, _), rows, timeline = one_step["hsdp"]
+    for events in timeline:
+        _ordered(events)
+        backward = _within(events, "backward")
+        # FSDP's own all-reduce on the 2 replicas, right after each unit's reduce-scatter on its 2 shards
+        assert _units(backward, "all_reduce", "hook") == _units(backward, "reduce_scatter") == ["4", "2", "0"]
+        for e in backward:
+            if e["collective"] == "all_reduce":
+                scatter = next(s for s in backward if s["collective"] == "reduce_scatter" and s["unit"] == e["unit"])
+                assert scatter["end"] <= e["start"] and e["ranks"] == scatter["ranks"] == 2
+                assert e["size_bytes"] == scatter["size_bytes"] // 2  # this rank's shard of the unit
+        assert not [e for e in events if e["kind"] == "hook"]  # no hook of the lab's
+    _as_the_ledger(rows, timeline[0])
+    mine = [e for e in timeline[0] if e["kind"] == "collective"]
+    assert sum(e["bytes"] for e in mine if e["category"] == "hook") == nbytes["hook"] > 0
 
 
 @pytest.mark.slow
