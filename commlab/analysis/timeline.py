@@ -21,8 +21,8 @@ rank's ``time.perf_counter``, one clock for every rank of a machine) and, by kin
   only the emulated link held back (0 without one).
 
 On a sharded run (FSDP2, HSDP) the units stand where DDP's buckets do: each collective a unit issued
-(its all-gather in forward, again in backward when resharded after forward, often prefetched while
-the next unit computes; its reduce-scatter; the all-reduce between HSDP's replicas after it, FSDP's
+(its all-gather in forward, again in backward when resharded after forward, prefetched by FSDP as
+the unit after it starts its backward; its reduce-scatter; the all-reduce between HSDP's replicas after it, FSDP's
 or the lab's hook's) and each call of the lab's hook has ``unit``, the name of the module
 ``fully_shard`` went on ("" for the root's own parameters), and no ``bucket``.
 

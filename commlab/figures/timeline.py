@@ -86,7 +86,7 @@ def caption(recorded: dict) -> str:
     return ("A sharded run: units, not buckets (each module fully_shard went on, named as in the "
             "model; root, the root's own parameters). On the communication row each unit's all-gather "
             "of its parameters in forward and, when resharded after forward, again in backward (FSDP "
-            "issues the next unit's while this one's gradients are computed), its reduce-scatter of "
+            "prefetches it as the unit after it starts its backward), its reduce-scatter of "
             "the gradients, and on HSDP the all-reduce between replicas after it; on the compute row "
             "forward, backward and each call of the lab's hook between replicas. Overlap share (the "
             "all-reduces between replicas hidden behind backward's compute, over the traced steps "
