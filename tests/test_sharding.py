@@ -594,7 +594,9 @@ def test_a_traced_hsdp_step_holds_the_all_reduce_between_replicas_after_each_uni
 
     run = RunFolder(hsdp_powersgd_run)
     traced, metrics = run.timeline(), run.metrics_records()
-    assert list(traced["steps"]) == ["1", "4"] and traced["overlap_share"] == 0.0  # the hook blocks backward
+    # the hook holds backward until its collectives are done: nothing hidden (a completion's callback
+    # may run a moment after the hook's wait returned)
+    assert list(traced["steps"]) == ["1", "4"] and traced["overlap_share"] < 0.05
     for step, ranks in traced["steps"].items():
         assert sorted(ranks) == ["0", "1", "2", "3"]
         for events in ranks.values():
