@@ -262,8 +262,9 @@ class RunConfig:
         "Steps whose exact mean gradients are saved, comma-separated."))
     trace_steps: list[int] = setting(default_factory=lambda: list(DEFAULT_TRACE_STEPS), group="instrument",
                                      label="trace_steps (steps)", help=(
-        "Steps whose timeline is recorded on every rank (backward, each bucket's hook call, "
-        "collectives, futures, the optimizer step) into timeline.json and trace.json (Chrome "
+        "Steps whose timeline is recorded on every rank (forward, backward, each bucket's hook call, "
+        "collectives, futures, the optimizer step; on a sharded run each unit's all-gathers, "
+        "reduce-scatter and all-reduce between replicas) into timeline.json and trace.json (Chrome "
         f"trace); the default, 1, is the first step after DDP rebuilt its buckets. At most "
         f"{MAX_TRACED_STEPS} steps; needs instrument on (off, the default records no timeline; "
         "torch.profiler still profiles these steps); steps past the end are not traced."))

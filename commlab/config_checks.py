@@ -79,11 +79,6 @@ SHARDING_RULES: tuple[Rule, ...] = (
                "reduce-scatter and all-reduce are none; use sharding hsdp with hook "
                f"{', '.join(h for h in REPLICA_HOOKS if h != BASELINE)} (on each rank's shards), or sharding ddp"))
       for name in ("error_every", "save_grads_at")),
-    Rule("trace_steps", ("sharding", "trace_steps"),
-         lambda c: c.sharding != "ddp" and c.trace_steps != list(DEFAULT_TRACE_STEPS) and bool(c.trace_steps),
-         lambda c: (f"is not carried out on a {c.sharding} run (got {shown(c.trace_steps)}): the "
-                    "timeline is recorded by the instrumentation of DDP's hook; torch_profiler "
-                    "profiles the default step")),
 )
 
 # The rules between settings, in the order their messages are given; a hook's own (its spec's

@@ -1,4 +1,5 @@
-"""DDP's bucket layouts of a run, at iteration 0 and after the rebuild, side by side.
+"""DDP's bucket layouts of a run, at iteration 0 and after the rebuild, side by side, and its traced
+steps' timeline (a sharded run's by unit: it has no buckets).
 Thin: a run chosen with lab_widgets' picker, commlab.analysis.buckets' layouts and story, plotly out."""
 import streamlit as st
 
@@ -20,7 +21,8 @@ if damage := run.damage("buckets.json"):
     st.warning(lab_widgets.literal(damage))
     st.stop()
 recorded = run.buckets()
-st.write(lab_widgets.literal(buckets.bucket_story(recorded)))
+sharded = run.meta().get("sharded")
+st.write(lab_widgets.literal(buckets.units_story(sharded) if sharded else buckets.bucket_story(recorded)))
 if recorded:
     layouts = buckets.bucket_layouts(recorded)
     st.plotly_chart(figures.buckets_figure(layouts, buckets.cap_bytes(recorded)), key="buckets")
@@ -52,12 +54,7 @@ traced = run.timeline()
 if traced.get("steps"):
     step = st.selectbox("traced step", list(traced["steps"]), key="trace_step")
     st.plotly_chart(timeline_figures.step_figure(traced, step), key="timeline")
-    share = traced.get("overlap_share")
-    st.caption("Bars over the backward pass: each bucket's hook call (its gradients are ready) on "
-               "the compute row, its allreduces on the communication row, the part only the emulated "
-               "link held back hatched. Overlap share (communication hidden behind backward / all "
-               "communication, over the traced steps and ranks): "
-               + ("none communicated" if share is None else f"{share:.0%}") + ".")
+    st.caption(timeline_figures.caption(traced))
 else:
     st.caption("No step of this run was traced (trace_steps; it needs instrument on).")
 if (trace := run.trace()) is not None:

@@ -1,6 +1,7 @@
 """Sharded training (``sharding`` fsdp and hsdp): the settings refused before anything starts, the
 rule that picks the units ``fully_shard`` goes on, and real Gloo ranks on which an fp32 FSDP2 run
-ends where the DDP run does and HSDP with a plain all-reduce where FSDP does."""
+ends where the DDP run does and HSDP with a plain all-reduce where FSDP does, and whose traced
+steps' timeline names each unit's collectives as the ledger counts them."""
 import json
 import math
 
@@ -52,7 +53,7 @@ def test_fsdp_alone_has_no_replicas_for_a_hook_to_compress():
 def test_what_only_ddps_hook_carries_out_is_refused_on_a_sharded_run():
     errors = RunConfig(sharding="fsdp", wrapper="fp16", error_every=5, save_grads_at=[1],
                        trace_steps=[3]).errors(gpu_count=0)
-    assert set(errors) == {"wrapper", "error_every", "save_grads_at", "trace_steps"}
+    assert set(errors) == {"wrapper", "error_every", "save_grads_at"}  # its steps are traced by unit
     assert all("fsdp run" in m for m in errors.values())
     # the lab's hook between HSDP's replicas is measured on the shards; FSDP's own all-reduce is no hook
     measured = {"sharding": "hsdp", "world_size": 4, "error_every": 5, "save_grads_at": [1]}
@@ -214,9 +215,10 @@ def test_sharding_divides_what_each_rank_holds(three_ways):
 
 
 # The one launched HSDP + PowerSGD run the tests below read (about 15 s): it also measures the
-# approximation error on the shards every 2 steps and saves their exact mean gradient at 3 and 4.
+# approximation error on the shards every 2 steps, saves their exact mean gradient at 3 and 4, and
+# traces step 1 (a plain all-reduce between replicas) and 4 (PowerSGD's, its error measured).
 LAUNCHED = {"steps": 6, "start_powerSGD_iter": 2, "error_every": 2, "save_grads_at": [3, 4],
-            "matrix_approximation_rank": 1, "min_compression_rate": 2.0}
+            "matrix_approximation_rank": 1, "min_compression_rate": 2.0, "trace_steps": [1, 4]}
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +229,7 @@ def hsdp_powersgd_run(tmp_path_factory):
     code = cli.main(["run", "--workload", "mlp", "--sharding", "hsdp", "--world-size", "4", "--steps", "6",
                      "--hook", "powersgd", "--start-powersgd-iter", "2", "--emulate-bandwidth-gbps", "1",
                      "--eval-every", "3", "--error-every", "2", "--save-grads-at", "3,4",
-                     "--runs-dir", str(runs_dir)])
+                     "--trace-steps", "1,4", "--runs-dir", str(runs_dir)])
     assert code == 0
     (run,) = runs_dir.iterdir()
     return run
@@ -455,36 +457,57 @@ def test_hsdp_powersgd_between_replicas_equals_a_float64_reference_on_the_shards
 
 
 # --------------------------------------------------------------------------- the ledger
-def _one_step_ledger(rank: int, world: int, report, reshard: bool) -> None:
-    from commlab.engine import sharding
-    from commlab.engine.worker import make_optimizer
-    from commlab.hooks.instrument import CollectiveCounter
+# One traced step of each, in one process group: FSDP resharded after forward (FSDP2's default) and
+# not, and native HSDP 2 x 2 (FSDP's own all-reduce between the replicas)
+ONE_STEP = {"resharded": {"reshard_after_forward": True}, "kept": {"reshard_after_forward": False},
+            "hsdp": {"sharding": "hsdp", "replicas": 2}}
 
-    cfg = RunConfig(workload="mlp", world_size=world, sharding="fsdp", reshard_after_forward=reshard,
-                    batch_size=BATCH)
-    torch.manual_seed(cfg.seed)
-    work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
-    sharding.shard(work.model, cfg, world, torch.device("cpu"), "gloo")
-    counter = CollectiveCounter(None, world).install()
-    try:
-        optimizer = make_optimizer(cfg, work.model.parameters())
-        loss = work.loss_of(work.model, next(work.batches()))
-        loss.backward()
-        optimizer.step()
-        report((rank, reshard, counter.take()[:2], counter.ledger_rows()))
-    finally:
-        counter.uninstall()
+
+def _one_step_ledger(rank: int, world: int, report) -> None:
+    """One traced step of each of ``ONE_STEP`` measured as the worker measures it
+    (``ShardedMeasurement``): its counts, its ledger and its timeline, every rank's."""
+    from commlab.engine import sharding
+    from commlab.engine.measurement import ShardedMeasurement
+    from commlab.engine.worker import make_optimizer
+
+    for name, settings in ONE_STEP.items():
+        cfg = RunConfig(**{"workload": "mlp", "world_size": world, "sharding": "fsdp", "batch_size": BATCH,
+                           "trace_steps": [0], **settings})
+        torch.manual_seed(cfg.seed)
+        work = workloads.load(cfg.workload, rank, world, cfg.batch_size, cfg.seed)
+        cpu = torch.device("cpu")
+        sharded = sharding.shard(work.model, cfg, world, cpu, "gloo")
+        measure = ShardedMeasurement(cfg, world, sharded, 0, rank, set(), cpu)
+        try:
+            optimizer = make_optimizer(cfg, work.model.parameters())
+            measure.begin(0)
+            with measure.phase("forward"):
+                loss = work.loss_of(work.model, next(work.batches()))
+            with measure.phase("backward"):
+                loss.backward()
+            optimizer.step()
+            timeline = measure.timeline()
+            report((rank, name, measure.counter.take()[:2], measure.ledger(), timeline))
+        finally:
+            measure.close()
+
+
+@pytest.fixture(scope="module")
+def one_step():
+    """Rank 0's report of one traced step of each of ``ONE_STEP``, the mlp on 4 ranks, by name."""
+    reports = run_ranks(_one_step_ledger, 4, timeout_s=600)
+    return {name: (taken, rows, timeline) for rank, name, taken, rows, timeline in reports if rank == 0}
+
+
+# each unit's flat parameters padded to 4 shards: 3 x 257 (unit 4, 10 rows), 256 x 65 (unit 0), 256 x 257 floats (unit 2)
+LAYER_BYTES = [3 * 4 * 257 * 4, 256 * 65 * 4, 256 * 257 * 4]
 
 
 @pytest.mark.slow
-def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer():
-    reports = run_ranks(_one_step_ledger, 4, (True,), timeout_s=600) + run_ranks(
-        _one_step_ledger, 4, (False,), timeout_s=600)
-    by = {reshard: (taken, rows) for rank, reshard, taken, rows in reports if rank == 0}
-    # each layer's flat parameters padded to 4 shards: 3 x 257, 256 x 65, 256 x 257 floats
-    layer_bytes = [3 * 4 * 257 * 4, 256 * 65 * 4, 256 * 257 * 4]
-    for reshard, gathers in ((True, 2), (False, 1)):  # resharded after forward: gathered again in backward
-        (nbytes, calls), rows = by[reshard]
+def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer(one_step):
+    layer_bytes = LAYER_BYTES
+    for name, gathers in (("resharded", 2), ("kept", 1)):  # resharded after forward: gathered again in backward
+        (nbytes, calls), rows, _ = one_step[name]
         got = sorted((r["traffic"], r["collective"], r["ranks"], r["size_bytes"], r["count"]) for r in rows)
         assert got == sorted([("sharding", "all_gather", 4, b, gathers) for b in layer_bytes]
                              + [("sharding", "reduce_scatter", 4, b, 1) for b in layer_bytes])
@@ -492,6 +515,136 @@ def test_the_ledger_holds_fsdps_all_gathers_and_reduce_scatters_per_layer():
         # by the allreduce ruler: a gather and a scatter of S each put S/2 of a 4-rank allreduce's
         # wire bytes, so a step without resharding counts as the allreduce of the whole model
         assert nbytes["sharding"] == sum(b // 2 * (gathers + 1) for b in layer_bytes)
+
+
+# --------------------------------------------------------------------------- the timeline
+def _within(events: list[dict], phase: str) -> list[dict]:
+    (span,) = [e for e in events if e["kind"] == phase]
+    return [e for e in events if e["kind"] == "collective" and span["start"] <= e["start"] <= span["end"]]
+
+
+def _units(events: list[dict], collective: str, category: str = "sharding") -> list[str]:
+    """The units of ``events``' collectives of a kind, in the order they were issued."""
+    return [e["unit"] for e in sorted(events, key=lambda e: e["start"])
+            if e["collective"] == collective and e["category"] == category]
+
+
+def _ordered(events: list[dict], categories=("sharding", "hook", "measure")) -> None:
+    """Every collective of a unit issued before it completed, both within forward and backward."""
+    forward, backward = ([e for e in events if e["kind"] == k][0] for k in ("forward", "backward"))
+    for e in events:
+        if e["kind"] == "collective" and e["category"] in categories:
+            assert forward["start"] <= e["start"] <= e["end"] <= backward["end"], e
+
+
+@pytest.mark.slow
+def _as_the_ledger(rows: list[dict], events: list[dict]) -> None:
+    """A step's collectives (one step: the whole ledger) filed as the ledger files them: by traffic,
+    kind, ranks and size, with their calls and counted bytes."""
+    def key(e):
+        return e["category"], e["collective"], e["ranks"], e["size_bytes"]
+    mine = [e for e in events if e["kind"] == "collective"]
+    filed = {k: [e for e in mine if key(e) == k] for k in map(key, mine)}
+    assert sorted((r["traffic"], r["collective"], r["ranks"], r["size_bytes"], r["count"], r["counted_bytes"])
+                  for r in rows) == sorted((*k, len(same), sum(e["bytes"] for e in same)) for k, same in filed.items())
+
+
+@pytest.mark.slow
+def test_a_traced_fsdp_step_holds_each_units_gathers_and_scatters_with_the_ledgers_bytes(one_step):
+    for name in ("resharded", "kept"):
+        (nbytes, _), rows, timeline = one_step[name]
+        assert len(timeline) == 4  # every rank's events, gathered to rank 0
+        for events in timeline:
+            _ordered(events)
+            # one all-gather per unit in forward; in backward again (last unit first) when resharded
+            # after forward; one reduce-scatter per unit, as its gradients are ready
+            assert _units(_within(events, "forward"), "all_gather") == ["0", "2", "4"]
+            backward = _within(events, "backward")
+            assert _units(backward, "all_gather") == (["4", "2", "0"] if name == "resharded" else [])
+            assert _units(backward, "reduce_scatter") == ["4", "2", "0"]
+            sizes = dict(zip(["4", "0", "2"], LAYER_BYTES))
+            assert all(e["size_bytes"] == sizes[e["unit"]] and e["ranks"] == 4 for e in events
+                       if e["kind"] == "collective")
+        _as_the_ledger(rows, timeline[0])  # rank 0's
+        assert sum(e["bytes"] for e in timeline[0] if e["kind"] == "collective") == nbytes["sharding"]
+
+
+@pytest.mark.slow
+def test_a_traced_native_hsdp_step_all_reduces_each_units_shard_between_replicas(one_step):
+    (nbytes, _), rows, timeline = one_step["hsdp"]
+    for events in timeline:
+        _ordered(events)
+        backward = _within(events, "backward")
+        # FSDP's own all-reduce on the 2 replicas, right after each unit's reduce-scatter on its 2 shards
+        assert _units(backward, "all_reduce", "hook") == _units(backward, "reduce_scatter") == ["4", "2", "0"]
+        for e in backward:
+            if e["collective"] == "all_reduce":
+                scatter = next(s for s in backward if s["collective"] == "reduce_scatter" and s["unit"] == e["unit"])
+                assert scatter["end"] <= e["start"] and e["ranks"] == scatter["ranks"] == 2
+                assert e["size_bytes"] == scatter["size_bytes"] // 2  # this rank's shard of the unit
+        assert not [e for e in events if e["kind"] == "hook"]  # no hook of the lab's
+    _as_the_ledger(rows, timeline[0])
+    mine = [e for e in timeline[0] if e["kind"] == "collective"]
+    assert sum(e["bytes"] for e in mine if e["category"] == "hook") == nbytes["hook"] > 0
+
+
+@pytest.mark.slow
+def test_a_traced_hsdp_step_holds_the_all_reduce_between_replicas_after_each_units_scatter(hsdp_powersgd_run):
+    from commlab.engine.run_folder import RunFolder
+
+    run = RunFolder(hsdp_powersgd_run)
+    traced, metrics = run.timeline(), run.metrics_records()
+    # the hook holds backward until its collectives are done: nothing hidden (a completion's callback
+    # may run a moment after the hook's wait returned)
+    assert list(traced["steps"]) == ["1", "4"] and traced["overlap_share"] < 0.05
+    for step, ranks in traced["steps"].items():
+        assert sorted(ranks) == ["0", "1", "2", "3"]
+        for events in ranks.values():
+            _ordered(events)
+            assert _units(_within(events, "forward"), "all_gather") == ["0", "2", "4"]
+            backward = _within(events, "backward")
+            assert _units(backward, "all_gather") == ["4", "2", "0"]  # resharded after forward
+            assert _units(backward, "reduce_scatter") == ["4", "2", "0"]
+            # the lab's hook, once per unit after its reduce-scatter; its all-reduces (PowerSGD's
+            # three a unit from step 2; at step 4 the exact mean first) on the 2 replicas, inside it
+            hooks = sorted((e for e in events if e["kind"] == "hook"), key=lambda e: e["start"])
+            assert [h["unit"] for h in hooks] == ["4", "2", "0"]
+            for hook in hooks:
+                scatter = next(e for e in backward if e["collective"] == "reduce_scatter" and e["unit"] == hook["unit"])
+                assert scatter["end"] <= hook["start"]
+                inside = [e for e in events if e["kind"] == "collective" and e.get("unit") == hook["unit"]
+                          and e["category"] in ("hook", "measure")]
+                assert [(e["category"], e["ranks"]) for e in sorted(inside, key=lambda e: e["start"])] == (
+                    [("hook", 2)] if step == "1" else [("measure", 2)] + [("hook", 2)] * 3)
+                assert all(hook["start"] <= e["start"] <= hook["end"] for e in inside)
+        # rank 0's bytes by traffic: the step's metrics row, which the ledger's counter took
+        row, mine = metrics[int(step)], [e for e in ranks["0"] if e["kind"] == "collective"]
+        for traffic, field in (("sharding", "sharding_bytes"), ("hook", "replica_bytes"), ("measure", "measure_bytes")):
+            assert sum(e["bytes"] for e in mine if e["category"] == traffic) == row[field], (step, traffic)
+
+
+def test_a_sharded_timeline_names_units_in_the_trace_and_the_figure():
+    from commlab.analysis import timeline
+    from commlab.figures.timeline import caption, step_figure
+
+    def collective(kind, unit, category, start):
+        return {"kind": "collective", "collective": kind, "unit": unit, "bucket": None, "category": category,
+                "bytes": 8, "size_bytes": 16, "ranks": 2, "thread": "MainThread", "start": start,
+                "end": start + 0.1, "link_s": 0.0}
+    events = [{"kind": "forward", "start": 0.0, "end": 1.0}, collective("all_gather", "0", "sharding", 0.1),
+              {"kind": "backward", "start": 1.0, "end": 2.0}, collective("reduce_scatter", "0", "sharding", 1.1),
+              {"kind": "hook", "unit": "0", "start": 1.3, "end": 1.5}, collective("all_reduce", "0", "hook", 1.35),
+              collective("all_gather", "", "sharding", 1.6)]
+    recorded = {"steps": {"1": {"0": events}}, "overlap_share": timeline.run_overlap_share({"1": {"0": events}})}
+    names = {e["name"] for e in timeline.chrome_trace(recorded["steps"])["traceEvents"] if e["ph"] == "X"}
+    assert names == {"forward", "backward", "hook unit 0", "all_gather (sharding) unit 0",
+                     "reduce_scatter (sharding) unit 0", "all_reduce (hook) unit 0", "all_gather (sharding) unit root"}
+    legend = {t.name for t in step_figure(recorded, "1").data}
+    assert legend == {"forward", "backward", "lab's hook between replicas (a unit's gradients reduce-scattered)",
+                      "FSDP's all-gather (a unit's parameters)", "FSDP's reduce-scatter (a unit's gradients)",
+                      "all-reduce between replicas (a unit's shard)"}
+    assert "units, not buckets" in caption(recorded) and "Overlap share" in caption(recorded)
+    assert recorded["overlap_share"] == 0.0  # the all-reduce waited for inside the hook: nothing hidden
 
 
 # --------------------------------------------------------------------------- checkpoint and resume
@@ -703,6 +856,21 @@ def test_the_rule_and_low_rank_pages_show_a_sharded_run_on_its_shards(monkeypatc
     assert list(measured["name"]) == [r["name"] for r in rows]
     assert list(measured["rel_error"]) == [r["rel_error"] for r in rows]
     assert any("the layers here are those shards" in c.value for c in at.caption)
+
+
+@pytest.mark.slow
+def test_the_buckets_page_shows_a_sharded_runs_timeline_by_unit(monkeypatch, hsdp_powersgd_run):
+    at = _page(monkeypatch, hsdp_powersgd_run.parent, "pages/buckets.py", hsdp_powersgd_run)
+    assert any("has no DDP buckets" in m.value and "0, 2, 4" in m.value for m in at.markdown)
+    traced = next(w for w in at.selectbox if w.label == "traced step")
+    assert traced.options == ["1", "4"]
+    traced.set_value("4").run()
+    assert not at.exception, [e.value for e in at.exception]
+    (figure,) = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert {t.get("name") for t in figure["data"]} >= {
+        "forward", "backward", "FSDP's all-gather (a unit's parameters)", "FSDP's reduce-scatter (a unit's gradients)",
+        "all-reduce between replicas (a unit's shard)", "lab's hook between replicas (a unit's gradients reduce-scattered)"}
+    assert any("units, not buckets" in c.value for c in at.caption)
 
 
 # --------------------------------------------------------------------------- the sweep's job axis

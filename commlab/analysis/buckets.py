@@ -51,6 +51,20 @@ def cap_bytes(buckets: dict) -> int | None:
     return None if cap is None else int(cap * MIB)
 
 
+def units_story(sharded: dict) -> str:
+    """A sharded run's answer to the bucket layouts (meta.json's ``sharded``): FSDP2 has no
+    buckets; each unit's parameters travel together, gathered and reduced whole."""
+    mesh = sharded["mesh"]
+    over = f"{mesh['shard']} ranks" + (f" in each of {mesh['replicate']} replicas" if "replicate" in mesh else "")
+    between = {"none": "", "native": " FSDP all-reduces each unit's shard between the replicas.",
+               "lab": " The lab's hook all-reduces each unit's shard between the replicas."}
+    return (f"A sharded run has no DDP buckets: FSDP2 moves each unit's parameters together, the "
+            f"units {', '.join(sharded['units'])} (each module fully_shard went on; the root, for any parameters "
+            f"of its own), each sharded over {over}: it all-gathers a unit's parameters before the unit computes "
+            f"and reduce-scatters its gradients after.{between[sharded['between_replicas']]} The "
+            f"timeline below shows each unit's collectives.")
+
+
 def bucket_story(buckets: dict) -> str:
     """One paragraph on why the two layouts differ, from what this run recorded."""
     first, rebuilt = buckets.get("iter0") or [], buckets.get("rebuilt") or []

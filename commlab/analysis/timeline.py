@@ -4,15 +4,27 @@ same timeline as a Chrome trace (the JSON format Perfetto and chrome://tracing o
 A rank's step is a list of events, each a dict with ``kind``, ``start`` and ``end`` (seconds on the
 rank's ``time.perf_counter``, one clock for every rank of a machine) and, by kind:
 
-- ``backward``, ``optimizer``, ``averaging``: the compute thread's phases (``loss.backward()`` ends
-  once DDP has waited for every bucket's future; ``averaging``, after the optimizer step, is a model
-  averager's: post-local SGD's, DiLoCo's outer step);
+- ``forward``, ``backward``, ``optimizer``, ``averaging``: the compute thread's phases
+  (``loss.backward()`` ends once DDP has waited for every bucket's future, FSDP for its
+  reduce-scatters; ``averaging``, after the optimizer step, is a model averager's: post-local SGD's,
+  DiLoCo's outer step; files written before have no ``forward``);
 - ``hook``: DDP calling the hook for ``bucket`` (its gradients are ready) until the hook returned;
-- ``future``: from that call until the hook's future completed (the bucket's window);
-- ``collective``: one ``all_reduce``, from its issue until it completed, with ``bucket`` (None when
-  issued outside a hook), ``category`` (hook, measure, other: see ``commlab.hooks.instrument``),
-  ``bytes``, ``thread`` (the issuing thread's name) and ``link_s``, the part of it that only the
-  emulated link held back (0 without one).
+  on a sharded run, FSDP calling the lab's hook between HSDP's replicas for ``unit`` (its gradients
+  reduce-scattered) until it returned, its collectives waited for;
+- ``future``: from DDP's call until the hook's future completed (the bucket's window);
+- ``collective``: one collective, from its issue until it completed, with ``collective`` (its kind:
+  all_reduce, all_gather, reduce_scatter; files written before have none), ``bucket`` (None when
+  issued outside a hook), ``category`` (the ledger's traffic: hook, measure, other, sharding: see
+  ``commlab.analysis.ledger``), ``bytes`` (as metrics.jsonl counts them: the allreduce payload that
+  puts as much on the wire), ``size_bytes`` and ``ranks`` (the ledger's message size S and the
+  ranks of its group), ``thread`` (the issuing thread's name) and ``link_s``, the part of it that
+  only the emulated link held back (0 without one).
+
+On a sharded run (FSDP2, HSDP) the units stand where DDP's buckets do: each collective a unit issued
+(its all-gather in forward, again in backward when resharded after forward, prefetched by FSDP as
+the unit after it starts its backward; its reduce-scatter; the all-reduce between HSDP's replicas after it, FSDP's
+or the lab's hook's) and each call of the lab's hook has ``unit``, the name of the module
+``fully_shard`` went on ("" for the root's own parameters), and no ``bucket``.
 
 On CUDA (NCCL runs) the host's clock says when work was queued, not when it ran, so every event
 is timed on the device as well, and its ``start`` and ``end`` are the device's, on the same
@@ -26,8 +38,10 @@ without ``clock`` is the host's.
 """
 from __future__ import annotations
 
+from commlab.analysis import ring
+
 COMPUTE, COMM = "compute", "comm"  # the two threads of a rank in the Chrome trace
-PHASES = ("backward", "optimizer", "averaging", "hook")  # drawn on the compute thread; the rest on comm
+PHASES = ("forward", "backward", "optimizer", "averaging", "hook")  # drawn on the compute thread; the rest on comm
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -131,12 +145,23 @@ def run_link_share(steps: dict[str, dict[str, list[dict]]]) -> float | None:
     return _run_mean(steps, link_share)
 
 
+def is_sharded(steps: dict[str, dict[str, list[dict]]]) -> bool:
+    """Whether the traced steps are a sharded run's: an event names a unit."""
+    return any("unit" in e for ranks in steps.values() for events in ranks.values() for e in events)
+
+
+def where(e: dict) -> str:
+    """What an event belongs to: its unit (a sharded run's), its bucket (DDP's), or "" for neither."""
+    if "unit" in e:
+        return f"unit {e['unit'] or 'root'}"
+    return f"bucket {e['bucket']}" if e.get("bucket") is not None else ""
+
+
 def _name(e: dict) -> str:
-    bucket = e.get("bucket")
-    where = f" bucket {bucket}" if bucket is not None else ""
+    at = f" {where(e)}" if where(e) else ""
     if e["kind"] == "collective":
-        return f"allreduce ({e.get('category')}){where}"
-    return f"{e['kind']}{where}"
+        return f"{e.get('collective', ring.ALLREDUCE)} ({e.get('category')}){at}"
+    return f"{e['kind']}{at}"
 
 
 def chrome_trace(steps: dict[str, dict[str, list[dict]]]) -> dict:

@@ -19,6 +19,7 @@ from commlab.analysis import ring
 from commlab.analysis.metrics import relative_error
 from commlab.analysis.ring import wire_bytes
 from commlab.analysis.rule import shard_name
+from commlab.engine.sharding import issuing_unit
 from commlab.hooks.instrument import (
     MEASURE,
     OTHER,
@@ -26,6 +27,7 @@ from commlab.hooks.instrument import (
     CollectiveCounter,
     HookInstrument,
     Link,
+    StepRecord,
     error_feedback_norm,
 )
 
@@ -99,15 +101,7 @@ class Measurement(Unmeasured):
         return self.counter.category(OTHER)
 
     def timeline(self) -> list | None:
-        """At a traced step, every rank's events to rank 0 (a collective: every rank calls it, at
-        the same step, with no collective in flight); None at the others."""
-        if self.instrument.record.events is None:
-            return None
-        gathered: list = [None] * self.world
-        # A collective's completion is noted by a callback that may still be on its way.
-        dist.all_gather_object(gathered, [e for e in self.instrument.record.timeline()
-                                          if e.get("end") is not None])
-        return gathered
+        return _gathered(self.instrument.record, self.world)
 
     def ledger(self) -> list[dict]:
         """This rank's communication ledger of the run so far (``commlab.analysis.ledger``)."""
@@ -135,6 +129,17 @@ class Measurement(Unmeasured):
         self.counter.uninstall()
 
 
+def _gathered(record: StepRecord, world: int) -> list | None:
+    """At a traced step, every rank's events to rank 0 (a collective: every rank calls it, at the
+    same step, with no collective in flight); None at the others."""
+    if record.events is None:
+        return None
+    gathered: list = [None] * world
+    # A collective's completion is noted by a callback that may still be on its way.
+    dist.all_gather_object(gathered, [e for e in record.timeline() if e.get("end") is not None])
+    return gathered
+
+
 class ShardedMeasurement(Unmeasured):
     """A sharded run's: every collective counted (``CollectiveCounter``), over the emulated link the
     settings name.  HSDP's all-reduce between replicas, FSDP's own or the lab's
@@ -143,24 +148,48 @@ class ShardedMeasurement(Unmeasured):
     is both, what the run put on the wire, against ``plain_bytes``, what DDP's plain allreduce of the
     whole model would (its fp32 gradients), so that a sharded run's bytes read beside a DDP run's.
     No DDP hook is wrapped: FSDP calls none.  The lab's hook between HSDP's replicas is, at the steps
-    that measure the approximation error or save gradients (``ShardProbe``)."""
+    that measure the approximation error or save gradients (``ShardProbe``).  At a traced step, the
+    counter files every collective in the step's timeline as it does DDP's, each named by the unit
+    that issued it (``sharding.issuing_unit``), beside the step's phases and each call of the lab's
+    hook between replicas."""
 
-    def __init__(self, cfg, world: int, sharded, model_bytes: int, rank: int, compressed: set[str]):
+    def __init__(self, cfg, world: int, sharded, model_bytes: int, rank: int, compressed: set[str],
+                 device: torch.device):
         self.cfg, self.world, self.rank, self.model_bytes = cfg, world, rank, model_bytes
         self.replica, self.replicas = sharded.replica, cfg.replicas
+        self.cuda_device = device if device.type == "cuda" else None  # traced steps timed on it too
         self.counter = CollectiveCounter(Link(cfg.emulate_bandwidth_gbps, cfg.emulate_latency_us),
                                          world).install()
+        self.counter.unit_of = issuing_unit
         super().__init__(None)
         self.sent_total = self.plain_total = 0
+        self.record = StepRecord.begun(self.counter, trace=False)
         self.probe = None
         if self.replica and (cfg.error_every > 0 or cfg.save_grads_at):
             self.probe = ShardProbe(self.replica, self.counter, sharded, compressed)
             self.replica.hook = self.probe
+        if self.replica:
+            self.replica.watch = self._hook_call
+
+    def _hook_call(self):
+        """Around each call of the lab's hook between replicas: at a traced step, a ``hook`` event
+        of its unit, from FSDP's call (the unit's gradients reduce-scattered) until it returned,
+        its collectives waited for (``commlab.hooks.replica``): the time backward was held."""
+        if self.record.events is None:
+            return contextlib.nullcontext()
+        return self.record.phase("hook", unit=issuing_unit())
 
     def begin(self, step: int) -> None:
+        self.record = StepRecord.begun(self.counter, step in self.cfg.trace_steps, self.cuda_device)
         if self.probe:
             self.probe.begin_step(self.cfg.error_every > 0 and step % self.cfg.error_every == 0,
                                   step in self.cfg.save_grads_at)
+
+    def phase(self, kind: str):
+        return self.record.phase(kind)
+
+    def timeline(self) -> list | None:
+        return _gathered(self.record, self.world)
 
     def not_the_hooks(self):
         """Collectives issued here are the lab's own, not the hook's traffic."""

@@ -17,6 +17,7 @@ the training loop calls it as it calls DDP's wrapper.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,26 @@ def shard(model: torch.nn.Module, cfg: RunConfig, world: int, device: torch.devi
     replica = ReplicaAllReduce(choice.hook, choice.state, [unit for _, unit in units] + [model],
                                mesh["shard"].size(), [name for name, _ in units] + [""])
     return Sharded(mesh, [name for name, _ in units], choice, replica)
+
+
+# Where FSDP2 issues a unit's collectives (torch 2.13, _fsdp_param_group.py): ``unshard`` its
+# all-gather, also when another unit's hook prefetches it; ``post_backward`` its reduce-scatter, the
+# all-reduce between HSDP's replicas after it (FSDP's own, or the hook set on the unit: the lab's)
+ISSUERS = ("FSDPParamGroup.unshard", "FSDPParamGroup.post_backward")
+
+
+def issuing_unit() -> str | None:
+    """The unit whose collective is being called, as ``fully_shard`` named it (its module's name
+    in the model; "" the root), read off the call stack: the param group of the nearest ``ISSUERS``
+    frame.  The collective's tensors do not say it (FSDP copies a unit's shards into a flat buffer
+    of its own), and a unit's forward or backward does not either (its backward prefetches the next
+    unit's all-gather).  None outside a unit's collectives (the mean loss over the ranks)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_qualname in ISSUERS:
+            return frame.f_locals["self"]._module_fqn
+        frame = frame.f_back
+    return None
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -97,7 +97,8 @@ def run(run_dir: Path) -> None:
 def train_step(job: Job, batch) -> tuple[float, float]:
     """One training step, the same on every rank: the loss averaged over the ranks, and its time."""
     t0 = time.perf_counter()
-    loss = job.work.loss_of(job.trained, batch)
+    with job.measure.phase("forward"):  # a sharded run all-gathers each unit here
+        loss = job.work.loss_of(job.trained, batch)
     # The mean loss over ranks: every rank then agrees on divergence at the same step.  Issued
     # before backward, so that it overlaps it, and before any hook's collective, so that every
     # rank issues it in the same place.
@@ -185,7 +186,7 @@ def setup(run_dir: Path) -> Job:
     if cfg.instrument and sharded:
         # DDP's plain allreduce of the whole model, the ruler a sharded run's bytes are read against
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a DTensor's whole
-        measure = ShardedMeasurement(cfg, world, sharded, model_bytes, rank, compressed)
+        measure = ShardedMeasurement(cfg, world, sharded, model_bytes, rank, compressed, device)
     elif cfg.instrument:
         names = {p.data_ptr(): n for n, p in model.named_parameters()}
         measure = Measurement(cfg, choice, names, compressed, world, first, device, rank)

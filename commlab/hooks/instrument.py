@@ -49,6 +49,9 @@ class CollectiveCounter:
         self._link_free = 0.0  # when the emulated link has carried everything handed to it so far
         self.events: list | None = None  # the traced step's timeline, while one is traced
         self.clock: DeviceClock | None = None  # ... and its device clock, on CUDA
+        # On a sharded run, which FSDP unit issued the collective being called (its name; None
+        # outside one): ``commlab.engine.sharding.issuing_unit``, read at traced steps only.
+        self.unit_of: Callable[[], str | None] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -98,14 +101,17 @@ class CollectiveCounter:
         job), not outside the hook (post-local SGD's averaging, after the optimizer step)."""
         return getattr(self._local, "bucket", None) is not None or comm_thread.job_tag() is not None
 
-    def _traced(self, cat: str, nbytes: int) -> dict | None:
+    def _traced(self, cat: str, kind: str, nbytes: int, entry) -> dict | None:
         events = self.events
         if events is None:
             return None
         bucket = getattr(self._local, "bucket", None)
         event = {"kind": "collective", "bucket": comm_thread.job_tag() if bucket is None else bucket,
-                 "category": cat, "bytes": nbytes, "thread": threading.current_thread().name,
+                 "collective": kind, "category": cat, "bytes": nbytes, "size_bytes": entry.size_bytes,
+                 "ranks": entry.ranks, "thread": threading.current_thread().name,
                  "start": time.perf_counter(), "end": None, "link_s": 0.0}
+        if self.unit_of and (unit := self.unit_of()) is not None:
+            event["unit"] = unit
         events.append(event)
         return event
 
@@ -144,7 +150,7 @@ class CollectiveCounter:
         if traffic and cat == HOOK:  # FSDP's own, unless issued where the lab's are (an evaluation)
             cat = traffic
         nbytes, entry, deadline, held, span = self._issue(cat, kind, tensor, group)
-        event = self._traced(cat, nbytes)
+        event = self._traced(cat, kind, nbytes, entry)
         clock = self.clock if event is not None else None
         # On the issuing stream: the collective's input is ready when the device gets here.
         issued = clock.mark() if clock else None
@@ -297,7 +303,8 @@ class DeviceClock:
 
 @dataclass
 class StepRecord:
-    """What the instrumented hook saw during one step (filled from several threads)."""
+    """What the instrumentation saw during one step (filled from several threads): DDP's hook,
+    or on a sharded run the timeline alone."""
 
     first_call: float | None = None  # perf_counter at the step's first hook call
     last_result: float | None = None  # ... and at its last bucket's result
@@ -309,9 +316,26 @@ class StepRecord:
     events: list | None = None  # the timeline, at a traced step
     clock: DeviceClock | None = None  # its device times, at a traced step on CUDA
 
+    @classmethod
+    def begun(cls, counter: CollectiveCounter, trace: bool, cuda_device=None) -> StepRecord:
+        """A step's record, its timeline kept when ``trace`` (on ``cuda_device``'s clock too), and
+        the counter filing the step's collectives in it."""
+        rec = cls(events=[] if trace else None,
+                  clock=DeviceClock.on_cuda(cuda_device) if trace and cuda_device is not None else None)
+        counter.events, counter.clock = rec.events, rec.clock
+        return rec
+
     def mark(self) -> Any:
         """Now on the device, on a traced CUDA step (``DeviceClock.mark``); None elsewhere."""
         return self.clock.mark() if self.clock else None
+
+    @contextlib.contextmanager
+    def phase(self, kind: str, **fields):
+        """A span of the compute thread (forward, backward, the optimizer step; on a sharded run
+        each call of the lab's hook between replicas), in a traced step's timeline with ``fields``."""
+        start, start_mark = time.perf_counter(), self.mark()
+        yield
+        self.add({"kind": kind, **fields, "start": start, "end": time.perf_counter()}, start_mark)
 
     def add(self, event: dict, start_mark: Any = None) -> None:
         """An event of a traced step, ending now; on CUDA on the device from ``start_mark``."""
@@ -353,18 +377,10 @@ class HookInstrument:
     def begin_step(self, measure: bool, save_grads: bool, record_layout: bool,
                    trace: bool = False) -> None:
         self.measure, self.save_grads, self.record_layout = measure, save_grads, record_layout
-        self.record = StepRecord(events=[] if trace else None,
-                                 clock=DeviceClock.on_cuda(self.cuda_device)
-                                 if trace and self.cuda_device is not None else None)
-        self.counter.events, self.counter.clock = self.record.events, self.record.clock
+        self.record = StepRecord.begun(self.counter, trace, self.cuda_device)
 
-    @contextlib.contextmanager
     def phase(self, kind: str):
-        """A compute phase of the step (backward, the optimizer step), in a traced step's timeline."""
-        rec = self.record
-        start, start_mark = time.perf_counter(), rec.mark()
-        yield
-        rec.add({"kind": kind, "start": start, "end": time.perf_counter()}, start_mark)
+        return self.record.phase(kind)
 
     def __call__(self, state, bucket):  # no annotations: DDP compares them to real types
         t0 = time.perf_counter()

@@ -26,8 +26,10 @@ hooks in the same order (backward's), so every replica group issues its collecti
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +113,8 @@ class ReplicaAllReduce:
         self.calls = 0  # this step's so far
         self.handed: list[int] = []  # since ``take``: each call's bytes, what a plain all-reduce would carry
         self.hook_s = 0.0  # since ``take``: time in the hook, collectives and waiting included
+        # around each call: the lab's measurement (a traced step's timeline), nothing unless set
+        self.watch: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         for i in self.held:
             modules[i].set_all_reduce_hook(lambda output, i=i: self(i, output))
 
@@ -121,6 +125,10 @@ class ReplicaAllReduce:
         return taken
 
     def __call__(self, index: int, output: torch.Tensor) -> None:
+        with self.watch():
+            self._reduce(index, output)
+
+    def _reduce(self, index: int, output: torch.Tensor) -> None:
         t0 = time.perf_counter()
         layout = self.layouts[index]
         if output.numel() != sum(r.padded_numel for r in layout):
