@@ -82,6 +82,7 @@ c1, c2 = st.columns(2)
 c1.plotly_chart(figs.workers_figure(rows, bandwidth))
 c2.plotly_chart(figs.bandwidth_figure(rows, workers))
 st.plotly_chart(figs.winner_map(whatif.winners(rows, against), baselines.title(against)))
+st.caption(f"Assumptions: {figs.ASSUMPTION}.")
 
 base = whatif.baseline_profile(profiles, against)
 st.subheader("Where compression pays off")

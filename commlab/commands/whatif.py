@@ -60,9 +60,9 @@ def _short(p) -> str:
 
 
 def _text(profiles, folded, best, even: dict, latency_us: float, against: str) -> list[str]:
-    from commlab.tune import baseline as baselines
-
     import statistics
+
+    from commlab.tune import baseline as baselines
 
     settings: dict[str, list] = {}
     for p in profiles:

@@ -14,6 +14,9 @@ ASSUMPTION = ("α-β ring model (allgather N−1 hops), communication hidden beh
               "where bytes dominate; for hooks of few bytes (PowerSGD) the real link ran up to 1/0.64 "
               "= 1.6× slower, a cost per collective that only α stands for; steps of a few ms moved "
               "by up to 2× with the machine's load")
+# What a figure's subtitle holds: the whole assumption does not fit in a figure's width (it was
+# clipped at 1400 px); pages print ASSUMPTION once in a caption beside the figures.
+SUBTITLE = "α-β ring model · overlap as measured · per-worker batch fixed (assumptions below)"
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, height: int = 420) -> go.Figure:
@@ -55,7 +58,7 @@ def workers_figure(rows: list[dict], bandwidth_gbps: float) -> go.Figure:
     latency = mine[0]["latency_us"] if mine else 0
     return _layout(_lines(mine, "world_size"),
                    f"Step time vs workers · {bandwidth_gbps:g} Gb/s, {latency:g} µs/hop"
-                   f"<br><sup>{ASSUMPTION}</sup>", "workers (N)")
+                   f"<br><sup>{SUBTITLE}</sup>", "workers (N)")
 
 
 def bandwidth_figure(rows: list[dict], world_size: int) -> go.Figure:
@@ -64,7 +67,7 @@ def bandwidth_figure(rows: list[dict], world_size: int) -> go.Figure:
     latency = mine[0]["latency_us"] if mine else 0
     return _layout(_lines(mine, "bandwidth_gbps"),
                    f"Step time vs bandwidth · {world_size} workers, {latency:g} µs/hop"
-                   f"<br><sup>{ASSUMPTION}</sup>", "link bandwidth, Gb/s")
+                   f"<br><sup>{SUBTITLE}</sup>", "link bandwidth, Gb/s")
 
 
 def winner_map(cells: list[dict], against: str = "fp32 allreduce") -> go.Figure:
@@ -95,7 +98,7 @@ def winner_map(cells: list[dict], against: str = "fp32 allreduce") -> go.Figure:
                                         ticktext=[f"×{t:g}" for t in ticks]),
         customdata=names, hovertemplate="N=%{x}, %{y} Gb/s: %{customdata}<extra></extra>"))
     fig.update_layout(title=style.title(f"Fastest hook by workers and bandwidth<br><sup>{legend}</sup>"
-                                        f"<br><sup>{ASSUMPTION}</sup>"),
+                                        f"<br><sup>{SUBTITLE}</sup>"),
                       xaxis_title="workers (N)", yaxis_title="bandwidth, Gb/s", height=480,
                       margin=dict(t=style.top_margin(3), b=10, l=10, r=10))
     fig.update_xaxes(type="log", tickvals=ns, ticktext=[f"{n:,}" for n in ns])
