@@ -70,6 +70,13 @@ LONG_FIRST = [
     "tests/test_notebook_02.py::",
     "tests/test_browser.py::",
     "tests/test_slurm.py::",  # one xdist group (a test Slurm cluster at a time): about 2 minutes
+    "tests/test_hostile_ends.py::test_a_killed_slurmctld",  # the Slurm group: about 3 minutes
+    "tests/test_lose_nothing.py::test_sweeps_created_at_one_instant_make_one_running_sweep",
+    "tests/test_new_launcher.py::",
+    "tests/test_pool.py::test_a_run_that_hangs_is_stalled_and_the_next_gets_fresh_ranks",
+    "tests/test_warm_like_cold.py::",
+    "tests/test_real_link.py::",
+    "tests/test_escape.py::",
     "tests/test_faults.py::test_a_rank_killed_is_named_as_the_one_that_failed",
     "tests/test_app_pages.py::test_bandwidth_headroom_button_runs_noop_and_allreduce",
     "tests/test_resume.py::",

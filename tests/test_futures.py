@@ -42,12 +42,20 @@ def _exit(way: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow  # two interpreters that import torch
 def test_the_exit_waits_for_callbacks_the_completing_thread_still_holds():
-    bare = _exit("torch")  # the defect itself, so that this test can tell the two apart
-    # SIGABRT from std::terminate; SIGSEGV when the abort itself goes down under load (seen once in
-    # CI); or, when the completing thread takes the GIL a moment later, Python's own fatal error
-    # for a thread that runs while the interpreter finalizes (once, in a full run of the suite).
+    # The defect itself first, so that this test can tell the two apart: SIGABRT from
+    # std::terminate; SIGSEGV when the abort itself goes down under load (seen once in CI); or, when
+    # the completing thread takes the GIL a moment later, Python's own fatal error for a thread that
+    # runs while the interpreter finalizes.  It is a race: under load the exit can outrun the window
+    # (once in a full run of the suite: exit 0), so it has three tries to show.
     crashed = ("terminate called", "Fatal Python error")
-    assert bare.returncode < 0 and any(c in bare.stderr for c in crashed), (bare.returncode, bare.stderr)
+    tries = []
+    for _ in range(3):
+        bare = _exit("torch")
+        tries.append((bare.returncode, bare.stderr[-300:]))
+        if bare.returncode < 0 and any(c in bare.stderr for c in crashed):
+            break
+    else:
+        raise AssertionError(f"torch's own callbacks did not crash at exit in 3 tries: {tries}")
     ours = _exit("commlab")
     assert ours.returncode == 0 and ours.stdout.strip() == "2", (ours.returncode, ours.stderr)
 

@@ -127,7 +127,8 @@ def test_the_table_explains_itself_and_its_next_step_runs(moved, tmp_path, monke
     # Three seeds now: the what-if answers once per setting, in lines a terminal shows whole.
     assert cli.main(["whatif", "--sweep", sweep.id, "--runs-dir", runs_dir]) == 0
     lines = capsys.readouterr().out.splitlines()
-    said = lines[next(i for i, line in enumerate(lines) if line.startswith("where each setting")):]
+    start = next(i for i, line in enumerate(lines) if line.startswith("where each setting"))
+    said = lines[start:lines.index("", start)] if "" in lines[start:] else lines[start:]
     assert all(len(line) <= 100 for line in lines), max(lines, key=len)
     assert [line.split(":")[0] for line in said if not line.startswith(" ")][1:] == ["powersgd r=1 start=2"]
     assert "#" not in "".join(said)
