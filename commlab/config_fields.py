@@ -176,8 +176,8 @@ def kind_of(f: dataclasses.Field) -> str:
 
 def link_of(cfg: dict) -> str | None:
     """A stored config's link, as ``link_label`` says it; None for loopback."""
-    if rate := cfg.get("real_link_mbps"):  # the kernel's link; a latency on it is the emulated one
-        return f"real {rate:g} Mb/s" + (f", {cfg.get('emulate_latency_us'):g} µs emulated"
+    if rate := cfg.get("real_link_mbps"):  # the kernel's link; its latency netem's or the hooks' (launch.json says)
+        return f"real {rate:g} Mb/s" + (f", {cfg.get('emulate_latency_us'):g} µs per hop"
                                         if cfg.get("emulate_latency_us") else "")
     return link_label(cfg.get("emulate_bandwidth_gbps", 0.0), cfg.get("emulate_latency_us", 0.0))
 

@@ -55,12 +55,34 @@ def test_the_rate_is_a_setting_whose_help_says_network_namespace_and_a_rate_out_
         chosen(cfg=RunConfig(real_link_mbps=100), node=object())
     assert "network namespace" in e.value.errors["real_link_mbps"]
     assert type(chosen(cfg=RunConfig(real_link_mbps=100))).__name__ == "RealLink"
-    assert link_of(RunConfig(real_link_mbps=100, emulate_latency_us=50).to_dict()) == "real 100 Mb/s, 50 µs emulated"
+    assert link_of(RunConfig(real_link_mbps=100, emulate_latency_us=50).to_dict()) == "real 100 Mb/s, 50 µs per hop"
 
 
 def test_the_run_says_which_latency_it_has():
-    assert reallink.latency_said(0, "Specified qdisc kind is unknown") == "none added (netem absent from this kernel)"
-    assert "emulated in the hooks" in reallink.latency_said(50, "unknown")
+    unknown = "Specified qdisc kind is unknown."
+    assert reallink.latency_said(0, unknown) == f"none added (netem absent from this kernel: {unknown})"
+    assert "emulated in the hooks" in reallink.latency_said(50, unknown)
+    assert reallink.latency_said(50, None) == "50 µs per ring hop, netem's delay on each rank's link (the hooks add none)"
+
+
+@pytest.mark.slow  # records() probes the kernel in throwaway namespaces
+def test_where_the_kernel_has_netem_the_latency_is_its_delay_on_the_wire_and_not_in_the_hooks(tmp_path, monkeypatch):
+    """This kernel has no netem (CONFIG_NET_SCH_NETEM is not set): what a kernel with it is given is
+    checked here as the commands and records it would run, the kernel's answer to them never."""
+    tbf = reallink.shaping(100, 250)
+    assert reallink.qdiscs(tbf) == [["root", *tbf]]
+    assert reallink.qdiscs(tbf, 50) == [["root", "handle", "1:", "netem", "delay", "50us"],
+                                        ["parent", "1:1", "handle", "10:", *tbf]]
+    cfg = RunConfig(real_link_mbps=100, emulate_latency_us=50, runs_dir=str(tmp_path))
+    here = chosen(cfg=cfg).records(cfg, tmp_path)
+    assert "rank_settings" not in here and here["real_link"]["delay_us"] == 0.0  # no netem: the hooks hold it
+    assert "emulated in the hooks" in here["real_link"]["latency"]
+    monkeypatch.setattr(reallink, "qdisc_error", lambda prefix, kind: None)
+    there = chosen(cfg=cfg).records(cfg, tmp_path)
+    assert there["real_link"]["delay_us"] == 50 and there["rank_settings"] == {"emulate_latency_us": 0.0}
+    assert "netem's delay" in there["real_link"]["latency"]
+    no_latency = RunConfig(real_link_mbps=100, runs_dir=str(tmp_path))
+    assert "rank_settings" not in chosen(cfg=no_latency).records(no_latency, tmp_path)
 
 
 def test_the_kernel_bytes_are_the_ledgers_and_ddps_broadcast_plus_headers_within_the_control_traffic():

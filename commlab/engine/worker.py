@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -160,6 +160,8 @@ def setup(run_dir: Path) -> Job:
     checkpoint."""
     folder = run_folder.RunFolder(run_dir)
     cfg, launch = folder.config(), folder.launch_info()
+    # what the way of running sets for the ranks (a real link whose netem holds the latency: none in the hooks)
+    cfg = replace(cfg, **launch.get("rank_settings", {}))
     backend = launch["backend"]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -17,8 +17,9 @@ takes its processes down (PR_SET_PDEATHSIG), then the kernel removes the namespa
 them the veths, the bridge and their qdiscs.  Nothing is ever configured in this machine's own
 namespace.
 
-netem (a delay on the link) is not in every kernel: a latency on a real link is the emulated
-one (``emulate_latency_us``, held in the hooks), and launch.json says so.  As each rank's
+A latency (``emulate_latency_us``) is netem's delay on each rank's own end of its veth where the
+kernel has netem (then the hooks add none), else the emulated one, held in the hooks; launch.json
+and the command's first line say which.  As each rank's
 torchrun ends, its node records the kernel's own counters of its ``eth0`` in ``link.rankK.json``.
 """
 from __future__ import annotations
@@ -80,6 +81,16 @@ def shaping(rate_mbps: float, hz: int) -> list[str]:
     return ["tbf", "rate", f"{rate_mbps:g}mbit", "burst", str(burst), "limit", str(limit)]
 
 
+def qdiscs(tc: list[str], delay_us: float = 0.0) -> list[list[str]]:
+    """The qdiscs of one end of a veth, each as tc's arguments after ``qdisc replace dev IF``: tbf
+    (``tc``) at the root; with a delay, netem at the root and tbf under it, as the kernel's netem
+    documentation chains them.  Only a rank's own end delays: a hop crosses two ends, and the
+    latency is one hop's."""
+    if not delay_us:
+        return [["root", *tc]]
+    return [["root", "handle", "1:", "netem", "delay", f"{delay_us:g}us"], ["parent", "1:1", "handle", "10:", *tc]]
+
+
 def privilege() -> tuple[list[str] | None, str]:
     """The prefix that starts a process in a network namespace of its own, and how (root, or an
     unprivileged user namespace); None and why not where neither works."""
@@ -137,13 +148,16 @@ class RealLink(Launcher):
         prefix, how = privilege()
         hz, hz_from = kernel_hz()
         netem = qdisc_error(prefix, ["netem", "delay", "1ms"])
+        delay_us = cfg.emulate_latency_us if netem is None else 0.0
         nodes = [self.node(cfg, run_dir.name, k) for k in range(cfg.world_size)]
         return {"command": [sys.executable, "-m", MODULE, str(run_dir)],
+                # netem holds the latency on the wire: the hooks emulating it too would count it twice
+                **({"rank_settings": {"emulate_latency_us": 0.0}} if delay_us else {}),
                 "real_link": {
                     "rate_mbps": cfg.real_link_mbps, "hz": hz, "hz_from": hz_from,
                     "burst_bytes": burst_bytes(cfg.real_link_mbps, hz), "tc": shaping(cfg.real_link_mbps, hz),
                     "namespaces": prefix, "privilege": how, "bridge": BRIDGE,
-                    "latency": latency_said(cfg.emulate_latency_us, netem),
+                    "delay_us": delay_us, "latency": latency_said(cfg.emulate_latency_us, netem),
                     "nodes": [{"address": n.local_addr, "ifname": NODE_IF,
                                "command": run_argv(1, run_dir, sys.executable, n)} for n in nodes]}}
 
@@ -168,12 +182,14 @@ class RealLink(Launcher):
 
 
 def latency_said(latency_us: float, netem_error: str | None) -> str:
-    """Which latency the run has, for a person: the emulated one, in the hooks; netem's delay is
-    not used (absent from this kernel, or present but the hooks already hold the latency)."""
-    netem = "netem absent from this kernel" if netem_error else "netem present but unused"
+    """Which latency the run has, for a person: netem's delay on the wire where the kernel has
+    netem, else the emulated one, in the hooks."""
+    netem = f"netem absent from this kernel: {netem_error}" if netem_error else "netem present"
     if not latency_us:
         return f"none added ({netem})"
-    return f"{latency_us:g} µs per ring hop, emulated in the hooks ({netem})"
+    if netem_error:
+        return f"{latency_us:g} µs per ring hop, emulated in the hooks ({netem})"
+    return f"{latency_us:g} µs per ring hop, netem's delay on each rank's link (the hooks add none)"
 
 
 # ---------------------------------------------------------------------------- the link's processes
@@ -181,9 +197,10 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
-def _shape(ifname: str, tc: list[str]) -> None:
-    subprocess.run(["tc", "qdisc", "replace", "dev", ifname, "root", *tc], check=True, capture_output=True,
-                   timeout=30)
+def _shape(ifname: str, chain: list[list[str]]) -> None:
+    for qdisc in chain:
+        subprocess.run(["tc", "qdisc", "replace", "dev", ifname, *qdisc], check=True, capture_output=True,
+                       timeout=30)
 
 
 def _netns(pid: int | str) -> str:
@@ -245,20 +262,20 @@ def connect(k: int, child, tc: list[str] | None, ifname: str = NODE_IF) -> str:
     _ip("link", "add", veth, "type", "veth", "peer", "name", ifname, "netns", str(child.pid))
     _ip("link", "set", veth, "master", BRIDGE, "up")
     if tc:
-        _shape(veth, tc)
+        _shape(veth, qdiscs(tc))
     return veth
 
 
-def join(address: str, ifname: str = NODE_IF, tc: list[str] | None = None) -> None:
+def join(address: str, ifname: str = NODE_IF, tc: list[str] | None = None, delay_us: float = 0.0) -> None:
     """In a node's namespace: its veth ``ifname`` once the hub has given it, addressed in the /24
-    and up, shaped by ``tc`` (None: not shaped); its loopback up."""
+    and up, shaped by ``tc`` (None: not shaped) and delayed by ``delay_us`` (netem); its loopback up."""
     if not procs.wait_until(lambda: counters(ifname) is not None, SETTLE_S, 0.01):
         raise RuntimeError(f"the veth {ifname} did not arrive within {SETTLE_S:g} s")
     _ip("link", "set", "lo", "up")
     _ip("addr", "add", f"{address}/24", "dev", ifname)
     _ip("link", "set", ifname, "up")
     if tc:
-        _shape(ifname, tc)
+        _shape(ifname, qdiscs(tc, delay_us))
 
 
 def node(run_dir: Path, k: int) -> int:
@@ -267,7 +284,7 @@ def node(run_dir: Path, k: int) -> int:
     folder = run_folder.RunFolder(run_dir)
     link, cfg = folder.launch_info()["real_link"], folder.config()
     me = link["nodes"][k]
-    join(me["address"], NODE_IF, link["tc"])
+    join(me["address"], NODE_IF, link["tc"], link.get("delay_us", 0.0))
     place = RealLink.node(cfg, folder.id, k)
     child = procs.spawn(me["command"], env=worker_env(cfg, dict(os.environ), place), die_with_caller=True)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())  # a Stop reaches torchrun, then the counters
