@@ -29,6 +29,8 @@ def lab_between_replicas(cfg: Any) -> bool:
     """Whether the lab's hook runs between HSDP's replicas (``commlab.hooks.replica``): any but plain
     allreduce, which FSDP's own HSDP all-reduce runs."""
     return cfg.sharding == "hsdp" and cfg.hook != BASELINE
+
+
 # The sections of the settings table, in the Launch form's order: group -> its heading.
 GROUPS = {"hook": "Hook and wrapper", "job": "Job", "powersgd": "PowerSGD settings",
           "workload": "Workload", "instrument": "Instrumentation and an emulated link",

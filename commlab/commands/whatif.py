@@ -8,6 +8,7 @@ A RUN is a run folder or the run id ``commlab runs`` prints; a SWEEP a sweep fol
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 from commlab.tune.sweep import parse_list
@@ -60,8 +61,6 @@ def _short(p) -> str:
 
 
 def _text(profiles, folded, best, even: dict, latency_us: float, against: str) -> list[str]:
-    import statistics
-
     from commlab.tune import baseline as baselines
 
     settings: dict[str, list] = {}
